@@ -1,0 +1,1 @@
+"""Small CLI commands that belong to no subsystem."""

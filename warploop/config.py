@@ -1,0 +1,50 @@
+"""Every WARPLOOP_* environment setting, typed and validated in one place."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    device: str | None        # WARPLOOP_DEVICE: cpu | cuda | hip (None: probe)
+    cache_dir: str            # WARPLOOP_CACHE_DIR: where build artifacts are cached
+    jobs: int                 # WARPLOOP_JOBS: parallel compile jobs for `bundle build`
+    log_level: str            # WARPLOOP_LOG: debug | info | warning | error
+
+    def __post_init__(self) -> None:
+        if self.device not in (None, "auto", "cpu", "cuda", "hip"):
+            raise ValueError(f"WARPLOOP_DEVICE={self.device!r}: use cpu, cuda or hip")
+        if self.jobs < 1:
+            raise ValueError(f"WARPLOOP_JOBS={self.jobs}: must be at least 1")
+
+
+@functools.lru_cache(maxsize=1)
+def get() -> Config:
+    return Config(
+        device=os.environ.get("WARPLOOP_DEVICE") or None,
+        cache_dir=os.environ.get("WARPLOOP_CACHE_DIR", os.path.expanduser("~/.cache/warploop")),
+        jobs=int(os.environ.get("WARPLOOP_JOBS", str(os.cpu_count() or 1))),
+        log_level=os.environ.get("WARPLOOP_LOG", "warning"),
+    )
+
+
+def reload() -> Config:
+    """Re-read the environment (tests that set WARPLOOP_* call this)."""
+    get.cache_clear()
+    return get()
+
+
+flag = _flag
