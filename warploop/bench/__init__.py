@@ -1,0 +1,1 @@
+"""`warploop bench ...`: one module per benchmark, each printing one JSON object."""

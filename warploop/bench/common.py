@@ -1,0 +1,76 @@
+"""What every benchmark shares: the header (device, date, versions), median timing, result files.
+
+Results of device runs are committed unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+from warploop.target import select_device
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("warploop", "torch", "triton", "cuda-bindings", "transformers"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def device_slug() -> str:
+    """Short device name for result file names: h100, h200, mi300x, ... or cpu."""
+    info = select_device()
+    if info.target.backend == "cpu":
+        return "cpu"
+    name = info.name.lower()
+    for key in ("h100", "h200", "b200", "a100", "l40s", "mi300x", "mi250", "mi325"):
+        if key in name:
+            return key
+    return str(info.target).replace(":", "")
+
+
+def header(bench: str) -> dict:
+    info = select_device()
+    return {"bench": bench, "device": info.name if info.target.is_gpu else "cpu",
+            "target": str(info.target), "date": datetime.date.today().isoformat(), "versions": versions()}
+
+
+def result_path(bench: str, directory: str = "bench/results") -> str:
+    stamp = datetime.date.today().strftime("%Y%m%d")
+    return os.path.join(directory, f"{bench}-{device_slug()}-{stamp}.json")
+
+
+def emit(data: dict, save_to: str | None = None) -> None:
+    """Print the result as one JSON object; also write it to `save_to` if given."""
+    text = json.dumps(data, indent=2, sort_keys=False)
+    print(text)
+    if save_to:
+        os.makedirs(os.path.dirname(save_to) or ".", exist_ok=True)
+        with open(save_to, "w") as f:
+            f.write(text + "\n")
+
+
+def median_us(fn: Callable[[], object], reps: int = 200, warmup: int = 20,
+              sync: Callable[[], object] | None = None) -> float:
+    """Median wall time of `fn` in microseconds, synchronising after each call if `sync` is given."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
