@@ -1,0 +1,89 @@
+"""`warploop serve`: load a model and serve it over the OpenAI-compatible HTTP API.
+
+The listening socket is bound before the model loads, so a busy port fails in a second rather than
+after the load, and `--port 0` works (the chosen port is printed on the "serving" line).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (the embedded model) or a Hugging Face-format model directory")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: loopback only; use 0.0.0.0 to expose, with --api-key)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every /v1 route")
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--device", choices=("cpu", "cuda", "hip"), default=None,
+                        help="backend (default: WARPLOOP_DEVICE, else the best device found)")
+    engine.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="weight and activation dtype (default: the model config's)")
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
+    engine.add_argument("--num-kv-blocks", type=int, default=None,
+                        help="KV-cache blocks in the pool (default: sized from free memory)")
+    engine.add_argument("--max-num-seqs", type=int, default=32, help="most requests in one batch (default 32)")
+    engine.add_argument("--max-batch-tokens", type=int, default=2048,
+                        help="most tokens in one engine step, prefill included (default 2048)")
+    engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                        help="uvicorn log level (default info)")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on host:port, or SystemExit with a message naming the fix."""
+    if not 0 <= port <= 65535:
+        raise SystemExit(f"--port {port}: must be between 0 and 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise SystemExit(f"--host {host!r}: cannot resolve it ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port "
+                         "(0 picks a free one)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(sock: socket.socket) -> bool:
+    return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from warploop.llm.engine import Engine
+    from warploop.llm.server import create_app
+
+    sock = bind(args.host, args.port)
+    if not _is_loopback(sock) and args.api_key is None:
+        print(f"warning: serving on {args.host}, reachable from other machines, without --api-key",
+              file=sys.stderr)
+    engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+                               num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+                               max_batch_tokens=args.max_batch_tokens,
+                               enable_prefix_caching=not args.no_prefix_caching)
+    try:
+        app = create_app(engine, api_key=args.api_key)
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+        server = uvicorn.Server(config)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        print(f"serving {engine.model_name!r} on {url} (OpenAI base URL: {url}/v1)", flush=True)
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()
+    return 0
