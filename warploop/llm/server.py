@@ -237,11 +237,15 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
     def prompt_ids_of(body: CompletionRequest | ChatCompletionRequest) -> list[int]:
         tokenizer = engine.tokenizer
         if isinstance(body, ChatCompletionRequest):
-            return tokenizer.encode(tokenizer.apply_chat_template([m.as_template_input() for m in body.messages]))
+            try:
+                text = tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
+            except ValueError as exc:  # no chat template, or the template refused the messages
+                raise APIError(400, str(exc), param="messages") from None
+            return tokenizer.encode(text)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             return tokenizer.encode(prompt)
-        vocab_size = engine.vocab_size
+        vocab_size = tokenizer.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise APIError(400, f"prompt token ids must lie in [0, {vocab_size}); got {bad[:5]}", param="prompt")

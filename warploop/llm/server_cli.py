@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 import socket
 import sys
 
@@ -61,6 +62,14 @@ def _is_loopback(sock: socket.socket) -> bool:
     return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: uvicorn has drained in-flight requests and re-raises the signal afterwards."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -71,19 +80,25 @@ def main(args: argparse.Namespace) -> int:
     if not _is_loopback(sock) and args.api_key is None:
         print(f"warning: serving on {args.host}, reachable from other machines, without --api-key",
               file=sys.stderr)
-    engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                               num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-                               max_batch_tokens=args.max_batch_tokens,
-                               enable_prefix_caching=not args.no_prefix_caching)
+    # Turn SIGTERM into an exception so the engine is closed and the exit status is 0 (a requested stop).
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    engine = None
     try:
+        engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+                                   num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+                                   max_batch_tokens=args.max_batch_tokens,
+                                   enable_prefix_caching=not args.no_prefix_caching)
         app = create_app(engine, api_key=args.api_key)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
-        server = uvicorn.Server(config)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"serving {engine.model_name!r} on {url} (OpenAI base URL: {url}/v1)", flush=True)
-        server.run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=[sock])
+    except _Terminated:
+        pass
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
         sock.close()
+        signal.signal(signal.SIGTERM, previous)
     return 0

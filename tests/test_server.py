@@ -1,0 +1,338 @@
+"""`warploop serve --model tiny` end to end: a real server subprocess on a free loopback port, driven
+by the official `openai` client and raw HTTP. One server serves the whole module (with an API key and
+a small KV pool, so that 32 concurrent requests must queue for blocks); a second one is started to
+check graceful shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NEEDED = ["warploop/llm/engine.py", "warploop/llm/tiny/config.json"]
+MISSING = [p for p in NEEDED if not (ROOT / p).exists()]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"warploop serve --model tiny needs {', '.join(MISSING)}")
+
+SERVE = [sys.executable, "-m", "warploop.cli", "serve"]
+KEY = "test-key"
+BLOCK_SIZE = 16
+KV_BLOCKS = 64     # 32 requests of up to 2 blocks each cannot all hold blocks while prefix blocks stay cached
+MAX_TOKENS = 6     # small: the suite must stay fast on 2 shared cores
+START_TIMEOUT_S = 120
+ABORTED = "warploop_requests_finished_total{finish_reason=abort}"
+
+
+class Server:
+    def __init__(self, extra: list[str], log: pathlib.Path) -> None:
+        env = dict(os.environ, WARPLOOP_DEVICE="cpu", PYTHONUNBUFFERED="1")
+        self.log = log
+        self._log_file = open(log, "w")
+        self.proc = subprocess.Popen([*SERVE, "--model", "tiny", "--port", "0", "--log-level", "warning", *extra],
+                                     stdout=self._log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.url = self._wait_for_url()
+        self._wait_healthy()
+
+    def _wait_for_url(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            match = re.search(r"serving .* on (http://\S+) ", self.log.read_text())
+            if match:
+                return match.group(1)
+            assert self.proc.poll() is None, f"warploop serve exited early:\n{self.log.read_text()}"
+            time.sleep(0.1)
+        raise AssertionError(f"warploop serve did not start in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+
+    def _wait_healthy(self) -> None:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"/health never answered 200:\n{self.log.read_text()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+        return self.proc.returncode
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, keyed 'name{label=value,...}' (no labels: just the name)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(["--api-key", KEY, "--block-size", str(BLOCK_SIZE), "--num-kv-blocks", str(KV_BLOCKS)],
+                 tmp_path_factory.mktemp("serve") / "serve.log")
+    yield srv
+    assert srv.stop() == 0, srv.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def wait_until_idle(server: Server, timeout_s: float = 20) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = server.metrics()
+        if m["warploop_num_requests_running"] == 0 and m["warploop_num_requests_waiting"] == 0 \
+                and m["warploop_kv_blocks_used"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"engine not idle after {timeout_s} s: {m}"
+        time.sleep(0.1)
+
+
+def prompts(n: int) -> list[str]:
+    words = ["import", "def", "class", "return", "self", "for", "while", "with"]
+    return [f"{words[i % 8]} {words[(i // 8) % 8]}_{i}(" for i in range(n)]
+
+
+# --- the openai client -------------------------------------------------------------------------
+
+def test_models_and_health(server, client):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    [model] = client.models.list().data
+    assert model.id == "tiny"
+    assert client.models.retrieve("tiny").id == "tiny"
+
+
+def test_completion_stream_matches_non_stream(client):
+    full = client.completions.create(model="tiny", prompt="def main(", max_tokens=MAX_TOKENS, temperature=0)
+    choice = full.choices[0]
+    assert choice.finish_reason in ("length", "stop") and choice.text
+    assert full.usage.completion_tokens <= MAX_TOKENS and full.usage.prompt_tokens > 0
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    chunks = list(client.completions.create(model="tiny", prompt="def main(", max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+
+
+def test_chat_stream_matches_non_stream(client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os"}]
+    full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    message = full.choices[0].message
+    assert message.role == "assistant" and message.content
+    assert full.object == "chat.completion" and full.usage.completion_tokens <= MAX_TOKENS
+
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=MAX_TOKENS,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_stop_string_and_seed(client):
+    greedy = client.completions.create(model="tiny", prompt="class A:", max_tokens=MAX_TOKENS, temperature=0)
+    text = greedy.choices[0].text
+    stop = text[len(text) // 2:][:2]
+    assert stop.strip(), f"greedy output {text!r} has no usable stop string"
+    stopped = client.completions.create(model="tiny", prompt="class A:", max_tokens=MAX_TOKENS, temperature=0,
+                                        stop=[stop]).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == text[:text.index(stop)]
+
+    sampled = [client.completions.create(model="tiny", prompt="for i in", max_tokens=MAX_TOKENS, temperature=1.0,
+                                         top_p=0.9, seed=1234).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+
+def test_32_concurrent_streams_get_their_own_output(server):
+    texts = prompts(32)
+    m0 = server.metrics()
+
+    async def run() -> tuple[list[str], list[str]]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+        async def one(prompt: str) -> str:
+            r = await aclient.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            return r.choices[0].text
+
+        async def streamed(prompt: str) -> str:
+            stream = await aclient.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS,
+                                                      temperature=0, stream=True)
+            return "".join([chunk.choices[0].text async for chunk in stream])
+
+        reference = [await one(p) for p in texts]
+        streams = await asyncio.gather(*(streamed(p) for p in texts))
+        await aclient.close()
+        return reference, streams
+
+    reference, streams = asyncio.run(run())
+    assert streams == reference
+    assert len(set(reference)) > 1, "distinct prompts should give distinct outputs"
+    m1 = wait_until_idle(server)
+    aborted, ok = ABORTED, "warploop_http_requests_total{route=/v1/completions,status=200}"
+    assert m1.get(aborted, 0) == m0.get(aborted, 0)
+    assert m1[ok] - m0.get(ok, 0) == 64
+
+
+# --- bad requests ------------------------------------------------------------------------------
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LONG = "<a prompt longer than the context>"
+
+
+@pytest.mark.parametrize("path,body,status,param,code", [
+    ("/v1/completions", b'{"prompt": "x", ', 400, None, "invalid_json"),
+    ("/v1/completions", b'[1, 2]', 400, None, None),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model", "model_not_found"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+     404, "model", "model_not_found"),
+    ("/v1/completions", {"prompt": LONG}, 400, "prompt", "context_length_exceeded"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]},
+     400, "messages", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
+    ("/v1/completions", {}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": 7}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": [10**9]}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "temperature": 3}, 400, "temperature", None),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature", None),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p", None),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop", None),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs", None),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty", None),
+    ("/v1/completions", {"prompt": "x", "bogus": 1}, 400, "bogus", None),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", None),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     400, "tools", None),
+])
+def test_bad_request_gets_openai_error(server, path, body, status, param, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if LONG.encode() in content:
+        context = httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"][0]["max_model_len"]
+        # One line per number: at least one token each, whatever the tokenizer merges.
+        content = content.replace(LONG.encode(), json.dumps("\n".join(map(str, range(context + 1))))[1:-1].encode())
+    r = httpx.post(f"{server.url}{path}", content=content, headers={**AUTH, "Content-Type": "application/json"},
+                   timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code), error
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
+def test_missing_or_wrong_api_key_is_401(server, headers):
+    for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions")]:
+        r = httpx.request(method, f"{server.url}{path}", json={"prompt": "x"}, headers=headers, timeout=10)
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_openai_client_raises_typed_errors(server):
+    bad_key = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    good = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        good.completions.create(model="gpt-4", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        good.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+
+
+def test_unknown_route_and_method(server):
+    assert httpx.get(f"{server.url}/v2/nothing").status_code == 404
+    r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)
+    assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+
+
+# --- disconnects, metrics, shutdown ------------------------------------------------------------
+
+def _long_request(stream: bool) -> bytes:
+    return json.dumps({"prompt": "import sys\n", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                       "stream": stream}).encode()
+
+
+def test_disconnect_mid_stream_frees_kv_blocks(server):
+    m0 = wait_until_idle(server)
+    with httpx.stream("POST", f"{server.url}/v1/completions", content=_long_request(True),
+                      headers=AUTH, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(4)]
+        assert got[0].startswith("data: ")
+        assert server.metrics()["warploop_kv_blocks_used"] > 0
+    m1 = wait_until_idle(server)
+    assert m1[ABORTED] == m0.get(ABORTED, 0) + 1
+    assert m1["warploop_generation_tokens_total"] - m0["warploop_generation_tokens_total"] < 200
+
+
+def test_disconnect_while_waiting_for_non_streamed_answer_frees_kv_blocks(server):
+    m0 = wait_until_idle(server)
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    body = _long_request(False)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 20
+        while server.metrics()["warploop_generation_tokens_total"] == m0["warploop_generation_tokens_total"]:
+            assert time.monotonic() < deadline, "the request never started generating"
+            time.sleep(0.05)
+    m1 = wait_until_idle(server)
+    assert m1[ABORTED] == m0.get(ABORTED, 0) + 1
+
+
+def test_metrics_expose_counters(server, client):
+    client.completions.create(model="tiny", prompt="while True:", max_tokens=2, temperature=0)
+    m = server.metrics()
+    assert m["warploop_http_requests_total{route=/v1/completions,status=200}"] >= 1
+    assert m["warploop_http_requests_total{route=/v1/completions,status=400}"] >= 1
+    assert m["warploop_requests_finished_total{finish_reason=length}"] >= 1
+    assert m["warploop_prompt_tokens_total"] > 0 and m["warploop_generation_tokens_total"] > 0
+    assert m["warploop_time_to_first_token_seconds_count"] >= 1
+    assert m["warploop_request_latency_seconds_count"] >= 1
+    assert m["warploop_kv_blocks_total"] == KV_BLOCKS
+    assert m["warploop_num_requests_running"] == 0 and m["warploop_num_requests_waiting"] == 0
+    assert "warploop_prefix_cache_hit_tokens_total" in m
+
+
+def test_sigterm_finishes_in_flight_stream_then_exits(tmp_path):
+    srv = Server([], tmp_path / "serve.log")
+    try:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
+                          json={"prompt": "import os", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            srv.proc.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert [line for line in rest if line][-1] == "data: [DONE]"
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()
