@@ -1,0 +1,81 @@
+"""The seam between the engine and whatever runs the model.
+
+The engine hands a backend one `ModelBatch` per step (host-side lists: what to compute and where
+its KV lives) and gets logits back. The per-op PyTorch backend (backend_torch.py) is one
+implementation; a resident decode megakernel is meant to be another, under the same contract:
+
+- `forward` writes the KV of every token in the batch to its slot in the paged cache, attends
+  over the sequence's whole context through its block table, and returns float32 logits for the
+  rows `logits_indices` names (default: the last token of each sequence), in that order.
+- KV for positions before `context_len - query_len` is already in the cache (earlier steps or
+  prefix-cache hits) and must be read from there, never recomputed.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.kv_cache import KVCacheLayout
+
+
+@dataclasses.dataclass
+class ModelBatch:
+    token_ids: list[int]              # flat over sequences: the tokens to run this step
+    positions: list[int]              # their positions in their sequences
+    query_lens: list[int]             # per sequence: how many of token_ids are its
+    context_lens: list[int]           # per sequence: tokens with KV after this step (cached + new)
+    block_tables: list[list[int]]     # per sequence: its KV blocks, in order
+    logits_indices: list[int] | None = None   # rows of token_ids to return logits for
+
+    @classmethod
+    def from_sequences(cls, seqs) -> ModelBatch:
+        """Each sequence runs its tokens from `num_computed_tokens` to its end."""
+        tokens, positions, qlens, clens, tables = [], [], [], [], []
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, len(seq.token_ids)
+            tokens += seq.token_ids[start:end]
+            positions += range(start, end)
+            qlens.append(end - start)
+            clens.append(end)
+            tables.append(seq.block_table)
+        return cls(tokens, positions, qlens, clens, tables)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == len(self.query_lens)
+
+    def rows_for_logits(self) -> list[int]:
+        if self.logits_indices is not None:
+            return self.logits_indices
+        ends, total = [], 0
+        for q in self.query_lens:
+            total += q
+            ends.append(total - 1)
+        return ends
+
+    def slot_mapping(self, block_size: int) -> list[int]:
+        """The KV slot (block * block_size + offset) of each token in token_ids."""
+        slots = []
+        for qlen, clen, table in zip(self.query_lens, self.context_lens, self.block_tables, strict=True):
+            for pos in range(clen - qlen, clen):
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        return slots
+
+
+class Backend(abc.ABC):
+    """Runs the model on one device over a paged KV cache of `layout`."""
+
+    def __init__(self, config: ModelConfig, layout: KVCacheLayout, device) -> None:
+        self.config, self.layout, self.device = config, layout, device
+
+    @abc.abstractmethod
+    def forward(self, batch: ModelBatch):
+        """float32 logits [len(batch.rows_for_logits()), vocab_size] (a torch.Tensor on the device)."""
+
+    def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
+        """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""

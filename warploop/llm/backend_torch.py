@@ -1,0 +1,125 @@
+"""The per-op backend: the model as a sequence of PyTorch ops (CPU and GPU) over the paged KV cache.
+
+On a GPU the elementwise work and decode attention run as the Triton kernels of triton_ops.py and
+paged_attention.py, and decode steps replay CUDA graphs captured per batch-size bucket
+(cuda_graphs.py); prefill attention goes through torch's scaled_dot_product_attention. On the CPU
+every op is the plain PyTorch version from layers.py.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from warploop.llm import layers
+from warploop.llm.backend import Backend, ModelBatch
+from warploop.llm.config import ModelConfig
+from warploop.llm.kv_cache import KVCacheLayout
+from warploop.llm.rope import cos_sin_table
+from warploop.llm.weights import ModelWeights
+
+
+class TorchBackend(Backend):
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device,
+                 max_context: int, use_triton: bool | None = None, use_cuda_graphs: bool = True) -> None:
+        super().__init__(config, layout, torch.device(device))
+        self.w = weights
+        self.dtype = weights.embed.dtype
+        self.max_context = max_context
+        # zeros, not empty: the CPU path reads whole (masked) blocks, and 0 * NaN garbage would be NaN
+        self.kv = torch.zeros(layout.shape, dtype=self.dtype, device=self.device)
+        self.cos, self.sin = cos_sin_table(config.rope, config.head_dim, max_context, self.device)
+        self.scale = config.head_dim ** -0.5
+        on_gpu = self.device.type == "cuda"
+        if use_triton is None:
+            from warploop.llm.triton_ops import supported
+            use_triton = on_gpu and supported(config.head_dim)
+        self.use_triton = use_triton
+        self.use_cuda_graphs = use_cuda_graphs and on_gpu and use_triton
+        self.workspace = None   # split-K scratch of the Triton decode attention
+        if use_triton:
+            from warploop.llm import triton_ops
+            self.ops = triton_ops
+        else:
+            self.ops = layers
+        self.graphs = None
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(self.max_context // -self.layout.block_size)
+
+    def warmup(self, max_num_seqs: int) -> None:
+        if self.use_triton:
+            self._ensure_workspace(max_num_seqs)
+        if self.use_cuda_graphs:
+            from warploop.llm.cuda_graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self, max_num_seqs)
+
+    def forward(self, batch: ModelBatch) -> torch.Tensor:
+        if (self.graphs is not None and batch.is_decode and batch.logits_indices is None
+                and batch.num_seqs <= self.graphs.max_batch):
+            return self.graphs.run(batch)
+        return self._eager(batch)
+
+    def _eager(self, batch: ModelBatch) -> torch.Tensor:
+        dev = self.device
+
+        def ints(values):
+            return torch.tensor(values, dtype=torch.int32).to(dev, non_blocking=True)
+
+        ids, positions = ints(batch.token_ids), ints(batch.positions)
+        slots = ints(batch.slot_mapping(self.layout.block_size))
+        rows = ints(batch.rows_for_logits())
+        if batch.is_decode:
+            width = max(len(t) for t in batch.block_tables)
+            tables = ints([t + [0] * (width - len(t)) for t in batch.block_tables])
+            return self.decode(ids, positions, slots, ints(batch.context_lens), tables, rows)
+        tables = [ints(t) for t in batch.block_tables]
+
+        def attend(layer, q, k, v):
+            return layers.prefill_attention(q, k, v, self.kv[layer, 0], self.kv[layer, 1], tables, batch.query_lens,
+                                            batch.context_lens, self.scale)
+
+        return self._logits(*self._layers(ids, positions, slots, attend), rows)
+
+    def decode(self, ids, positions, slots, context_lens, block_tables, rows=None) -> torch.Tensor:
+        """One token per sequence, on device tensors only (no host sync): what CUDA graphs capture."""
+        if self.use_triton:
+            from warploop.llm.paged_attention import decode_attention
+            self._ensure_workspace(ids.shape[0])
+
+            def attend(layer, q, k, v):
+                return decode_attention(q, self.kv[layer, 0], self.kv[layer, 1], block_tables, context_lens,
+                                        self.scale, self.workspace)
+        else:
+            def attend(layer, q, k, v):
+                return layers.decode_attention(q, self.kv[layer, 0], self.kv[layer, 1], block_tables, context_lens,
+                                               self.scale)
+
+        x, residual = self._layers(ids, positions, slots, attend)
+        return self._logits(x, residual, rows)
+
+    def _ensure_workspace(self, batch: int) -> None:
+        if self.workspace is None or self.workspace.out.shape[0] < batch:
+            from warploop.llm.paged_attention import DecodeWorkspace
+            longest = self.max_blocks_per_seq * self.layout.block_size
+            self.workspace = DecodeWorkspace(batch, self.config.num_heads, self.config.head_dim, longest, self.device)
+
+    def _layers(self, ids, positions, slots, attend):
+        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
+        x = F.embedding(ids, self.w.embed)
+        residual = None
+        for i, lw in enumerate(self.w.layers):
+            h, residual = ops.rms_norm(x, lw.input_norm, eps, residual)
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            q, k, v = ops.qk_rope_cache(qkv, positions, self.cos, self.sin, self.kv[i, 0], self.kv[i, 1], slots,
+                                        cfg.num_heads, cfg.num_kv_heads, lw.q_norm, lw.k_norm, eps)
+            x = F.linear(attend(i, q, k, v), lw.o, lw.o_bias)
+            h, residual = ops.rms_norm(x, lw.post_norm, eps, residual)
+            x = F.linear(ops.silu_mul(F.linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias)
+        return x, residual
+
+    def _logits(self, x, residual, rows) -> torch.Tensor:
+        if rows is not None:
+            x, residual = x.index_select(0, rows), residual.index_select(0, rows)
+        h, _ = self.ops.rms_norm(x, self.w.norm, self.config.rms_norm_eps, residual)
+        return F.linear(h, self.w.lm_head).float()

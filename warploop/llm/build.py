@@ -1,0 +1,94 @@
+"""Putting an engine together: device and dtype, weights, KV cache size, backend.
+
+The KV pool is sized from memory when not given: on a GPU, most of what is free after the
+weights; on the CPU, a bounded amount. The context the engine accepts is the model's, capped by
+`max_model_len` and by what the pool can hold for one sequence.
+"""
+from __future__ import annotations
+
+import os
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.kv_cache import KVCacheLayout, cdiv
+
+GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
+GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
+CPU_KV_BYTES = 512 << 20
+
+
+def torch_device(device: str | None):
+    """The torch device for WARPLOOP_DEVICE / `device` (cpu, cuda, hip; None probes)."""
+    import torch
+
+    from warploop.target import select_device
+
+    info = select_device(device)
+    if info.target.backend == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"the {info.target.backend} device {info.name!r} is visible but this torch build "
+                           f"({torch.__version__}) cannot use it; install a CUDA or ROCm build of torch, or pass "
+                           "device='cpu'")
+    return torch.device("cuda", info.index)
+
+
+def torch_dtype(name: str | None, cfg: ModelConfig, fallback: str | None = None):
+    import torch
+
+    name = name or cfg.dtype or fallback or "float32"
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not supported; use float32, bfloat16 or float16") from None
+
+
+def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: int, max_len: int) -> int:
+    """Enough blocks for every sequence at full length, or what memory allows."""
+    import torch
+
+    want = max_num_seqs * cdiv(max_len, layout_without_blocks.block_size)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int((free - GPU_RESERVE) * GPU_KV_FRACTION)
+    else:
+        budget = CPU_KV_BYTES
+    return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
+
+
+def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
+                  max_num_seqs: int = 32, max_model_len: int | None = None, use_cuda_graphs: bool = True):
+    """(backend, max_context) for weights already on `device`."""
+    from warploop.llm.backend_torch import TorchBackend
+
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    dtype = str(weights.embed.dtype).removeprefix("torch.")
+    probe = KVCacheLayout(cfg.num_layers, 1, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+    blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len)
+    layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+    max_context = min(max_len, blocks * block_size)
+    backend = TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
+    return backend, max_context
+
+
+def build_engine(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
+                 num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
+                 enable_prefix_caching: bool = True, max_model_len: int | None = None, progress: bool = True,
+                 use_cuda_graphs: bool = True):
+    """An Engine for `tiny` or a Hugging Face-format directory."""
+    from warploop.llm.engine import Engine
+    from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, resolve_model_dir
+    from warploop.llm.tokenizer import Tokenizer
+
+    path = resolve_model_dir(model)
+    cfg = load_config(path)
+    tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
+    dev = torch_device(device)
+    weights = load_weights(path, cfg, dev, torch_dtype(dtype, cfg, checkpoint_dtype(path)), progress=progress)
+    backend, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                         use_cuda_graphs=use_cuda_graphs)
+    name = "tiny" if model == "tiny" else os.path.basename(os.path.normpath(str(path)))
+    return Engine(cfg, backend, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
+                  max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)

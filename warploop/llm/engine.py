@@ -1,0 +1,226 @@
+"""The engine: a loop thread that schedules, runs the backend, samples, and streams tokens out.
+
+Interface in docs/engine-api.md. Requests come in from any thread (add_request, abort); the loop
+thread owns the scheduler, the block manager and the backend, and calls each request's callback,
+in order, once per generated token.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from warploop.llm.backend import Backend, ModelBatch
+from warploop.llm.config import ModelConfig
+from warploop.llm.detokenizer import Detokenizer
+from warploop.llm.kv_cache import BlockManager
+from warploop.llm.params import Completion, SamplingParams, StreamEvent
+from warploop.llm.sampler import make_generator, sample
+from warploop.llm.scheduler import Scheduler
+from warploop.llm.sequence import Sequence
+
+__all__ = ["Engine", "SamplingParams", "StreamEvent", "Completion"]
+log = logging.getLogger("warploop.llm")
+
+
+class _Request:
+    def __init__(self, seq: Sequence, detok: Detokenizer, on_event: Callable[[StreamEvent], None]) -> None:
+        self.seq, self.detok, self.on_event = seq, detok, on_event
+
+
+class Engine:
+    def __init__(self, config: ModelConfig, backend: Backend, tokenizer=None, *, model_name: str = "model",
+                 max_context: int, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
+                 enable_prefix_caching: bool = True) -> None:
+        layout = backend.layout
+        if max_context > layout.num_blocks * layout.block_size:
+            raise ValueError(f"max_context {max_context} exceeds the KV cache ({layout.num_blocks} blocks of "
+                             f"{layout.block_size} tokens)")
+        self.config, self.backend, self.tokenizer, self.model_name = config, backend, tokenizer, model_name
+        self.max_context = max_context
+        self.vocab_size = config.vocab_size
+        self.eos_token_ids = set(config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
+        self.blocks = BlockManager(layout.num_blocks, layout.block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_batch_tokens)
+        self._requests: dict[str, _Request] = {}
+        self._inbox: list[_Request] = []
+        self._aborts: list[str] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "prefill_tokens_computed": 0}
+        backend.warmup(max_num_seqs)
+        self._thread = threading.Thread(target=self._loop, name="warploop-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model: str, **options) -> Engine:
+        """`tiny` or a Hugging Face-format directory; options as in build_engine (warploop.llm.build)."""
+        from warploop.llm.build import build_engine
+
+        return build_engine(model, **options)
+
+    # ---- requests (any thread) ----
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    on_event: Callable[[StreamEvent], None], request_id: str | None = None) -> str:
+        self._check(prompt_ids, params)
+        if request_id is not None and request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(prompt_ids, params, request_id)
+        if params.seed is not None:
+            seq.generator = make_generator(params.seed, self.backend.device)
+        req = _Request(seq, Detokenizer(self.tokenizer, prompt_ids, params.stop), on_event)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._inbox.append(req)
+            self._cv.notify()
+        return seq.request_id
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamEvent]:
+        events: queue.Queue[StreamEvent] = queue.Queue()
+        rid = self.add_request(prompt_ids, params, events.put)
+        finished = False
+        try:
+            while not finished:
+                event = events.get()
+                finished = event.finish_reason is not None
+                yield event
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def generate(self, prompt: list[int] | str, params: SamplingParams | None = None) -> Completion:
+        """Blocking: run one request to its end."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer; pass token ids")
+            prompt = self.tokenizer.encode(prompt)
+        start = time.perf_counter()
+        ids, text, times = [], [], []
+        last = None
+        for event in self.stream(prompt, params):
+            if event.token_id is not None:
+                ids.append(event.token_id)
+                times.append(time.perf_counter())
+            text.append(event.text_delta)
+            last = event
+        ttft = (times[0] - start) * 1e3 if times else 0.0
+        per_token = (times[-1] - times[0]) * 1e3 / (len(times) - 1) if len(times) > 1 else 0.0
+        return Completion(last.request_id, ids, "".join(text), last.finish_reason, len(prompt), ttft, per_token,
+                          last.error)
+
+    def stats(self) -> dict:
+        with self._cv:
+            waiting = len(self._inbox)
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting) + waiting,
+                "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
+                "prefix_cache_hit_tokens": self.blocks.hit_tokens, **self._counters,
+                "preemptions": self.scheduler.num_preemptions}
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError("params must be a SamplingParams")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty; it needs at least one token")
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        room = self.max_context - len(prompt_ids)
+        if room < (params.max_tokens or 1):
+            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                             f"the context of {self.max_context} tokens")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this engine has none")
+
+    # ---- the loop thread ----
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._closed or self._inbox or self._aborts or self.scheduler.has_work()):
+                    self._cv.wait()
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+                closed = self._closed
+            for req in inbox:
+                self._requests[req.seq.request_id] = req
+                self._counters["prompt_tokens_total"] += req.seq.num_prompt_tokens
+                self.scheduler.add(req.seq)
+            for rid in aborts + (list(self._requests) if closed else []):
+                if rid in self._requests:
+                    self._finish(self._requests[rid], None, "", "abort")
+            if closed:
+                return
+            if self.scheduler.has_work():
+                self._step()
+
+    def _step(self) -> None:
+        seqs, prefill = self.scheduler.schedule()
+        if not seqs:  # cannot happen while every request fits the pool alone (checked in add_request)
+            seq = self.scheduler.waiting[0]
+            self._finish(self._requests[seq.request_id], None, "", "abort", error="does not fit the KV cache")
+            return
+        batch = ModelBatch.from_sequences(seqs)
+        try:
+            tokens = sample(self.backend.forward(batch), seqs)
+        except Exception as e:  # fail this step's requests, keep serving the others
+            log.exception("engine step failed")
+            for seq in seqs:
+                self._finish(self._requests[seq.request_id], None, "", "abort", error=f"{type(e).__name__}: {e}")
+            return
+        if prefill:
+            self._counters["prefill_tokens_computed"] += len(batch.token_ids)
+        self._counters["generation_tokens_total"] += len(seqs)
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.num_computed_tokens = len(seq.token_ids)
+            self.blocks.commit(seq)
+            seq.token_ids.append(token)
+            self._emit(self._requests[seq.request_id], token)
+
+    def _emit(self, req: _Request, token: int) -> None:
+        seq, params = req.seq, req.seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return self._finish(req, token, req.detok.flush(), "stop")
+        delta = req.detok.push(token)
+        if req.detok.stopped:
+            return self._finish(req, token, delta, "stop")
+        if (params.max_tokens is not None and seq.num_completion_tokens >= params.max_tokens) or \
+                len(seq) >= self.max_context:
+            return self._finish(req, token, delta + req.detok.flush(), "length")
+        self._deliver(req, StreamEvent(seq.request_id, token, delta, None, seq.num_prompt_tokens,
+                                       seq.num_completion_tokens))
+
+    def _finish(self, req: _Request, token: int | None, delta: str, reason: str, error: str | None = None) -> None:
+        seq = req.seq
+        self.scheduler.finish(seq)
+        del self._requests[seq.request_id]
+        self._deliver(req, StreamEvent(seq.request_id, token, delta, reason, seq.num_prompt_tokens,
+                                       seq.num_completion_tokens, error))
+
+    @staticmethod
+    def _deliver(req: _Request, event: StreamEvent) -> None:
+        try:
+            req.on_event(event)
+        except Exception:  # a broken callback must not stop the loop for everyone else
+            log.exception("on_event callback for %s failed", event.request_id)

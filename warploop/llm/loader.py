@@ -1,0 +1,106 @@
+"""Load a Hugging Face-format model directory: config.json and one or many .safetensors files.
+
+Every tensor the config implies is checked for presence and shape before anything is copied to the
+device, so a wrong or truncated checkpoint fails at once with the name of what is wrong.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.weights import ModelWeights, checkpoint_shapes, fuse
+
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+
+
+class ModelLoadError(ValueError):
+    """The model directory is missing, incomplete or does not match its config."""
+
+
+def resolve_model_dir(model: str) -> Path:
+    """`tiny` -> the embedded model shipped in the package; anything else is a directory path."""
+    if model == "tiny":
+        if not (TINY_DIR / "config.json").is_file():
+            raise ModelLoadError(f"the embedded tiny model is missing from {TINY_DIR}; reinstall warploop, "
+                                 "rebuild it with scripts/train_tiny.py, or pass --model DIR")
+        return TINY_DIR
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {str(path)!r} does not exist; pass --model tiny or a Hugging "
+                             "Face-format directory (config.json, tokenizer.json, *.safetensors)")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json; a model directory needs the Hugging Face config.json, "
+                             "tokenizer.json and .safetensors weights")
+    return path
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dir(str(path))
+    except (ValueError, FileNotFoundError) as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files: those named by model.safetensors.index.json, else every *.safetensors."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index} is malformed ({e}); it needs a 'weight_map' object") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{index.name} names shard(s) that are not in {path}: {', '.join(missing)}; "
+                                 "download the missing files")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        others = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf")]
+        hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
+        raise ModelLoadError(f"no .safetensors weights in {path}{hint}")
+    return files
+
+
+def load_weights(path: str | Path, cfg: ModelConfig, device, dtype, progress: bool = True) -> ModelWeights:
+    """Read, check and fuse the checkpoint's tensors onto `device` in `dtype`."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    handles, where = [], {}
+    for file in safetensors_files(path):
+        try:
+            handle = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types for truncated headers
+            raise ModelLoadError(f"cannot read {file}: {e}") from None
+        handles.append(handle)
+        for name in handle.keys():
+            where[name] = handle
+    expected = checkpoint_shapes(cfg)
+    missing = [n for n in expected if n not in where]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ModelLoadError(f"the checkpoint in {path} lacks {', '.join(missing[:3])}{more}; "
+                             "the weights are incomplete or belong to another architecture")
+    for name, shape in expected.items():
+        actual = tuple(where[name].get_slice(name).get_shape())
+        if actual != shape:
+            raise ModelLoadError(f"{name} has shape {actual} in the checkpoint but config.json implies {shape}; "
+                                 f"the config and the weights in {path} do not match")
+    return fuse(cfg, lambda name: where[name].get_tensor(name), device, dtype, progress=progress)
+
+
+def checkpoint_dtype(path: str | Path) -> str | None:
+    """The dtype of the first floating tensor in the checkpoint (used when config.json names none)."""
+    from safetensors import safe_open
+
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+    with safe_open(str(safetensors_files(Path(path))[0]), framework="pt", device="cpu") as handle:
+        for name in handle.keys():
+            code = handle.get_slice(name).get_dtype()
+            if code in names:
+                return names[code]
+    return None
+

@@ -1,0 +1,126 @@
+"""Tokenizer: `tokenizers` for the text, tokenizer_config.json for special tokens and the chat template.
+
+The chat template is rendered with jinja2 the way transformers renders it (sandboxed, trim_blocks,
+lstrip_blocks, `raise_exception`, `tojson`, `strftime_now`), so templates written for it work here.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+
+class TokenizerError(ValueError):
+    """The tokenizer files are missing or malformed, or the model has no chat template."""
+
+
+def _content(token) -> str | None:
+    """Special tokens are stored as a string or as an AddedToken dict {"content": ...}."""
+    if isinstance(token, dict):
+        return token.get("content")
+    return token
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path, extra_eos_ids: tuple[int, ...] = ()) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        model_dir = Path(model_dir)
+        file = model_dir / "tokenizer.json"
+        if not file.is_file():
+            raise TokenizerError(f"{file} does not exist; the model directory needs a Hugging Face tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(file))
+        config_file = model_dir / "tokenizer_config.json"
+        try:
+            config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        except json.JSONDecodeError as e:
+            raise TokenizerError(f"{config_file} is not valid JSON: {e}") from None
+        self.special_tokens = {k: _content(v) for k, v in config.items()
+                               if k.endswith("_token") and _content(v) is not None}
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        self._add_bos = bool(config.get("add_bos_token", False))
+        self.chat_template = _chat_template(config, model_dir)
+        eos = set(extra_eos_ids)
+        if self.eos_token is not None and self._tok.token_to_id(self.eos_token) is not None:
+            eos.add(self._tok.token_to_id(self.eos_token))
+        eos.update(_generation_eos(model_dir))
+        self.eos_token_ids: set[int] = eos
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. A text that already starts with the BOS token (a rendered chat
+        template does) does not get a second one."""
+        if add_special_tokens and self.bos_token and text.startswith(self.bos_token):
+            add_special_tokens = False
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        if add_special_tokens and self._add_bos and bos_id is not None and ids[:1] != [bos_id]:
+            ids = [bos_id, *ids]  # old Llama tokenizers add BOS through tokenizer_config, not tokenizer.json
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        if self.chat_template is None:
+            raise TokenizerError("this model has no chat template (none in tokenizer_config.json or "
+                                 "chat_template.jinja); send a plain prompt to /v1/completions instead")
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return _compiled(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **extra)
+        except TemplateError as e:
+            raise TokenizerError(f"the chat template rejected the messages: {e}") from None
+
+
+def _chat_template(config: dict, model_dir: Path) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    jinja_file = model_dir / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text()
+    return template
+
+
+def _generation_eos(model_dir: Path) -> set[int]:
+    """Instruct models list extra end-of-turn ids in generation_config.json (Llama 3: <|eot_id|>)."""
+    file = model_dir / "generation_config.json"
+    if not file.is_file():
+        return set()
+    try:
+        value = json.loads(file.read_text()).get("eos_token_id")
+    except json.JSONDecodeError:
+        return set()
+    if value is None:
+        return set()
+    return {value} if isinstance(value, int) else set(value)
+
+
+_TEMPLATES: dict[str, object] = {}
+
+
+def _compiled(source: str):
+    if source not in _TEMPLATES:
+        import jinja2.ext
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        _TEMPLATES[source] = env.from_string(source)
+    return _TEMPLATES[source]
