@@ -1,0 +1,234 @@
+"""`warploop bench bundle`: bundles vs Triton's JIT on correctness, cold start and launch overhead.
+
+1. Correctness: every kernel of examples/kernels.py, loaded from the bundle in a fresh process where
+   `import triton` fails, against a torch reference (relative error, outputs poisoned first).
+2. Cold start: a fresh process to the first correct result of every kernel, bundle vs Triton JIT with
+   an empty TRITON_CACHE_DIR. Both import torch and make the same inputs; the child also reports how
+   much of its time went to kernels (load/compile + first launches) rather than Python and torch.
+3. Launch overhead (GPU): host time per `add[grid](x, y, out, n)` issue, warploop vs Triton's launcher
+   vs a raw cuLaunchKernel with pre-packed arguments (the floor), interleaved rounds, medians.
+On a machine without a GPU it runs 1 and 2 on the CPU executor and leaves the GPU-only keys null.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from warploop.bench.common import emit, header
+
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "examples" / "kernels.py"
+
+
+def make_cases(torch, device: str) -> dict:
+    """Kernel name -> (args, grid, output tensor, reference, tolerance); fresh random inputs each call."""
+    g = torch.Generator(device="cpu").manual_seed(int(time.time_ns() % 2**31))
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    def poisoned(*shape, dtype=torch.float32):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    F = torch.nn.functional
+    n, rows, cols = 5000, 8, 1000
+    x, y, w, b = rand(n), rand(n), rand(cols), rand(cols)
+    m = rand(rows, cols)
+    gate, up = rand(n, dtype=torch.bfloat16), rand(n, dtype=torch.bfloat16)
+    ids = torch.randint(0, 50, (16,), generator=g).to(device)
+    table, t2 = rand(50, 200), rand(70, 50)
+    a, bm = rand(96, 64, dtype=torch.float16), rand(64, 80, dtype=torch.float16)
+    y_axpy = y.clone()
+    cases = {
+        "add": ((x, y, out := poisoned(n), n), (5,), out, x + y, 1e-6),
+        "axpy": ((1.5, x, y_axpy, n), (5,), y_axpy, 1.5 * x.double() + y.double(), 1e-6),
+        "gelu": ((x, out := poisoned(n), n), (5,), out, F.gelu(x.double()), 1e-5),
+        "silu_mul": ((gate, up, out := poisoned(n, dtype=torch.bfloat16), n), (5,), out,
+                     F.silu(gate.double()) * up.double(), 1e-2),
+        "reduce_sum": ((x, out := torch.zeros(1, device=device), n), (5,), out, x.double().sum().reshape(1), 1e-5),
+        "softmax": ((m, out := poisoned(rows, cols), cols, cols), (rows,), out, torch.softmax(m.double(), 1), 1e-5),
+        "cumsum": ((m, out := poisoned(rows, cols), cols, cols), (rows,), out, m.double().cumsum(1), 1e-5),
+        "layernorm": ((m, w, b, out := poisoned(rows, cols), cols, cols, 1e-5), (rows,), out,
+                      F.layer_norm(m.double(), (cols,), w.double(), b.double(), 1e-5), 1e-5),
+        "rmsnorm": ((m, w, out := poisoned(rows, cols), cols, cols, 1e-6), (rows,), out,
+                    m.double() * torch.rsqrt(m.double().pow(2).mean(1, keepdim=True) + 1e-6) * w.double(), 1e-5),
+        "embedding": ((ids, table, out := poisoned(16, 200), 200), (16,), out, table[ids].double(), 0.0),
+        "transpose": ((t2, out := poisoned(50, 70), 70, 50), (3, 2), out, t2.t().double(), 0.0),
+        "matmul": ((a, bm, out := poisoned(96, 80), 96, 80, 64), (2, 2), out, a.double() @ bm.double(), 1e-3),
+    }
+    return cases
+
+
+def check(out, ref, tol: float) -> tuple[bool, float]:
+    got = out.double().cpu()
+    ref = ref.cpu()
+    if not bool(got.isfinite().all()):
+        return False, float("nan")
+    err = float((got - ref).norm() / max(float(ref.norm()), 1e-30))
+    return err <= tol, err
+
+
+def child(kind: str, path: str, device: str | None) -> None:
+    """One fresh process: run every kernel once, check it, print one JSON line of timings."""
+    t0 = time.perf_counter()
+    if kind == "bundle" and device != "cpu":
+        sys.modules["triton"] = None  # the GPU path must not need Triton: make any import of it fail
+    import torch
+    torch_dev = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
+    if torch_dev == "cuda":
+        torch.zeros(1, device="cuda")  # CUDA context: paid by both sides, outside the kernel time
+    cases = make_cases(torch, torch_dev)
+    t1 = time.perf_counter()
+    if kind == "bundle":
+        import warploop
+        bundle = warploop.load_bundle(path, device=device)
+        chosen = bundle.chosen()
+        launch = {name: bundle[name] for name in cases}
+        meta = {name: {} for name in cases}
+    else:
+        from warploop.bundle.build import import_source
+        module = import_source(Path(path))
+        launch = {name: getattr(module, name) for name in cases}
+        meta = {name: {**k.warploop_exports[0].constexprs, "num_warps": k.warploop_exports[0].num_warps,
+                       "num_stages": k.warploop_exports[0].num_stages} for name, k in launch.items()}
+        chosen = {name: [{"target": "triton-jit"}] for name in cases}
+    t2 = time.perf_counter()
+    results = {}
+    for name, (args, grid, out, ref, tol) in cases.items():
+        launch[name][grid](*args, **meta[name])
+        if torch_dev == "cuda":
+            torch.cuda.synchronize()
+        ok, err = check(out, ref, tol)
+        results[name] = {"ok": ok, "rel_err": err, "variant": chosen[name][0]["target"]}
+    t3 = time.perf_counter()
+    print(json.dumps({"setup_s": t1 - t0, "load_s": t2 - t1, "kernels_s": t3 - t1, "results": results,
+                      "triton_imported": "triton" in sys.modules and sys.modules["triton"] is not None}))
+
+
+def run_child(kind: str, path: str, device: str | None, env: dict | None = None) -> dict:
+    cmd = [sys.executable, "-m", "warploop.bench.bundle", "--child", kind, "--path", path]
+    if device:
+        cmd += ["--device", device]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-4000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
+
+
+def launch_overhead(bundle_path: str, source: Path, reps: int = 1000, rounds: int = 15) -> dict:
+    """Host µs per launch of `add` (3 pointers + an int): warploop, Triton, raw cuLaunchKernel."""
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver as cu
+
+    import warploop
+    from warploop.bundle.build import import_source
+
+    n = 1024
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    wk = warploop.load_bundle(bundle_path).add
+    tk = import_source(source).add
+    spec = next(s for s in wk.specs if s.spec.specialize)  # the aligned variant the fast path picks here
+    slots = (ctypes.c_uint64 * 6)(x.data_ptr(), y.data_ptr(), out.data_ptr(), n, 0, 0)
+    ptrs = (ctypes.c_void_p * 6)(*[ctypes.addressof(slots) + 8 * i for i in range(6)])
+    raw_args = (spec.handle, 1, 1, 1, spec.block, 1, 1, spec.variant.shared, None, ctypes.addressof(ptrs), 0)
+    launch = cu.cuLaunchKernel
+    grid = (1,)
+
+    def run_warploop():
+        for _ in range(reps):
+            wk[grid](x, y, out, n)
+
+    def run_triton():
+        for _ in range(reps):
+            tk[grid](x, y, out, n, BLOCK=1024)
+
+    def run_raw():
+        for _ in range(reps):
+            launch(*raw_args)
+
+    methods = {"warploop": run_warploop, "triton": run_triton, "raw": run_raw}
+    samples: dict[str, list[float]] = {k: [] for k in methods}
+    correct = {}
+    for r in range(rounds + 1):
+        for name, fn in methods.items():
+            out.fill_(float("nan"))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            correct[name] = bool(torch.equal(out, x + y))
+            if r:  # round 0 warms up (Triton compiles here)
+                samples[name].append((t1 - t0) / reps * 1e6)
+    spread = {k: max(v) - min(v) for k, v in samples.items()}
+    return {k: statistics.median(v) for k, v in samples.items()} | {"correct": correct, "spread_us": spread}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--bundle", help="prebuilt bundle of examples/kernels.py (default: build one now)")
+    parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="the kernels file (for the Triton JIT side)")
+    parser.add_argument("--out", help="also write the JSON here")
+
+
+def main(args: argparse.Namespace) -> int:
+    from warploop.target import select_device
+
+    info = select_device()
+    gpu = info.target.backend == "cuda"
+    device = None if info.target.is_gpu else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.bundle
+        if path is None:
+            from warploop.bundle.build import build_bundle
+            path = os.path.join(tmp, "kernels.wlb")
+            targets = ["cpu"] + ([str(info.target)] if info.target.is_gpu else [])
+            build_bundle(args.source, targets, path, progress=False)
+        ours = run_child("bundle", path, device)
+        theirs = run_child("triton", args.source, None, {"TRITON_CACHE_DIR": os.path.join(tmp, "triton-cache")}) \
+            if gpu else None
+        launch = launch_overhead(path, Path(args.source)) if gpu else None
+    data = header("bundle") | {
+        "kernels": [{"name": k, **v} for k, v in ours["results"].items()],
+        # on a GPU the bundle path must also have run without Triton; the CPU executor is Triton's interpreter
+        "all_correct": all(v["ok"] for v in ours["results"].values()) and not (gpu and ours["triton_imported"]),
+        "triton_imported_on_bundle_path": ours["triton_imported"],
+        "cold_start_s": ours["wall_s"],
+        "triton_cold_start_s": theirs["wall_s"] if theirs else None,
+        "cold_start_speedup": theirs["wall_s"] / ours["wall_s"] if theirs else None,
+        "kernel_start_s": ours["kernels_s"],
+        "triton_kernel_start_s": theirs["kernels_s"] if theirs else None,
+        "kernel_start_speedup": theirs["kernels_s"] / ours["kernels_s"] if theirs else None,
+        "triton_all_correct": all(v["ok"] for v in theirs["results"].values()) if theirs else None,
+        "launch_us": launch["warploop"] if launch else None,
+        "triton_launch_us": launch["triton"] if launch else None,
+        "raw_launch_us": launch["raw"] if launch else None,
+        "launch_over_raw_us": launch["warploop"] - launch["raw"] if launch else None,
+        "launch_details": launch,
+        "children": {"bundle": ours, "triton": theirs},
+    }
+    if args.json:
+        emit(data, args.out)
+    else:
+        emit(data, args.out)
+    return 0 if data["all_correct"] else 1
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", choices=["bundle", "triton"], required=True)
+    p.add_argument("--path", required=True)
+    p.add_argument("--device")
+    a = p.parse_args()
+    child(a.child, a.path, a.device)

@@ -1,0 +1,190 @@
+"""Ahead-of-time compilation: every exported kernel of a file, for every target, into one bundle.
+
+No GPU is needed: Triton compiles for `GPUTarget("cuda", 90, 32)` or `GPUTarget("hip", "gfx942", 64)`
+on any machine. Compilations run in a process pool (WARPLOOP_JOBS) with a progress bar on stderr.
+The cpu variant is the defining file's source text: the Triton interpreter runs it, so a CPU-only
+user needs neither FILE.py nor a compiler's GPU backends.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import hashlib
+import importlib.metadata
+import importlib.util
+import multiprocessing
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from warploop import config
+from warploop.bundle.export import ExportSpec, exported_kernels
+from warploop.bundle.format import KernelEntry, Manifest, Specialization, Variant, sha256, write_bundle
+from warploop.target import Target
+
+BUILD_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx1100", "cpu")
+
+
+class BuildError(RuntimeError):
+    """A kernel failed to compile for a target; the message names both and carries Triton's error."""
+
+
+def import_source(path: Path) -> ModuleType:
+    """Import FILE.py by path (once per process), with Triton's interpreter off so kernels are JITFunctions."""
+    from triton import knobs
+
+    path = path.resolve()
+    name = "warploop_src_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"cannot import {path}: is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))  # let FILE.py import its neighbours, as `python FILE.py` would
+    try:
+        with knobs.runtime.scope():
+            knobs.runtime.interpret = False
+            spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Target) -> tuple[Variant, dict[str, bytes]]:
+    """Compile one specialization for one GPU target: (variant, {format: bytes})."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {n: "constexpr" if n in spec.constexprs else spec.signature[n] for n in arg_names}
+    attrs = {(arg_names.index(n),): [["tt.divisibility", d]] for n, d in spec.specialize.items()}
+    gpu_target = GPUTarget(target.backend, target.arch, target.warp_size)
+    backend = triton.compiler.make_backend(gpu_target)
+    options = backend.parse_options({"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                     "num_ctas": spec.num_ctas, "launch_cooperative_grid": spec.cooperative,
+                                     "launch_pdl": spec.pdl})
+    compiled = triton.compile(ASTSource(kernel, signature, spec.constexprs, attrs), target=gpu_target,
+                              options=options.__dict__)
+    md = compiled.metadata
+    if md.tensordesc_meta:
+        raise BuildError("kernels that take tensor descriptors cannot be bundled yet; pass pointers and strides")
+    if target.backend == "cuda":
+        blobs = {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"].encode()}
+        arch = re.search(r"^\.target\s+(\w+)", compiled.asm["ptx"], re.M).group(1)
+    else:
+        blobs = {"hsaco": compiled.asm["hsaco"]}
+        arch = str(target.arch)
+    variant = Variant(
+        target=str(target), formats={}, entry=md.name, num_warps=md.num_warps, num_ctas=md.num_ctas,
+        warp_size=md.warp_size, shared=md.shared,
+        global_scratch_size=getattr(md, "global_scratch_size", 0),
+        global_scratch_align=getattr(md, "global_scratch_align", 1),
+        profile_scratch_size=md.profile_scratch_size, profile_scratch_align=md.profile_scratch_align,
+        cooperative=bool(md.launch_cooperative_grid), pdl=bool(getattr(md, "launch_pdl", False)), arch=arch)
+    return variant, blobs
+
+
+def _compile_job(job: tuple[str, str, int, str]) -> tuple[tuple[str, int, str], dict, dict[str, bytes]]:
+    path, name, index, target_text = job
+    kernel, specs, arg_names = exported_kernels(vars(import_source(Path(path))))[name]
+    try:
+        variant, blobs = compile_variant(kernel, specs[index], arg_names, Target.parse(target_text))
+    except Exception as e:  # re-raised in the parent with the kernel and target named
+        raise BuildError(f"compiling {name} [{specs[index].label()}] for {target_text} failed: "
+                         f"{type(e).__name__}: {e}") from None
+    return (name, index, target_text), variant.to_dict(), blobs
+
+
+def _run_jobs(jobs: list[tuple[str, str, int, str]], workers: int, progress: bool) -> list:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc="compiling", unit="variant", file=sys.stderr, disable=not progress)
+    results = []
+    try:
+        if workers <= 1 or len(jobs) <= 1:
+            for job in jobs:
+                results.append(_compile_job(job))
+                bar.update()
+            return results
+        # fork: workers inherit the imported FILE.py and Triton instead of importing them again
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            for future in concurrent.futures.as_completed([pool.submit(_compile_job, j) for j in jobs]):
+                results.append(future.result())
+                bar.update()
+        return results
+    finally:
+        bar.close()
+
+
+def _local_imports(before: set[str], directory: Path) -> list[str]:
+    """Modules FILE.py pulled in from its own folder: the cpu variant does not carry them."""
+    out = []
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file and Path(file).resolve().parent == directory and not name.startswith("warploop_src_"):
+            out.append(name)
+    return sorted(out)
+
+
+def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os.PathLike,
+                 jobs: int | None = None, progress: bool = True) -> Manifest:
+    """Compile every kernel that `source` exports for each target and write the bundle to `output`."""
+    path = Path(source).resolve()
+    if not path.is_file():
+        raise BuildError(f"{source}: no such file")
+    parsed = [Target.parse(t) for t in targets]
+    if not parsed:
+        raise BuildError(f"no targets given; pass -t for each, e.g. {' '.join('-t ' + t for t in BUILD_TARGETS)}")
+    before = set(sys.modules)
+    kernels = exported_kernels(vars(import_source(path)))
+    if not kernels:
+        raise BuildError(f"{source} exports no kernels: decorate Triton kernels with @warploop.export(...)")
+    local = _local_imports(before, path.parent)
+    if local and any(t.backend == "cpu" for t in parsed):
+        print(f"warning: {path.name} imports {', '.join(local)} from its folder; the cpu variant carries only "
+              f"{path.name}, so kernels that call into those modules fail on the CPU executor", file=sys.stderr)
+    jobs_list = [(str(path), name, i, str(t)) for name, (_, specs, _) in kernels.items()
+                 for i in range(len(specs)) for t in parsed if t.is_gpu]
+    workers = min(jobs or config.get().jobs, max(1, len(jobs_list)))
+    compiled = {key: (Variant.from_dict(v), blobs) for key, v, blobs in _run_jobs(jobs_list, workers, progress)}
+
+    source_bytes = path.read_bytes()
+    all_blobs: dict[str, bytes] = {}
+    entries = []
+    for name, (_, specs, arg_names) in kernels.items():
+        specializations = []
+        for i, spec in enumerate(specs):
+            variants = []
+            for t in parsed:
+                if t.is_gpu:
+                    variant, blobs = compiled[(name, i, str(t))]
+                else:
+                    variant, blobs = Variant(target="cpu", formats={}, entry=name, num_warps=spec.num_warps,
+                                             warp_size=1), {"source": source_bytes}
+                digests = {fmt: sha256(data) for fmt, data in blobs.items()}
+                all_blobs.update({sha256(data): data for data in blobs.values()})
+                variants.append(Variant.from_dict({**variant.to_dict(), "formats": digests}))
+            specializations.append(Specialization(spec, tuple(variants)))
+        entries.append(KernelEntry(name, tuple(arg_names), tuple(specializations)))
+
+    build = {"source": path.name, "source_sha256": sha256(source_bytes), "targets": [str(t) for t in parsed],
+             "output": Path(output).name, "date": datetime.date.today().isoformat(),
+             "versions": {"warploop": _version("warploop"), "triton": _version("triton"),
+                          "python": platform.python_version()}}
+    return write_bundle(output, entries, build, all_blobs)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None

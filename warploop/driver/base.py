@@ -1,0 +1,55 @@
+"""The small interface every backend implements: load a variant's code, launch it, allocate memory.
+
+GPU drivers expose their launch entry point with cuLaunchKernel's argument order
+`(function, gx, gy, gz, bx, by, bz, shared, stream, params_address, extra)`, returning a tuple whose
+first item is the error code, so one generated launcher serves CUDA and HIP. The CPU driver runs
+the Triton interpreter instead and has `run`.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+from warploop.target import DeviceInfo
+
+
+class DriverError(RuntimeError):
+    """A vendor driver call failed; the message names the call and the driver's error."""
+
+
+class Driver(abc.ABC):
+    backend: str = ""
+
+    def __init__(self, info: DeviceInfo):
+        self.info = info
+
+    @abc.abstractmethod
+    def load(self, image: bytes, fmt: str, entry: str, shared: int) -> Any:
+        """Load one binary (cached per image) and return the handle of function `entry` in it."""
+
+
+class GpuDriver(Driver):
+    @abc.abstractmethod
+    def launch_api(self, num_ctas: int, cooperative: bool, pdl: bool) -> Callable[..., tuple]:
+        """The call that launches a kernel with these flags (cuLaunchKernel's argument order)."""
+
+    @abc.abstractmethod
+    def stream_getter(self) -> Callable[[], Any]:
+        """A fast function returning the current stream (torch's, if torch is loaded) as launch_api takes it."""
+
+    @abc.abstractmethod
+    def as_stream(self, stream: Any) -> Any:
+        """An explicit stream argument (int handle, or object with .cuda_stream) as launch_api takes it."""
+
+    @abc.abstractmethod
+    def alloc(self, nbytes: int) -> int:
+        """Device memory that lives as long as the process (used for kernel scratch)."""
+
+    @abc.abstractmethod
+    def error_text(self, code: Any) -> str:
+        """The driver's name and description of an error code."""
+
+    def recover(self, code: Any) -> bool:
+        """Fix what made a launch fail with `code`, if it can be fixed here; True means retry."""
+        return False

@@ -1,0 +1,71 @@
+"""AMD: load hsaco and launch through the HIP module API (hip-python), never through Triton."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from warploop.driver.base import DriverError, GpuDriver
+from warploop.target import DeviceInfo
+
+
+class HipDriver(GpuDriver):
+    backend = "hip"
+
+    def __init__(self, info: DeviceInfo):
+        super().__init__(info)
+        from hip import hip
+
+        self.hip = hip
+        self._call(hip.hipSetDevice(info.index), "hipSetDevice")
+        self._modules: dict[bytes, Any] = {}
+
+    def _call(self, result: Any, what: str) -> Any:
+        err, *values = result if isinstance(result, tuple) else (result,)
+        if err != 0:
+            raise DriverError(f"{what} failed on {self.info.name}: {self.error_text(err)}")
+        return values[0] if len(values) == 1 else (values or None)
+
+    def error_text(self, code: Any) -> str:
+        text = self.hip.hipGetErrorString(code)
+        text = text[-1] if isinstance(text, tuple) else text
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        return f"{getattr(code, 'name', code)}: {text}"
+
+    def load(self, image: bytes, fmt: str, entry: str, shared: int) -> Any:
+        if fmt != "hsaco":
+            raise DriverError(f"the HIP driver loads hsaco, not {fmt}")
+        module = self._modules.get(image)
+        if module is None:
+            module = self._modules[image] = self._call(self.hip.hipModuleLoadData(image), "hipModuleLoadData")
+        return self._call(self.hip.hipModuleGetFunction(module, entry.encode()), f"hipModuleGetFunction({entry})")
+
+    def launch_api(self, num_ctas: int, cooperative: bool, pdl: bool) -> Callable[..., tuple]:
+        if num_ctas > 1 or pdl:
+            raise DriverError("clusters (num_ctas > 1) and PDL are not supported on HIP; export with num_ctas=1")
+        if not cooperative:
+            return self.hip.hipModuleLaunchKernel
+        cooperative_launch = self.hip.hipModuleLaunchCooperativeKernel
+
+        def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            return cooperative_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+
+        return launch
+
+    def stream_getter(self) -> Callable[[], Any]:
+        torch = sys.modules.get("torch")
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)  # ROCm torch: a hipStream_t
+        if raw is None:
+            return lambda: None
+        index = self.info.index
+
+        def current():
+            return raw(index) or None
+
+        return current
+
+    def as_stream(self, stream: Any) -> Any:
+        return int(getattr(stream, "cuda_stream", stream) or 0) or None
+
+    def alloc(self, nbytes: int) -> int:
+        return int(self._call(self.hip.hipMalloc(max(nbytes, 1)), f"hipMalloc({nbytes})"))
