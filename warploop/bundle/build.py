@@ -136,8 +136,8 @@ def _local_imports(before: set[str], directory: Path) -> list[str]:
 
 
 def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os.PathLike,
-                 jobs: int | None = None, progress: bool = True) -> Manifest:
-    """Compile every kernel that `source` exports for each target and write the bundle to `output`."""
+                 jobs: int | None = None, progress: bool = True, only: list[str] | None = None) -> Manifest:
+    """Compile every kernel that `source` exports (or those named in `only`) for each target into `output`."""
     path = Path(source).resolve()
     if not path.is_file():
         raise BuildError(f"{source}: no such file")
@@ -148,6 +148,11 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
     kernels = exported_kernels(vars(import_source(path)))
     if not kernels:
         raise BuildError(f"{source} exports no kernels: decorate Triton kernels with @warploop.export(...)")
+    if only:
+        unknown = [k for k in only if k not in kernels]
+        if unknown:
+            raise BuildError(f"{source} exports no kernel {', '.join(unknown)}; it exports {', '.join(kernels)}")
+        kernels = {k: v for k, v in kernels.items() if k in only}
     local = _local_imports(before, path.parent)
     if local and any(t.backend == "cpu" for t in parsed):
         print(f"warning: {path.name} imports {', '.join(local)} from its folder; the cpu variant carries only "
@@ -177,6 +182,7 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
         entries.append(KernelEntry(name, tuple(arg_names), tuple(specializations)))
 
     build = {"source": path.name, "source_sha256": sha256(source_bytes), "targets": [str(t) for t in parsed],
+             "kernels": list(only or []),
              "output": Path(output).name, "date": datetime.date.today().isoformat(),
              "versions": {"warploop": _version("warploop"), "triton": _version("triton"),
                           "python": platform.python_version()}}

@@ -18,6 +18,8 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--target", action="append", required=True, dest="targets",
                         help=f"target to compile for; repeat it (any of {', '.join(BUILD_TARGETS)})")
     parser.add_argument("-o", "--output", required=True, help="bundle file to write (.wlb)")
+    parser.add_argument("-k", "--kernel", action="append", dest="kernels",
+                        help="compile only this exported kernel; repeat it (default: all)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: WARPLOOP_JOBS)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -26,7 +28,8 @@ def main_build(args: argparse.Namespace) -> int:
     from warploop.bundle.build import BuildError, build_bundle
 
     try:
-        manifest = build_bundle(args.file, args.targets, args.output, jobs=args.jobs, progress=not args.quiet)
+        manifest = build_bundle(args.file, args.targets, args.output, jobs=args.jobs, progress=not args.quiet,
+                                only=args.kernels)
     except (BuildError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

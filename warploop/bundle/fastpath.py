@@ -1,12 +1,12 @@
 """The generated fast path of a GPU kernel launch.
 
 Per-launch Python work is what separates a launcher from a raw `cuLaunchKernel` call, so for each
-kernel we generate one straight-line function (as Triton generates its C launcher): argument kinds,
-dtypes, slot layout and driver handles are fixed at load time and bound as constants. It handles
-the common call, `kernel[grid](tensors and scalars...)` with torch tensors on this device from the
-loading thread; any other shape of call, and every argument that fails a check, goes to
-`Kernel.general`, which does the same launch or raises the precise error. The source is kept as
-`kernel.fast_source` for reading.
+kernel we generate straight-line code (as Triton generates its C launcher): argument kinds, dtypes,
+slot layout and driver handles are fixed at load time and bound as constants, and a tuple grid is
+checked once, when `kernel[grid]` first sees it. The code handles the common call,
+`kernel[grid](tensors and scalars...)` with torch tensors on this device from the loading thread;
+any other call, and any argument that fails a check, goes to `Kernel.general`, which does the same
+launch or raises the precise error. The source is kept as `kernel.fast_source` for reading.
 """
 from __future__ import annotations
 
@@ -18,16 +18,14 @@ from typing import Any
 
 from warploop.bundle.abi import POINTEE_DTYPES, pack_bf16
 
-
-class _NeverATensor:
-    """Stands in for torch.Tensor when torch is not loaded: every pointer argument takes the general path."""
+_MISSING = object()
 
 
-def _spec_branch(k: int, spec: Any, torch: Any, lines: list[str], env: dict[str, Any]) -> None:
+def _spec_branch(k: int, spec: Any, torch: Any, fixed: bool, env: dict[str, Any]) -> list[str]:
     conds = []
     for i, p in enumerate(spec.runtime):
         if p.is_pointer:
-            # Without torch no argument passes the tensor check above, so the dtype is never compared.
+            # Without torch no argument gets past data_ptr/get_device, so the dtype is never compared.
             env[f"DT{k}_{i}"] = getattr(torch, POINTEE_DTYPES[p.type[1:]], None) if torch else None
             conds.append(f"a{i}.dtype is DT{k}_{i}")
         divisor = spec.spec.specialize.get(p.name)
@@ -42,22 +40,20 @@ def _spec_branch(k: int, spec: Any, torch: Any, lines: list[str], env: dict[str,
                 f"SCRATCH{k}": spec.set_scratch})
     call = f"LAUNCH{k}(FN{k}, gx, gy, gz, BX{k}, 1, 1, SH{k}, s, PARAMS{k}, 0)"
     scratch = spec.variant.global_scratch_size or spec.variant.profile_scratch_size
-    lines += [
-        f"    if {' and '.join(conds) or 'True'}:",
-        "        if type(grid) is tuple and len(grid) == 1:",
-        "            gx = grid[0]; gy = gz = 1",
-        "        else:",
-        f"            gx, gy, gz = GRID{k}(grid, args)",
-        "        try:",
-        f"            PACK{k}(BUF{k}, 0, {', '.join(values)})",
-        "        except STRUCT_ERROR:",
-        "            return general(grid, *args, stream=stream)",
-        "        s = CUR() if stream is None else AS_STREAM(stream)",
-        *([f"        SCRATCH{k}(BUF{k}, gx * gy * gz, s)"] if scratch else []),
-        f"        ret = {call}",
-        "        if ret[0]:",
-        f"            FAILED{k}(ret[0], gx * gy * gz, lambda: {call})",
-        "        return",
+    every = ", ".join(f"a{i}" for i in range(len(spec.runtime)))
+    return [
+        f"        if {' and '.join(conds) or 'True'}:",
+        *([] if fixed else [f"            gx, gy, gz = GRID{k}(grid, ({every},))"]),
+        "            try:",
+        f"                PACK{k}(BUF{k}, 0, {', '.join(values)})",
+        "            except STRUCT_ERROR:",
+        f"                return general(grid, {every}{', ' if every else ''}stream=stream)",
+        "            s = CUR() if stream is None else AS_STREAM(stream)",
+        *([f"            SCRATCH{k}(BUF{k}, gx * gy * gz, s)"] if scratch else []),
+        f"            ret = {call}",
+        "            if ret[0]:",
+        f"                FAILED{k}(ret[0], gx * gy * gz, lambda: {call})",
+        "            return",
     ]
 
 
@@ -66,35 +62,45 @@ def _grid3_of(spec: Any) -> Callable[[Any, tuple], tuple[int, int, int]]:
     return lambda grid, args: spec.grid3(grid, dict(zip(names, args, strict=True)))
 
 
-def fast_launcher(kernel: Any) -> Callable[..., None]:
-    """Generate, compile and return `launch(grid, *args, stream=None, **meta)` for a GPU kernel."""
-    specs = kernel.specs
-    first = specs[0]
-    n = len(first.runtime)
-    pointer_idx = [i for i, p in enumerate(first.runtime) if p.is_pointer]
+def _launch_source(kernel: Any, fixed: bool, torch: Any, env: dict[str, Any]) -> list[str]:
+    """`make_fixed(grid)` (tuple grid, checked here once) or `make_dynamic(grid)` (callable grid)."""
+    runtime = kernel.specs[0].runtime
+    n = len(runtime)
+    every = ", ".join(f"a{i}" for i in range(n))
+    sep = ", " if n else ""
+    given = f"[a for a in ({every},) if a is not M]" if n else "[]"
+    lines = [f"def make_{'fixed' if fixed else 'dynamic'}(grid):"]
+    if fixed:
+        lines.append("    gx, gy, gz = GRID3(grid)")
+    lines += [
+        f"    def launch({', '.join(f'a{i}=M' for i in range(n))}{sep}*extra, stream=None, **meta):",
+        f"        if {f'a{n - 1} is M or ' if n else ''}extra or meta or IDENT() != OWNER:",
+        f"            return general(grid, *{given}, *extra, stream=stream, **meta)",
+    ]
+    pointers = [i for i, p in enumerate(runtime) if p.is_pointer]
+    if pointers:
+        lines += ["        try:", *[f"            p{i} = a{i}.data_ptr()" for i in pointers],
+                  f"            if {' or '.join(f'a{i}.get_device() != DEV' for i in pointers)}:",
+                  f"                return general(grid, {every}, stream=stream)",
+                  "        except AttributeError:  # not a torch tensor",
+                  f"            return general(grid, {every}, stream=stream)"]
+    for k, spec in enumerate(kernel.specs):
+        if spec.spec.constexprs == kernel.default_constexprs:  # the others need constexpr keywords
+            lines += _spec_branch(k, spec, torch, fixed, env)
+    return lines + [f"        return general(grid, {every}{sep}stream=stream)", "    return launch"]
+
+
+def fast_launcher_factory(kernel: Any) -> Callable[[Any], Callable[..., None]]:
+    """Generate and compile the code; returns `make(grid) -> launch(*args, stream=None, **meta)`."""
+    first = kernel.specs[0]
     torch = sys.modules.get("torch")
     env: dict[str, Any] = {
-        "general": kernel.general, "Tensor": torch.Tensor if torch else _NeverATensor,
-        "DEV": first.driver.info.index, "CUR": first.current_stream, "AS_STREAM": first.driver.as_stream,
-        "STRUCT_ERROR": struct.error, "BF16": pack_bf16, "IDENT": threading.get_ident, "OWNER": first.owner,
+        "general": kernel.general, "M": _MISSING, "DEV": first.driver.info.index, "CUR": first.current_stream,
+        "AS_STREAM": first.driver.as_stream, "STRUCT_ERROR": struct.error, "BF16": pack_bf16,
+        "IDENT": threading.get_ident, "OWNER": first.owner, "GRID3": lambda g: first.grid3(g, {}),
     }
-    names = [f"a{i}" for i in range(n)]
-    lines = [
-        "def launch(grid, *args, stream=None, **meta):",
-        f"    if meta or len(args) != {n} or IDENT() != OWNER:",
-        "        return general(grid, *args, stream=stream, **meta)",
-    ]
-    if n:
-        lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = args")
-    if pointer_idx:
-        checks = " or ".join(f"type(a{i}) is not Tensor or a{i}.get_device() != DEV" for i in pointer_idx)
-        lines += [f"    if {checks}:", "        return general(grid, *args, stream=stream)"]
-        lines += [f"    p{i} = a{i}.data_ptr()" for i in pointer_idx]
-    for k, spec in enumerate(specs):
-        if spec.spec.constexprs == kernel.default_constexprs:  # others need constexpr keywords: general path
-            _spec_branch(k, spec, torch, lines, env)
-    lines.append("    return general(grid, *args, stream=stream)")
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, f"<warploop launcher {kernel.name}>", "exec"), env)
-    kernel.fast_source = source
-    return env["launch"]
+    text = "\n".join(_launch_source(kernel, True, torch, env) + _launch_source(kernel, False, torch, env)) + "\n"
+    exec(compile(text, f"<warploop launcher {kernel.name}>", "exec"), env)
+    kernel.fast_source = text
+    make_fixed, make_dynamic = env["make_fixed"], env["make_dynamic"]
+    return lambda grid: make_dynamic(grid) if callable(grid) else make_fixed(grid)

@@ -142,7 +142,7 @@ class Manifest:
 
     def rebuild_command(self, extra_target: str | None = None) -> str:
         targets = self.targets + ([extra_target] if extra_target and extra_target not in self.targets else [])
-        flags = " ".join(f"-t {t}" for t in targets)
+        flags = " ".join([*(f"-t {t}" for t in targets), *(f"-k {k}" for k in self.build.get("kernels", []))])
         source, output = self.build.get("source", "FILE.py"), self.build.get("output", "OUT.wlb")
         return f"warploop bundle build {source} {flags} -o {output}"
 

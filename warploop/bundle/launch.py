@@ -158,24 +158,40 @@ def _for_interpreter(value: Any) -> Any:
     return torch.from_dlpack(value)
 
 
-class Kernel:
-    """A bundle kernel: `kernel[grid](*args, stream=None, **constexprs)`."""
+class Kernel(dict):
+    """A bundle kernel: `kernel[grid](*args, stream=None, **constexprs)`.
+
+    It is a dict from grid to launcher so that `kernel[grid]` is a C-level lookup (a Python
+    `__getitem__` would add ~0.2 µs to every launch); a new grid is checked and bound once, in
+    `__missing__`. A grid is an int, a tuple of 1 to 3 ints, or a callable of the meta dict."""
+
+    MAX_GRIDS = 1024
 
     def __init__(self, name: str, arg_names: list[str], specs: list[LoadedSpec], unavailable: dict[str, str],
                  default_constexprs: dict[str, Any]):
+        super().__init__()
         self.name, self.arg_names, self.specs, self.unavailable = name, arg_names, specs, unavailable
         self.runtime_names = [p.name for p in specs[0].runtime]
         self.constexpr_names = [n for n in arg_names if n not in self.runtime_names]
         # A grid is usually computed from the constexprs (BLOCK), so a launch that names none uses
         # those of the first export written, never silently another export's.
         self.default_constexprs = default_constexprs
-        self._launch = self.general
+        self._make = lambda grid: functools.partial(self.general, grid)
         if all(s.is_gpu for s in specs):
-            from warploop.bundle.fastpath import fast_launcher
-            self._launch = fast_launcher(self)
+            from warploop.bundle.fastpath import fast_launcher_factory
+            self._make = fast_launcher_factory(self)
 
-    def __getitem__(self, grid: Any) -> Callable[..., None]:
-        return functools.partial(self._launch, grid)
+    def __missing__(self, grid: Any) -> Callable[..., None]:
+        if len(self) >= self.MAX_GRIDS:
+            self.clear()
+        launch = self[grid] = self._make(grid)
+        return launch
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
 
     def __repr__(self) -> str:
         where = self.specs[0].driver.info.target

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from warploop.bundle.format import BundleFile, KernelEntry, Manifest, Variant
 from warploop.bundle.launch import Kernel, LoadedSpec, priority
-from warploop.driver import get_driver
+from warploop.driver import Driver, get_driver
 from warploop.target import CPU, DeviceInfo, Target, select_device
 
 BINARY_FORMAT = {"cuda": "cubin", "hip": "hsaco", "cpu": "source"}
@@ -93,7 +93,7 @@ class Bundle:
                 for name, k in self.kernels.items()}
 
 
-def _load_kernel(bundle: BundleFile, entry: KernelEntry, info: DeviceInfo) -> Kernel | str:
+def _load_kernel(bundle: BundleFile, entry: KernelEntry, info: DeviceInfo, driver: Driver | None) -> Kernel | str:
     """The loaded kernel, or why no variant of it runs on `info`."""
     order = priority([s.spec for s in entry.specializations])
     specs, unavailable = [], {}
@@ -116,21 +116,25 @@ def _load_kernel(bundle: BundleFile, entry: KernelEntry, info: DeviceInfo) -> Ke
             warnings.warn(f"{entry.name} [{label}] has no {info.target} variant in {bundle.path}; it runs on the "
                           f"CPU executor, which is slow. Rebuild with `{rebuild}`", stacklevel=3)
         image = bundle.blob(variant.formats[fmt], what=f"{fmt} of {entry.name} for {variant.target}")
-        driver = get_driver(device)
-        handle = driver.load(image, fmt, variant.entry, variant.shared)
-        specs.append(LoadedSpec(entry.name, specialization.spec, arg_names, variant, fmt, driver, handle))
+        chosen = driver if driver is not None and device == info else get_driver(device)
+        handle = chosen.load(image, fmt, variant.entry, variant.shared)
+        specs.append(LoadedSpec(entry.name, specialization.spec, arg_names, variant, fmt, chosen, handle))
     if not specs:
         return "; ".join(f"[{label}] {why}" for label, why in unavailable.items())
     return Kernel(entry.name, arg_names, specs, unavailable, dict(entry.specializations[0].spec.constexprs))
 
 
-def load_bundle(path: str | os.PathLike, device: str | Target | DeviceInfo | None = None) -> Bundle:
-    """Load a bundle for `device` (default: WARPLOOP_DEVICE, else the first GPU, else the CPU)."""
+def load_bundle(path: str | os.PathLike, device: str | Target | DeviceInfo | None = None, *,
+                driver: Driver | None = None) -> Bundle:
+    """Load a bundle for `device` (default: WARPLOOP_DEVICE, else the first GPU, else the CPU).
+
+    `driver` replaces the vendor driver for `driver.info`'s device (tests and benchmarks pass a
+    `warploop.driver.null.NullDriver`)."""
     bundle = BundleFile(path)
-    info = select_device(device)
+    info = driver.info if driver is not None else select_device(device)
     kernels, missing, smem = {}, [], []
     for entry in bundle.manifest.kernels:
-        loaded = _load_kernel(bundle, entry, info)
+        loaded = _load_kernel(bundle, entry, info, driver)
         if isinstance(loaded, Kernel):
             kernels[entry.name] = loaded
         elif "shared memory" in loaded:
