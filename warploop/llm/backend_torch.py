@@ -30,9 +30,8 @@ class TorchBackend(Backend):
         self.cos, self.sin = cos_sin_table(config.rope, config.head_dim, max_context, self.device)
         self.scale = config.head_dim ** -0.5
         on_gpu = self.device.type == "cuda"
-        if use_triton is None:
-            from warploop.llm.triton_ops import supported
-            use_triton = on_gpu and supported(config.head_dim)
+        if use_triton is None:  # the kernels need power-of-two heads of 16 or more (tl.arange, tl.dot)
+            use_triton = on_gpu and config.head_dim >= 16 and config.head_dim & (config.head_dim - 1) == 0
         self.use_triton = use_triton
         self.use_cuda_graphs = use_cuda_graphs and on_gpu and use_triton
         self.workspace = None   # split-K scratch of the Triton decode attention

@@ -34,7 +34,14 @@ class Detokenizer:
         return self._release(final=self.stopped)
 
     def flush(self) -> str:
-        """The held-back text, when the request ends for another reason than a stop string."""
+        """The held-back text, when the request ends for another reason than a stop string: with
+        the tokens still waiting to complete a character, decoded as they are."""
+        if self.tokenizer is not None and not self.stopped and self.read_offset < len(self.ids):
+            before = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+            start = len(self.text)
+            self.text += self.tokenizer.decode(self.ids[self.prefix_offset:])[len(before):]
+            self.read_offset = len(self.ids)
+            self._check_stop(start)
         return self._release(final=True)
 
     def _check_stop(self, start: int) -> None:

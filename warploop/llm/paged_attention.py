@@ -38,7 +38,8 @@ def _decode_split_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_p
         l = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         end = tl.minimum(start + PARTITION, ctx)
-        for t0 in range(start, end, TILE):
+        t0 = start
+        while t0 < end:  # a while loop: the Triton interpreter cannot run range() over tensor bounds
             toks = t0 + tl.arange(0, TILE)
             valid = toks < end
             block = tl.load(tables_ptr + seq * table_stride + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -54,6 +55,7 @@ def _decode_split_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_p
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             l = l * alpha + tl.sum(p, axis=1)
             m = m_new
+            t0 += TILE
         row = (seq * NUM_KV_HEADS * GROUP + heads) * max_splits + split
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], acc / l[:, None], mask=(g < GROUP)[:, None])
         tl.store(part_lse_ptr + row, m + tl.log(l), mask=g < GROUP)

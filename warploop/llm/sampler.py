@@ -35,8 +35,10 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=logits.device)[None, :]
         drop = rank >= column([p.top_k if p.top_k > 0 else vocab for p in params], torch.long)
-        # drop a token when the tokens ranked above it already hold top_p of the mass
-        drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > column([p.top_p for p in params])
+        # drop a token when the tokens ranked above it already hold top_p of the mass (top_p = 1: never,
+        # even where the float cumulative sum reaches 1 before the tail)
+        mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_above >= column([p.top_p if p.top_p < 1 else 2.0 for p in params])
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(drop, 0.0))
     if any(p.min_p > 0 for p in params):
         floor = column([p.min_p for p in params]) * probs.max(dim=-1, keepdim=True).values

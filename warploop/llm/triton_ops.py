@@ -119,7 +119,3 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
     return out
 
-
-def supported(head_dim: int) -> bool:
-    """The kernels need power-of-two halves of a head (tl.arange) and tl.dot-sized heads (16+)."""
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0

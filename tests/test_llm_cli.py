@@ -1,0 +1,58 @@
+"""`warploop generate`: JSON keys, streamed text, clear errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from llm_helpers import make_model_dir
+
+from warploop import cli
+from warploop.llm import loader
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path, _ = make_model_dir(tmp_path_factory.mktemp("cli"), "llama", initializer_range=0.3)
+    return path
+
+
+def generate(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["generate", "--device", "cpu", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_has_exactly_the_contract_keys(model_dir, capsys):
+    code, out, _ = generate(capsys, "--model", str(model_dir), "--prompt", "hello", "--max-tokens", "6", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"text", "token_ids", "ttft_ms", "ms_per_token"}
+    assert len(data["token_ids"]) == 6 and all(isinstance(t, int) for t in data["token_ids"])
+    assert data["ttft_ms"] > 0 and data["ms_per_token"] > 0
+
+
+def test_streams_the_same_text_as_json(model_dir, capsys):
+    args = ["--model", str(model_dir), "--prompt", "hello", "--max-tokens", "10", "--temperature", "0.9",
+            "--top-p", "0.9", "--top-k", "50", "--seed", "3"]
+    _, out, _ = generate(capsys, *args, "--json")
+    code, streamed, _ = generate(capsys, *args)
+    assert code == 0
+    assert streamed == json.loads(out)["text"] + "\n"
+
+
+def test_chat_flag_uses_the_template(model_dir, capsys):
+    code, out, _ = generate(capsys, "--model", str(model_dir), "--prompt", "hi", "--chat", "--max-tokens", "3",
+                            "--json")
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 3
+
+
+def test_errors_are_one_clear_line(model_dir, tmp_path, capsys, monkeypatch):
+    code, _, err = generate(capsys, "--model", str(tmp_path / "absent"), "--prompt", "x")
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    code, _, err = generate(capsys, "--model", str(model_dir), "--prompt", "x", "--temperature", "-1")
+    assert code == 2 and "temperature" in err
+    code, _, err = generate(capsys, "--model", str(model_dir), "--prompt", "x" * 600, "--max-tokens", "8")
+    assert code == 2 and "context" in err
+    monkeypatch.setattr(loader, "TINY_DIR", tmp_path / "tiny")
+    code, _, err = generate(capsys, "--model", "tiny", "--prompt", "x")
+    assert code == 2 and "embedded tiny model is missing" in err

@@ -1,0 +1,63 @@
+"""`warploop generate`: one prompt through the engine, text streamed to stdout (or one JSON object)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (the embedded model, the default) or a Hugging Face-format directory")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="a stop string (repeat for more)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "hip"), default=None,
+                        help="default: WARPLOOP_DEVICE, else the first GPU, else the CPU")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="default: the model's own")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"text", "token_ids", "ttft_ms", "ms_per_token"} instead of streaming')
+
+
+def main(args: argparse.Namespace) -> int:
+    from warploop.llm.engine import Engine, SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+                                repetition_penalty=args.repetition_penalty, stop=args.stop)
+        engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, max_num_seqs=1,
+                                   progress=not args.json and sys.stderr.isatty())
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"warploop generate: {e}", file=sys.stderr)
+        return 2
+    try:
+        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat \
+            else args.prompt
+        ids = engine.tokenizer.encode(text)
+        if args.json:
+            out = engine.generate(ids, params)
+            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "ttft_ms": round(out.ttft_ms, 3),
+                              "ms_per_token": round(out.ms_per_token, 3)}))
+            return 0 if out.error is None else 1
+        for event in engine.stream(ids, params):
+            sys.stdout.write(event.text_delta)
+            sys.stdout.flush()
+            if event.error:
+                print(f"\nwarploop generate: {event.error}", file=sys.stderr)
+                return 1
+        sys.stdout.write("\n")
+        return 0
+    except ValueError as e:  # prompt too long for the context, no chat template, ...
+        print(f"warploop generate: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
