@@ -106,7 +106,11 @@ def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-_ABORTED = APIError(503, "the request was aborted by the engine (the server is shutting down); retry",
+def _engine_failure(event: Any) -> APIError:
+    """The error for a request the engine ended with "abort" although its client is still there."""
+    if event.error:
+        return APIError(500, f"the engine failed this request: {event.error}", type="server_error")
+    return APIError(503, "the engine aborted the request (the server is shutting down); retry",
                     type="server_error", code="aborted")
 
 
@@ -148,7 +152,7 @@ async def _stream(job: _EngineRequest, reply: _Reply, include_usage: bool) -> As
     async for event in job.events():
         last = event
         if event.finish_reason == "abort":
-            yield _sse(_ABORTED.body())
+            yield _sse(_engine_failure(event).body())
             return
         if event.text_delta or event.finish_reason:
             yield _sse(reply.chunk(event.text_delta, event.finish_reason))
@@ -243,13 +247,7 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
                 raise APIError(400, str(exc), param="messages") from None
             return tokenizer.encode(text)
         prompt = body.single_prompt()
-        if isinstance(prompt, str):
-            return tokenizer.encode(prompt)
-        vocab_size = tokenizer.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab_size]
-        if bad:
-            raise APIError(400, f"prompt token ids must lie in [0, {vocab_size}); got {bad[:5]}", param="prompt")
-        return list(prompt)
+        return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)  # the engine checks ids
 
     async def generate(request: Request, schema: type) -> Response:
         authorize(request)
@@ -265,8 +263,10 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
             raise APIError(400, str(exc)) from None
         try:
             job = _EngineRequest(engine, prompt_ids, params, metrics)
-        except ValueError as exc:
+        except ValueError as exc:  # the engine's own checks: token ids, context, stop strings
             raise APIError(400, str(exc)) from None
+        except RuntimeError as exc:  # the engine is closed: shutting down
+            raise APIError(503, str(exc), type="server_error") from None
         reply = _Reply(chat, engine.model_name)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -283,7 +283,7 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
             return Response(status_code=499)  # nginx's "client closed request"; nobody receives it
         text, last = work.result()
         if last.finish_reason == "abort":
-            raise _ABORTED
+            raise _engine_failure(last)
         return JSONResponse(reply.full(text, last))
 
     @app.post("/v1/completions")

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
     engine.add_argument("--num-kv-blocks", type=int, default=None,
                         help="KV-cache blocks in the pool (default: sized from free memory)")
+    engine.add_argument("--max-model-len", type=int, default=None,
+                        help="cap on prompt + output tokens (default: the model's, or what the KV pool holds)")
     engine.add_argument("--max-num-seqs", type=int, default=32, help="most requests in one batch (default 32)")
     engine.add_argument("--max-batch-tokens", type=int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
@@ -85,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
     engine = None
     try:
         engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                                   num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+                                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+                                   max_num_seqs=args.max_num_seqs,
                                    max_batch_tokens=args.max_batch_tokens,
                                    enable_prefix_caching=not args.no_prefix_caching)
         app = create_app(engine, api_key=args.api_key)

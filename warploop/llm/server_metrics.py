@@ -25,6 +25,12 @@ _ENGINE_COUNTERS = {
     "prompt_tokens_total": ("warploop_prompt_tokens", "prompt tokens processed"),
     "generation_tokens_total": ("warploop_generation_tokens", "tokens generated"),
 }
+# Reported by this engine beyond docs/engine-api.md; exported when present.
+_OPTIONAL_COUNTERS = {
+    "preemptions": ("warploop_preemptions", "requests preempted (blocks freed, recomputed later) for lack of KV"),
+    "prefill_tokens_computed": ("warploop_prefill_tokens_computed", "prompt tokens run through the model "
+                                "(the rest came from the prefix cache)"),
+}
 
 
 class _EngineCollector(Collector):
@@ -37,6 +43,9 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=stats[key])
+        for key, (name, doc) in _OPTIONAL_COUNTERS.items():
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=stats[key])
 
 
 class ServerMetrics:
