@@ -42,8 +42,13 @@ class Server:
         self._log_file = open(log, "w")
         self.proc = subprocess.Popen([*SERVE, "--model", "tiny", "--port", "0", "--log-level", "warning", *extra],
                                      stdout=self._log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        self.url = self._wait_for_url()
-        self._wait_healthy()
+        try:
+            self.url = self._wait_for_url()
+            self._wait_healthy()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _wait_for_url(self) -> str:
         deadline = time.monotonic() + START_TIMEOUT_S
