@@ -51,7 +51,7 @@ def _from_dlpack(obj: Any) -> PointerArg:
     t = _DLTensor.from_address(get(capsule, b"dltensor"))
     kind = _DLPACK_DEVICES.get(t.device.device_type, f"dlpack-device-{t.device.device_type}")
     return PointerArg((t.data or 0) + t.byte_offset, DLPACK_DTYPES.get((t.dtype.code, t.dtype.bits)), kind,
-                      t.device.device_id)
+                      None if kind == "cpu" else t.device.device_id)
 
 
 def pointer_arg(obj: Any) -> PointerArg | None:
@@ -61,9 +61,10 @@ def pointer_arg(obj: Any) -> PointerArg | None:
     if isinstance(obj, int) and not isinstance(obj, bool):
         return PointerArg(obj, None, None)
     if hasattr(obj, "data_ptr") and hasattr(obj, "dtype") and hasattr(obj, "device"):  # torch and look-alikes
-        device = obj.device
-        kind = getattr(device, "type", str(device))
-        return PointerArg(obj.data_ptr(), str(obj.dtype).removeprefix("torch."), kind, getattr(device, "index", None))
+        kind = getattr(obj.device, "type", str(obj.device))
+        # get_device() is what the fast path compares: the GPU ordinal, or -1 for host memory
+        index = obj.get_device() if hasattr(obj, "get_device") else getattr(obj.device, "index", None)
+        return PointerArg(obj.data_ptr(), str(obj.dtype).removeprefix("torch."), kind, index)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return PointerArg(cai["data"][0], TYPESTR_DTYPES.get(cai["typestr"][1:]), "cuda")
@@ -81,13 +82,13 @@ def pointer_problem(param: Param, obj: Any, backend: str, index: int) -> str | N
     want = POINTEE_DTYPES[param.type[1:]]
     if arg.dtype is not None and arg.dtype != want:
         return f"{param.name} is {arg.dtype} but the kernel was compiled for {want} ({param.type}); pass .to({want})"
-    if backend != "cpu" and arg.device is not None:
+    if backend != "cpu" and arg.device is not None and (arg.index != index if arg.index is not None
+                                                         else arg.device == "cpu"):
         here = f"{backend}:{index}"
         if arg.device == "cpu":
             return (f"{param.name} is in host memory but the kernel runs on {here}; move it there "
-                    f"(e.g. x.to('cuda:{index}')) or load the bundle with device='cpu'")
-        if arg.index is not None and arg.index != index:
-            return f"{param.name} is on device {arg.index} but the kernel was loaded for {here}; move it there"
+                    f"(e.g. .to('cuda:{index}')) or load the bundle with device='cpu'")
+        return f"{param.name} is on device {arg.index} but the kernel was loaded for {here}; move it there"
     return None
 
 
