@@ -123,7 +123,7 @@ def run_child(kind: str, path: str, device: str | None, env: dict | None = None)
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
-def launch_overhead(bundle_path: str, source: Path, reps: int = 1000, rounds: int = 15) -> dict:
+def launch_overhead(bundle_path: str, source: Path, reps: int = 500, rounds: int = 15) -> dict:
     """Host µs per launch of `add` (3 pointers + an int): warploop, Triton, raw cuLaunchKernel."""
     import ctypes
 
@@ -132,6 +132,7 @@ def launch_overhead(bundle_path: str, source: Path, reps: int = 1000, rounds: in
 
     import warploop
     from warploop.bundle.build import import_source
+    from warploop.driver.null import NullDriver
 
     n = 1024
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -157,7 +158,20 @@ def launch_overhead(bundle_path: str, source: Path, reps: int = 1000, rounds: in
         for _ in range(reps):
             launch(*raw_args)
 
-    methods = {"warploop": run_warploop, "triton": run_triton, "raw": run_raw}
+    # The launcher's own Python work: the same fast path with the driver call replaced by a no-op.
+    null = NullDriver(wk.specs[0].driver.info, record=False)
+    nk = warploop.load_bundle(bundle_path, driver=null).add
+    noop = null.launch_api(1, False, False)
+
+    def run_null():
+        for _ in range(reps):
+            nk[grid](x, y, out, n)
+
+    def run_noop():
+        for _ in range(reps):
+            noop(*raw_args)
+
+    methods = {"warploop": run_warploop, "triton": run_triton, "raw": run_raw, "null": run_null, "noop": run_noop}
     samples: dict[str, list[float]] = {k: [] for k in methods}
     correct = {}
     for r in range(rounds + 1):
@@ -168,11 +182,15 @@ def launch_overhead(bundle_path: str, source: Path, reps: int = 1000, rounds: in
             fn()
             t1 = time.perf_counter()
             torch.cuda.synchronize()
-            correct[name] = bool(torch.equal(out, x + y))
+            correct[name] = name in ("null", "noop") or bool(torch.equal(out, x + y))
             if r:  # round 0 warms up (Triton compiles here)
                 samples[name].append((t1 - t0) / reps * 1e6)
     spread = {k: max(v) - min(v) for k, v in samples.items()}
-    return {k: statistics.median(v) for k, v in samples.items()} | {"correct": correct, "spread_us": spread}
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {"warploop": med["warploop"], "triton": med["triton"], "raw": med["raw"],
+            "python_work_us": med["null"] - med["noop"],
+            "correct": {k: correct[k] for k in ("warploop", "triton", "raw")},
+            "spread_us": spread, "reps": reps, "rounds": rounds}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -221,8 +239,21 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         emit(data, args.out)
     else:
-        emit(data, args.out)
+        _summary(data)
     return 0 if data["all_correct"] else 1
+
+
+def _summary(data: dict) -> None:
+    def fmt(v, unit):
+        return "n/a" if v is None else f"{v:.3g} {unit}"
+
+    print(f"bundle bench on {data['device']} ({data['target']}), {data['date']}")
+    for k in data["kernels"]:
+        print(f"  {k['name']:<11} {k['variant']:<8} rel err {k['rel_err']:.1e}  {'ok' if k['ok'] else 'WRONG'}")
+    print(f"cold start: bundle {fmt(data['cold_start_s'], 's')}, Triton JIT {fmt(data['triton_cold_start_s'], 's')}"
+          f" (kernels only: {fmt(data['kernel_start_s'], 's')} vs {fmt(data['triton_kernel_start_s'], 's')})")
+    print(f"launch: warploop {fmt(data['launch_us'], 'us')}, Triton {fmt(data['triton_launch_us'], 'us')}, "
+          f"raw cuLaunchKernel {fmt(data['raw_launch_us'], 'us')}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def fast_launcher_factory(kernel: Any) -> Callable[[Any], Callable[..., None]]:
     first = kernel.specs[0]
     torch = sys.modules.get("torch")
     env: dict[str, Any] = {
-        "general": kernel.general, "M": _MISSING, "DEV": first.driver.info.index, "CUR": first.current_stream,
+        "general": kernel.general, "M": _MISSING, "DEV": first.driver.info.index, "CUR": first.current_stream(),
         "AS_STREAM": first.driver.as_stream, "STRUCT_ERROR": struct.error, "BF16": pack_bf16,
         "IDENT": threading.get_ident, "OWNER": first.owner, "GRID3": lambda g: first.grid3(g, {}),
     }

@@ -47,8 +47,14 @@ class LoadedSpec:
             self.scratch_offset = SLOT * layout.user_count
             self.block = variant.warp_size * variant.num_warps
             self.api = driver.launch_api(variant.num_ctas, variant.cooperative, variant.pdl)
-            self.current_stream = driver.stream_getter()
+            self._current_stream: Callable[[], Any] | None = None
             self._scratch: dict[Any, tuple[int, int, int]] = {}  # stream -> (programs, global, profile)
+
+    def current_stream(self) -> Callable[[], Any]:
+        """The driver's current-stream function, made at the first launch: torch is loaded by then."""
+        if self._current_stream is None:
+            self._current_stream = self.driver.stream_getter()
+        return self._current_stream
 
     def arg_buffer(self, thread: int) -> tuple[Any, int]:
         """(argument buffer, address of its slot-pointer array) for one thread."""
@@ -114,7 +120,7 @@ class LoadedSpec:
                           else value)
         buffer, address = self.arg_buffer(threading.get_ident())
         self.pack_into(buffer, 0, *values)
-        s = self.current_stream() if stream is None else self.driver.as_stream(stream)
+        s = self.current_stream()() if stream is None else self.driver.as_stream(stream)
         if self.variant.global_scratch_size or self.variant.profile_scratch_size:
             self.set_scratch(buffer, gx * gy * gz, s)
         ret = self.api(self.handle, gx, gy, gz, self.block, 1, 1, self.variant.shared, s, address, 0)
@@ -176,12 +182,16 @@ class Kernel(dict):
         # A grid is usually computed from the constexprs (BLOCK), so a launch that names none uses
         # those of the first export written, never silently another export's.
         self.default_constexprs = default_constexprs
-        self._make = lambda grid: functools.partial(self.general, grid)
-        if all(s.is_gpu for s in specs):
-            from warploop.bundle.fastpath import fast_launcher_factory
-            self._make = fast_launcher_factory(self)
+        self._make: Callable[[Any], Callable[..., None]] | None = None
 
     def __missing__(self, grid: Any) -> Callable[..., None]:
+        if self._make is None:
+            # Generated at the first launch, not at load: by then the caller has imported torch, whose
+            # tensor and dtype types the fast path compares against.
+            self._make = lambda grid: functools.partial(self.general, grid)
+            if all(s.is_gpu for s in self.specs):
+                from warploop.bundle.fastpath import fast_launcher_factory
+                self._make = fast_launcher_factory(self)
         if len(self) >= self.MAX_GRIDS:
             self.clear()
         launch = self[grid] = self._make(grid)
