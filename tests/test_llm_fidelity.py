@@ -27,16 +27,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
 
 
-def check_against_hf(path, hf, block_size: int = 4) -> None:
+def check_against_hf(path, hf, block_size: int = 4, device: str = "cpu") -> None:
     cfg = load_config(path)
     freq, _ = inv_freq(cfg.rope, cfg.head_dim)
     torch.testing.assert_close(freq, hf.model.rotary_emb.inv_freq.float(), rtol=1e-6, atol=0)
 
+    hf = hf.to(device)
     with torch.no_grad():
-        full = hf.generate(torch.tensor([PROMPT]), max_new_tokens=32, min_new_tokens=32, do_sample=False)[0]
+        full = hf.generate(torch.tensor([PROMPT], device=device), max_new_tokens=32, min_new_tokens=32,
+                           do_sample=False)[0]
         ref = hf(full[None]).logits[0].float()
-    weights = load_weights(path, cfg, torch.device("cpu"), torch.float32, progress=False)
-    backend, _ = build_backend(cfg, weights, torch.device("cpu"), block_size=block_size, num_kv_blocks=64)
+    weights = load_weights(path, cfg, torch.device(device), torch.float32, progress=False)
+    backend, _ = build_backend(cfg, weights, torch.device(device), block_size=block_size, num_kv_blocks=64)
     table = list(range(63, 63 - (len(full) + block_size - 1) // block_size, -1))  # pages out of order
     n = len(PROMPT)
     logits = backend.forward(ModelBatch(PROMPT, list(range(n)), [n], [n], [table], logits_indices=list(range(n))))
@@ -45,7 +47,7 @@ def check_against_hf(path, hf, block_size: int = 4) -> None:
         step = backend.forward(ModelBatch([int(full[pos])], [pos], [1], [pos + 1], [table]))
         assert rel_err(step, ref[pos:pos + 1]) <= 1e-4, f"decode logits differ at position {pos}"
 
-    with engine_for(path) as engine:
+    with engine_for(path, device=device) as engine:  # on a GPU: Triton kernels and CUDA graphs
         out = engine.generate(PROMPT, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
     assert out.token_ids == full[n:].tolist()
     assert out.finish_reason == "length"
@@ -82,3 +84,13 @@ def test_transformers4_config_layout(tmp_path, family, scaling):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert load_config(path).rope.rope_type == scaling.get("type", scaling.get("rope_type"))
     check_against_hf(path, hf, block_size=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["llama3-scaling-tied", "qwen3-qk-norm-tied", "qwen2-qkv-bias"])
+def test_matches_transformers_on_gpu(tmp_path, case):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    family, tied, extra = CASES[case]
+    path, hf = make_model_dir(tmp_path, family, tied, initializer_range=0.3, **extra)
+    check_against_hf(path, hf, block_size=16, device="cuda")
