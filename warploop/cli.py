@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, handlers = build_parser()
     # Let the chosen subcommand's module add its own arguments before the real parse.
-    known, _ = parser.parse_known_args(argv)
+    # (without -h, which would print the help before those arguments exist)
+    known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     name = getattr(known, "_command", None)
     if name is None:
         parser.print_help()
