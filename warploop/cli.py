@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     known, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     name = getattr(known, "_command", None)
     if name is None:
+        parser.parse_args(argv)  # no command chosen: prints the help asked for, or the usage error
         parser.print_help()
         return 0 if not argv else 2
     module_name, sub = handlers[name]
