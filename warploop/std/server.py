@@ -1,0 +1,312 @@
+"""The host server: one thread that answers the device's calls.
+
+Each pass scans the STATE word of every port at once (one numpy compare), takes every POSTED
+request, and answers them together: prints are formatted and written with one write and one
+flush, quick requests (time, open, close, inline and vectorized functions) are done on this
+thread and replied to with a handful of numpy stores, and slow ones (host functions by default,
+file reads and writes) go to a thread pool that replies when done, so one slow callback never
+holds up the others. Nothing here allocates GPU memory.
+
+When idle the thread spins for `spin_us` (the device's next call usually comes within a few
+microseconds), then sleeps on an event with a timeout that doubles up to `max_sleep_us`. The
+device cannot wake a host thread, so the timeout is the doorbell: every wake-up re-scans all
+ports, and a request posted at any moment is seen at the latest one timeout later.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+from warploop.std import handlers as H
+from warploop.std.files import FileTable
+from warploop.std.memory import Buffers
+from warploop.std.protocol import (
+    ARGC_MASK,
+    FLOAT_MASK_SHIFT,
+    PORT_WORDS,
+    WANT_FLOAT_BIT,
+    Opcode,
+    State,
+    Status,
+    StdError,
+    Word,
+    float_to_word,
+    word_to_float,
+)
+
+log = logging.getLogger("warploop.std")
+_servers: weakref.WeakSet[HostServer] = weakref.WeakSet()
+
+# on_reply(port, then, status, result_word): called after an async request with a continuation
+# token has been answered, so the runtime can resume that continuation.
+ReplyHook = Callable[[int, int, int, int], None]
+
+
+def ring_doorbells() -> None:
+    """Wake every running server now. Called by device code under the Triton interpreter, where the
+    "device" is a thread of this process and can do what a GPU cannot."""
+    for server in list(_servers):
+        server.notify()
+
+
+def _decode_args(row: list[int]) -> list:
+    flags = row[Word.FLAGS]
+    mask = flags >> FLOAT_MASK_SHIFT
+    payload = row[Word.PAYLOAD:Word.PAYLOAD + (flags & ARGC_MASK)]
+    return [word_to_float(w) if mask >> i & 1 else w for i, w in enumerate(payload)]
+
+
+def _encode(value, flags: int) -> int:
+    if flags & WANT_FLOAT_BIT:
+        try:
+            return float_to_word(0.0 if value is None else value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise StdError(Status.CALLBACK_ERROR, f"returned {value!r}, which is not a float") from e
+    return H.check_int64(value)
+
+
+class HostServer:
+    """Answers device calls on `ports` (an int64 host tensor [n, PORT_WORDS], see protocol.py)."""
+
+    def __init__(self, ports, *, files: FileTable | None = None, buffers: Buffers | None = None,
+                 functions: dict[str, Callable | H.HostFunction] | None = None, out=None,
+                 pool_workers: int = 8, spin_us: float | None = None, max_sleep_us: float = 1000.0,
+                 on_reply: ReplyHook | None = None) -> None:
+        if ports.dim() != 2 or ports.shape[1] != PORT_WORDS or ports.is_cuda:
+            raise ValueError(f"ports must be a host int64 tensor [n, {PORT_WORDS}]; use protocol.allocate_ports()")
+        self.ports = ports
+        self._words = ports.numpy()
+        self._state = self._words[:, Word.STATE]
+        self.handlers = H.Handlers(files or FileTable(), buffers or Buffers())
+        self.out = out
+        self.on_reply = on_reply
+        if spin_us is None:   # under the interpreter the device rings instead: spinning only steals the GIL
+            spin_us = 0.0 if os.environ.get("TRITON_INTERPRET") == "1" else 200.0
+        self.spin_s = spin_us * 1e-6
+        self.max_sleep_s = max_sleep_us * 1e-6
+        self.pool_workers = pool_workers
+        self.served = 0
+        self.errors = 0
+        self._count_lock = threading.Lock()
+        self._fence_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight = 0
+        for name, fn in (functions or {}).items():
+            self.register_function(name, fn)
+
+    def register_function(self, name: str, fn: Callable | H.HostFunction, *, inline: bool = False,
+                          vectorized: bool = False) -> int:
+        """Make `fn` callable from device code as std.call(port, <the returned id>, ...)."""
+        from warploop.std import strings
+
+        if not isinstance(fn, H.HostFunction):
+            fn = H.HostFunction(fn, inline=inline, vectorized=vectorized)
+        fid = strings.intern(name)
+        self.handlers.functions[fid] = fn
+        return fid
+
+    @property
+    def files(self) -> FileTable:
+        return self.handlers.files
+
+    @property
+    def buffers(self) -> Buffers:
+        return self.handlers.buffers
+
+    def start(self) -> HostServer:
+        if self._thread is not None:
+            raise RuntimeError("this server is already running")
+        self._stopping = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.pool_workers, thread_name_prefix="warploop-std")
+        self._thread = threading.Thread(target=self._loop, name="warploop-std-server", daemon=True)
+        _servers.add(self)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; first answer everything already posted (async prints included)."""
+        if self._thread is None:
+            return
+        self._stopping = True
+        self.notify()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self._pool = None   # from here on serve_once does pooled work itself
+        for _ in range(3):   # one pass takes everything posted; a kernel still running may post more
+            if not self.serve_once():
+                break
+        _servers.discard(self)
+        self._thread = None
+        self.files.close_all()
+
+    def __enter__(self) -> HostServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        idle_since, sleep = None, 50e-6
+        while not self._stopping:
+            try:
+                busy = self.serve_once()
+            except Exception:   # a bug here must not leave every caller spinning forever
+                log.exception("host server pass failed; serving on")
+                busy = 0
+            if busy:
+                idle_since, sleep = None, 50e-6
+                continue
+            now = time.perf_counter()
+            idle_since = idle_since or now
+            if now - idle_since < self.spin_s:
+                if self._inflight:
+                    time.sleep(0)   # let pool threads take the GIL
+                continue
+            if self._wake.wait(sleep):
+                idle_since, sleep = None, 50e-6
+            else:
+                sleep = min(sleep * 2, self.max_sleep_s)
+            self._wake.clear()
+
+    def serve_once(self) -> int:
+        """One pass: take and answer (or hand to the pool) every posted request; how many."""
+        posted = np.flatnonzero(self._state == State.POSTED)
+        if posted.size == 0:
+            return 0
+        rows = self._words[posted].tolist()
+        self._words[posted, Word.STATE] = State.TAKEN
+        replies: list[tuple[int, int, int]] = []   # (index into posted, status, result word)
+        lines: list[str] = []
+        vector_groups: dict[int, list[int]] = {}
+        for k, row in enumerate(rows):
+            op, call_id = row[Word.OPCODE], row[Word.CALL_ID]
+            try:
+                if op == Opcode.PRINT:
+                    lines.append(H.format_line(call_id, _decode_args(row)))
+                    replies.append((k, Status.OK, 0))
+                    continue
+                fn = self.handlers.function(call_id) if op == Opcode.CALL else None
+                if fn is not None and fn.vectorized:
+                    vector_groups.setdefault(call_id, []).append(k)
+                elif self._pool is not None and (op in (Opcode.READ, Opcode.WRITE) or
+                                                 (fn is not None and not fn.on_server_thread)):
+                    self._submit(int(posted[k]), row)
+                else:
+                    value, status = self.handlers.run(op, call_id, _decode_args(row))
+                    self._note_short_read(int(posted[k]), row, status)
+                    replies.append((k, status, _encode(value, row[Word.FLAGS])))
+            except StdError as e:
+                replies.append((k, *self._fail(int(posted[k]), row, e)))
+        if lines:
+            self._write_lines(lines)
+        for call_id, ks in vector_groups.items():
+            replies.extend(self._run_vectorized(call_id, ks, rows, posted))
+        if replies:
+            self._reply(posted, rows, replies)
+        return len(rows)
+
+    def _write_lines(self, lines: list[str]) -> None:
+        out = self.out if self.out is not None else sys.stdout
+        out.write("".join(lines))
+        out.flush()   # before the reply: once the device moves on, its line is out
+
+    def _run_vectorized(self, call_id: int, ks: list[int], rows: list[list[int]], posted) -> list:
+        group = np.array([rows[k] for k in ks], dtype=np.int64)
+        argc = int(group[0, Word.FLAGS]) & ARGC_MASK
+        columns = []
+        for i in range(argc):
+            col = group[:, Word.PAYLOAD + i]
+            is_float = (group[:, Word.FLAGS] >> (FLOAT_MASK_SHIFT + i)) & 1
+            columns.append(col.view(np.float64) if is_float.all() else
+                           np.where(is_float == 1, col.view(np.float64), col) if is_float.any() else col)
+        try:
+            values = np.broadcast_to(np.asarray(self.handlers.function(call_id).fn(*columns)), (len(ks),))
+            want_float = (group[:, Word.FLAGS] & WANT_FLOAT_BIT) != 0
+            words = np.where(want_float, values.astype(np.float64).view(np.int64), values.astype(np.int64))
+            return [(k, Status.OK, int(w)) for k, w in zip(ks, words.tolist(), strict=True)]
+        except Exception as e:
+            err = e if isinstance(e, StdError) else StdError(
+                Status.CALLBACK_ERROR, f"vectorized host function raised {type(e).__name__}: {e}")
+            return [(k, *self._fail(int(posted[k]), rows[k], err)) for k in ks]
+
+    def _reply(self, posted, rows: list[list[int]], replies: list[tuple[int, int, int]]) -> None:
+        ks = np.array([r[0] for r in replies])
+        idx = posted[ks]
+        w = self._words
+        w[idx, Word.RESULT] = [r[2] for r in replies]
+        w[idx, Word.STATUS] = [int(r[1]) for r in replies]
+        w[idx, Word.SEQ] += 1
+        self._fence()
+        w[idx, Word.STATE] = State.DONE
+        with self._count_lock:
+            self.served += len(replies)
+        if self.on_reply is not None:
+            for k, status, result in replies:
+                if rows[k][Word.THEN]:
+                    self.on_reply(int(posted[k]), rows[k][Word.THEN], int(status), result)
+
+    def _reply_one(self, port: int, row: list[int], status: int, result: int) -> None:
+        w = self._words
+        w[port, Word.RESULT] = result
+        w[port, Word.STATUS] = int(status)
+        w[port, Word.SEQ] += 1
+        self._fence()
+        w[port, Word.STATE] = State.DONE
+        with self._count_lock:
+            self.served += 1
+        if self.on_reply is not None and row[Word.THEN]:
+            self.on_reply(port, row[Word.THEN], int(status), result)
+
+    def _submit(self, port: int, row: list[int]) -> None:
+        with self._count_lock:
+            self._inflight += 1
+        self._pool.submit(self._run_pooled, port, row)
+
+    def _run_pooled(self, port: int, row: list[int]) -> None:
+        try:
+            value, status = self.handlers.run(row[Word.OPCODE], row[Word.CALL_ID], _decode_args(row))
+            self._note_short_read(port, row, status)
+            self._reply_one(port, row, status, _encode(value, row[Word.FLAGS]))
+        except StdError as e:
+            self._reply_one(port, row, *self._fail(port, row, e))
+        except Exception as e:   # e.g. a CUDA error in a copy: the caller still gets an answer
+            self._reply_one(port, row, *self._fail(port, row, StdError(Status.IO_ERROR, repr(e))))
+        finally:
+            with self._count_lock:
+                self._inflight -= 1
+
+    def _fail(self, port: int, row: list[int], err: StdError) -> tuple[int, int]:
+        """Log a refused request; its (status, result word): a call's result is 0 (any value is a
+        valid result), every other request's is minus the status, so device code tests `< 0`."""
+        with self._count_lock:
+            self.errors += 1
+        opname = Opcode(row[Word.OPCODE]).name if row[Word.OPCODE] in Opcode._value2member_map_ else row[Word.OPCODE]
+        log.warning("%s from worker %d (port %d, %s): %s", err.status.name, row[Word.WORKER], port, opname, err,
+                    exc_info=err.status == Status.CALLBACK_ERROR and err.__cause__ is not None)
+        return int(err.status), 0 if row[Word.OPCODE] == Opcode.CALL else -int(err.status)
+
+    def _note_short_read(self, port: int, row: list[int], status: int) -> None:
+        # Reading to the end of a file is how device code finds the end: logged, but not as a warning.
+        if status == Status.SHORT_READ:
+            log.info("SHORT_READ from worker %d (port %d): fd %d, asked %d bytes", row[Word.WORKER], port,
+                     row[Word.PAYLOAD], row[Word.PAYLOAD + 2])
+
+    def _fence(self) -> None:
+        """A full memory barrier (taking a lock is one), so the reply's words are visible before DONE
+        on hosts that reorder stores (Arm); on x86 stores are already ordered."""
+        with self._fence_lock:
+            pass
