@@ -97,7 +97,8 @@ def test_bench_runs_on_the_cpu(tmp_path):
     path = tmp_path / "all.wlb"
     subprocess.run([sys.executable, "-m", "warploop.cli", "bundle", "build", str(KERNELS), "-t", "cpu", "-q",
                     "-o", str(path)], check=True, capture_output=True)
-    proc = subprocess.run([sys.executable, "-m", "warploop.cli", "bench", "bundle", "--json", "--bundle", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "warploop.cli", "bench", "bundle", "--json", "--bundle", str(path),
+                           "--repeats", "1"],
                           capture_output=True, text=True, env={**os.environ, "WARPLOOP_DEVICE": "cpu"})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -22,16 +22,20 @@ _MISSING = object()
 
 
 def _spec_branch(k: int, spec: Any, torch: Any, fixed: bool, env: dict[str, Any]) -> list[str]:
-    conds = []
+    conds, aligned = [], {}
     for i, p in enumerate(spec.runtime):
         if p.is_pointer:
             # Without torch no argument gets past data_ptr/get_device, so the dtype is never compared.
             env[f"DT{k}_{i}"] = getattr(torch, POINTEE_DTYPES[p.type[1:]], None) if torch else None
             conds.append(f"a{i}.dtype is DT{k}_{i}")
         divisor = spec.spec.specialize.get(p.name)
-        if divisor:
-            mask = divisor - 1
-            conds.append(f"not p{i} & {mask}" if p.is_pointer else f"type(a{i}) is int and not a{i} & {mask}")
+        if divisor and p.is_pointer:
+            aligned.setdefault(divisor - 1, []).append(f"p{i}")
+        elif divisor:
+            conds.append(f"type(a{i}) is int and not a{i} & {divisor - 1}")
+    # one test per alignment: (p0 | p1 | p2) & 15 is zero exactly when all three are 16-byte aligned
+    conds += [f"not ({' | '.join(ps)}) & {mask}" if len(ps) > 1 else f"not {ps[0]} & {mask}"
+              for mask, ps in aligned.items()]
     values = [f"p{i}" if p.is_pointer else f"BF16(a{i})" if p.type == "bf16" else f"a{i}"
               for i, p in enumerate(spec.runtime)]
     env.update({f"PACK{k}": spec.pack_into, f"BUF{k}": spec.buffer, f"PARAMS{k}": spec.params_address,
@@ -48,7 +52,8 @@ def _spec_branch(k: int, spec: Any, torch: Any, fixed: bool, env: dict[str, Any]
         f"                PACK{k}(BUF{k}, 0, {', '.join(values)})",
         "            except STRUCT_ERROR:",
         f"                return general(grid, {every}{', ' if every else ''}stream=stream)",
-        "            s = CUR() if stream is None else AS_STREAM(stream)",
+        "            s = STREAM(SARG) if stream is None else stream",
+        "            s = AS_STREAM(s) if s else None",
         *([f"            SCRATCH{k}(BUF{k}, gx * gy * gz, s)"] if scratch else []),
         f"            ret = {call}",
         "            if ret[0]:",
@@ -95,7 +100,8 @@ def fast_launcher_factory(kernel: Any) -> Callable[[Any], Callable[..., None]]:
     first = kernel.specs[0]
     torch = sys.modules.get("torch")
     env: dict[str, Any] = {
-        "general": kernel.general, "M": _MISSING, "DEV": first.driver.info.index, "CUR": first.current_stream(),
+        "general": kernel.general, "M": _MISSING, "DEV": first.driver.info.index, "STREAM": first.stream_source()[0],
+        "SARG": first.stream_source()[1],
         "AS_STREAM": first.driver.as_stream, "STRUCT_ERROR": struct.error, "BF16": pack_bf16,
         "IDENT": threading.get_ident, "OWNER": first.owner, "GRID3": lambda g: first.grid3(g, {}),
     }

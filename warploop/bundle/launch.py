@@ -47,14 +47,14 @@ class LoadedSpec:
             self.scratch_offset = SLOT * layout.user_count
             self.block = variant.warp_size * variant.num_warps
             self.api = driver.launch_api(variant.num_ctas, variant.cooperative, variant.pdl)
-            self._current_stream: Callable[[], Any] | None = None
+            self._stream_source: tuple[Callable[[Any], int], Any] | None = None
             self._scratch: dict[Any, tuple[int, int, int]] = {}  # stream -> (programs, global, profile)
 
-    def current_stream(self) -> Callable[[], Any]:
-        """The driver's current-stream function, made at the first launch: torch is loaded by then."""
-        if self._current_stream is None:
-            self._current_stream = self.driver.stream_getter()
-        return self._current_stream
+    def stream_source(self) -> tuple[Callable[[Any], int], Any]:
+        """The driver's current-stream source, taken at the first launch: torch is loaded by then."""
+        if self._stream_source is None:
+            self._stream_source = self.driver.stream_source()
+        return self._stream_source
 
     def arg_buffer(self, thread: int) -> tuple[Any, int]:
         """(argument buffer, address of its slot-pointer array) for one thread."""
@@ -120,7 +120,10 @@ class LoadedSpec:
                           else value)
         buffer, address = self.arg_buffer(threading.get_ident())
         self.pack_into(buffer, 0, *values)
-        s = self.current_stream()() if stream is None else self.driver.as_stream(stream)
+        if stream is None:
+            current, arg = self.stream_source()
+            stream = current(arg)
+        s = self.driver.as_stream(stream)
         if self.variant.global_scratch_size or self.variant.profile_scratch_size:
             self.set_scratch(buffer, gx * gy * gz, s)
         ret = self.api(self.handle, gx, gy, gz, self.block, 1, 1, self.variant.shared, s, address, 0)

@@ -8,6 +8,7 @@ the Triton interpreter instead and has `run`.
 from __future__ import annotations
 
 import abc
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,13 +35,17 @@ class GpuDriver(Driver):
     def launch_api(self, num_ctas: int, cooperative: bool, pdl: bool) -> Callable[..., tuple]:
         """The call that launches a kernel with these flags (cuLaunchKernel's argument order)."""
 
-    @abc.abstractmethod
-    def stream_getter(self) -> Callable[[], Any]:
-        """A fast function returning the current stream (torch's, if torch is loaded) as launch_api takes it."""
+    def stream_source(self) -> tuple[Callable[[Any], int], Any]:
+        """(f, a): `f(a)` is the current stream's handle, 0 for the default stream. Torch's current
+        stream when torch is loaded (ROCm torch's too), else always the default stream. A pair rather
+        than a closure so the launcher makes one C call, not a Python call, per launch."""
+        torch = sys.modules.get("torch")
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        return (raw, self.info.index) if raw is not None else (int, 0)
 
     @abc.abstractmethod
     def as_stream(self, stream: Any) -> Any:
-        """An explicit stream argument (int handle, or object with .cuda_stream) as launch_api takes it."""
+        """A stream (int handle, or object with .cuda_stream; 0 or None: the default) as launch_api takes it."""
 
     @abc.abstractmethod
     def alloc(self, nbytes: int) -> int:

@@ -1,7 +1,6 @@
 """NVIDIA: load cubin/PTX and launch through the CUDA driver API (cuda.bindings), never through Triton."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -99,19 +98,6 @@ class CudaDriver(GpuDriver):
             return launch_ex(config, f, params, 0)
 
         return launch
-
-    def stream_getter(self) -> Callable[[], Any]:
-        torch = sys.modules.get("torch")
-        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-        if raw is None:
-            return lambda: None  # no torch: the legacy default stream
-        index, streams, make = self.info.index, self._streams, self._stream_object
-
-        def current():
-            s = raw(index)
-            return None if s == 0 else (streams.get(s) or make(s))
-
-        return current
 
     def _stream_object(self, handle: int) -> Any:
         stream = self._streams[handle] = self.cu.CUstream(handle)

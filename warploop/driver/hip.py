@@ -1,7 +1,6 @@
 """AMD: load hsaco and launch through the HIP module API (hip-python), never through Triton."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,18 +50,6 @@ class HipDriver(GpuDriver):
             return cooperative_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params)
 
         return launch
-
-    def stream_getter(self) -> Callable[[], Any]:
-        torch = sys.modules.get("torch")
-        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)  # ROCm torch: a hipStream_t
-        if raw is None:
-            return lambda: None
-        index = self.info.index
-
-        def current():
-            return raw(index) or None
-
-        return current
 
     def as_stream(self, stream: Any) -> Any:
         return int(getattr(stream, "cuda_stream", stream) or 0) or None

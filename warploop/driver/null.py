@@ -35,10 +35,10 @@ class Launch:
 class NullDriver(GpuDriver):
     """Pretends to be `info`'s device (e.g. cuda:90, with `index=-1` so CPU tensors pass the device check)."""
 
-    def __init__(self, info: DeviceInfo, record: bool = True, fail_with: int = 0):
+    def __init__(self, info: DeviceInfo, record: bool = True, fail_with: int = 0, torch_streams: bool = False):
         super().__init__(info)
         self.backend = info.target.backend
-        self.record, self.fail_with = record, fail_with
+        self.record, self.fail_with, self.torch_streams = record, fail_with, torch_streams
         self.launches: list[Launch] = []
         self.allocations: list[int] = []
         self._memory: list[Any] = []
@@ -57,8 +57,9 @@ class NullDriver(GpuDriver):
 
         return launch
 
-    def stream_getter(self) -> Callable[[], Any]:
-        return lambda: None
+    def stream_source(self) -> tuple[Callable[[Any], int], Any]:
+        """The default stream, unless asked to read torch's current stream as a real driver does."""
+        return super().stream_source() if self.torch_streams else (int, 0)
 
     def as_stream(self, stream: Any) -> Any:
         return int(getattr(stream, "cuda_stream", stream) or 0) or None
