@@ -127,7 +127,7 @@ def grep(pattern: str, root: str, programs: int | None = None, chunk: int = 1 <<
     server.buffers.register(bufs)
     with server:
         grep_kernel[(programs,)](ports, bufs, path_ids, fmt_ids, counts, len(files), pat, len(data),
-                                 CHUNK=chunk, BLOCK=1024, num_warps=4)
+                                 CHUNK=chunk, BLOCK=min(1024, triton.next_power_of_2(chunk)), num_warps=4)
         if device == "cuda":
             torch.cuda.synchronize()
     unreadable = int((counts < 0).sum())
@@ -139,10 +139,12 @@ def grep(pattern: str, root: str, programs: int | None = None, chunk: int = 1 <<
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("pattern")
-    parser.add_argument("dir")
+    parser.add_argument("pattern", help="literal text (1-64 bytes, no newline)")
+    parser.add_argument("dir", help="directory searched recursively; the device may read nothing else")
+    parser.add_argument("--programs", type=int, default=None, help="kernel programs (default: one per SM)")
+    parser.add_argument("--chunk", type=int, default=1 << 16, help="bytes per file read (default 64 KiB)")
     args = parser.parse_args(argv)
-    total = grep(args.pattern, args.dir)
+    total = grep(args.pattern, args.dir, programs=args.programs, chunk=args.chunk)
     print(total)
     return 0
 
