@@ -86,7 +86,7 @@ def grep_kernel(ports, bufs, path_ids, fmt_ids, counts, nfiles, pat, m,
                     start += BLOCK
                 offset += valid
                 if got < CHUNK:
-                    got = 0
+                    got = got * 0
                 else:
                     got = std.read(port, fd, buf, CHUNK, offset)
             std.close(port, fd)

@@ -200,3 +200,26 @@ def test_prints_survive_a_program_that_fails_later():
     assert sink.getvalue().startswith("step 1\n")   # the synchronous line was out before the failure
     server.stop()
     assert sink.getvalue() == "step 1\nstep 2\n"    # the posted one is out by the end of stop()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles; the parent process does it")
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
+def test_device_code_compiles_for_gpus_without_one(target):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    backend, arch = target.split(":")
+    gpu = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
+    for kernel, signature, constexprs in (
+            (calls_kernel, {"ports": "*i64", "out": "*i64"}, {"FMT": 1, "MUL": 2, "HALF": 3}),
+            (files_kernel, {"ports": "*i64", "buf": "*u8", "out": "*i64"}, {"READ_PATH": 1, "WRITE_PATH": 2,
+                                                                          "NBYTES": 64}),
+            (async_kernel, {"ports": "*i64", "out": "*i64"}, {"FN": 1, "FMT": 2})):
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=gpu, options={"num_warps": 1})
+        if backend == "cuda":
+            ptx = compiled.asm["ptx"]
+            assert "atom.global.sys.release.exch.b64" in ptx          # the post: release, system scope
+            assert "ld.volatile.global" in ptx                        # the poll
+        if kernel is calls_kernel:
+            asm = compiled.asm["ptx" if backend == "cuda" else "amdgcn"]
+            assert ("%globaltimer" if backend == "cuda" else "s_memrealtime") in asm   # clock, no host trip

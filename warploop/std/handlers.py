@@ -72,6 +72,10 @@ class Handlers:
         self.buffers = buffers
         self.functions: dict[int, HostFunction] = {}
 
+    @property
+    def has_vectorized(self) -> bool:
+        return any(fn.vectorized for fn in self.functions.values())
+
     def function(self, call_id: int) -> HostFunction:
         fn = self.functions.get(call_id)
         if fn is None:

@@ -187,77 +187,89 @@ class HostServer:
         posted = np.flatnonzero(self._state == State.POSTED)
         if posted.size == 0:
             return 0
-        rows = self._words[posted].tolist()
+        block = self._words[posted]
         self._words[posted, Word.STATE] = State.TAKEN
-        replies: list[tuple[int, int, int]] = []   # (index into posted, status, result word)
+        rest = self._serve_vectorized(posted, block)
+        rows = block[rest].tolist()
+        ports = posted[rest].tolist()
+        done: list[tuple[int, list[int], int, int]] = []   # (port, row, status, result word)
         lines: list[str] = []
-        vector_groups: dict[int, list[int]] = {}
-        for k, row in enumerate(rows):
+        for port, row in zip(ports, rows, strict=True):
             op, call_id = row[Word.OPCODE], row[Word.CALL_ID]
             try:
                 if op == Opcode.PRINT:
                     lines.append(H.format_line(call_id, _decode_args(row)))
-                    replies.append((k, Status.OK, 0))
+                    done.append((port, row, Status.OK, 0))
                     continue
                 fn = self.handlers.function(call_id) if op == Opcode.CALL else None
-                if fn is not None and fn.vectorized:
-                    vector_groups.setdefault(call_id, []).append(k)
-                elif self._pool is not None and (op in (Opcode.READ, Opcode.WRITE) or
-                                                 (fn is not None and not fn.on_server_thread)):
-                    self._submit(int(posted[k]), row)
+                if self._pool is not None and (op in (Opcode.READ, Opcode.WRITE) or
+                                               (fn is not None and not fn.on_server_thread)):
+                    self._submit(port, row)
                 else:
                     value, status = self.handlers.run(op, call_id, _decode_args(row))
-                    self._note_short_read(int(posted[k]), row, status)
-                    replies.append((k, status, _encode(value, row[Word.FLAGS])))
+                    self._note_short_read(port, row, status)
+                    done.append((port, row, status, _encode(value, row[Word.FLAGS])))
             except StdError as e:
-                replies.append((k, *self._fail(int(posted[k]), row, e)))
+                done.append((port, row, *self._fail(port, row, e)))
         if lines:
             self._write_lines(lines)
-        for call_id, ks in vector_groups.items():
-            replies.extend(self._run_vectorized(call_id, ks, rows, posted))
-        if replies:
-            self._reply(posted, rows, replies)
-        return len(rows)
+        if done:
+            self._reply(np.array([d[0] for d in done]), np.array([d[3] for d in done], dtype=np.int64),
+                        np.array([int(d[2]) for d in done]), [d[1][Word.THEN] for d in done])
+        return len(posted)
 
     def _write_lines(self, lines: list[str]) -> None:
         out = self.out if self.out is not None else sys.stdout
         out.write("".join(lines))
         out.flush()   # before the reply: once the device moves on, its line is out
 
-    def _run_vectorized(self, call_id: int, ks: list[int], rows: list[list[int]], posted) -> list:
-        group = np.array([rows[k] for k in ks], dtype=np.int64)
-        argc = int(group[0, Word.FLAGS]) & ARGC_MASK
-        columns = []
-        for i in range(argc):
-            col = group[:, Word.PAYLOAD + i]
-            is_float = (group[:, Word.FLAGS] >> (FLOAT_MASK_SHIFT + i)) & 1
-            columns.append(col.view(np.float64) if is_float.all() else
-                           np.where(is_float == 1, col.view(np.float64), col) if is_float.any() else col)
-        try:
-            values = np.broadcast_to(np.asarray(self.handlers.function(call_id).fn(*columns)), (len(ks),))
-            want_float = (group[:, Word.FLAGS] & WANT_FLOAT_BIT) != 0
-            words = np.where(want_float, values.astype(np.float64).view(np.int64), values.astype(np.int64))
-            return [(k, Status.OK, int(w)) for k, w in zip(ks, words.tolist(), strict=True)]
-        except Exception as e:
-            err = e if isinstance(e, StdError) else StdError(
-                Status.CALLBACK_ERROR, f"vectorized host function raised {type(e).__name__}: {e}")
-            return [(k, *self._fail(int(posted[k]), rows[k], err)) for k in ks]
+    def _serve_vectorized(self, posted, block):
+        """Answer the calls to vectorized functions with numpy, no Python per call; the mask of
+        the requests left for the general path."""
+        rest = np.ones(len(posted), dtype=bool)
+        calls = block[:, Word.OPCODE] == Opcode.CALL
+        if not self.handlers.has_vectorized or not calls.any():
+            return rest
+        for fid in np.unique(block[calls, Word.CALL_ID]).tolist():
+            fn = self.handlers.functions.get(fid)
+            if fn is None or not fn.vectorized:
+                continue
+            sel = calls & (block[:, Word.CALL_ID] == fid)
+            rest &= ~sel
+            group, ports = block[sel], posted[sel]
+            flags = group[:, Word.FLAGS]
+            try:
+                columns = []
+                for i in range(int(flags.max()) & ARGC_MASK):
+                    col = group[:, Word.PAYLOAD + i]
+                    is_float = (flags >> (FLOAT_MASK_SHIFT + i)) & 1 == 1
+                    columns.append(col.view(np.float64) if is_float.all() else
+                                   np.where(is_float, col.view(np.float64), col) if is_float.any() else col)
+                values = np.broadcast_to(np.asarray(fn.fn(*columns)), (len(ports),))
+                words = np.where(flags & WANT_FLOAT_BIT != 0, values.astype(np.float64).view(np.int64),
+                                 values.astype(np.int64))
+                status = np.zeros(len(ports), dtype=np.int64)
+            except Exception as e:   # one log line for the group, an error status for every caller
+                err = e if isinstance(e, StdError) else StdError(
+                    Status.CALLBACK_ERROR, f"vectorized host function raised {type(e).__name__}: {e}")
+                st, word = self._fail(int(ports[0]), group[0].tolist(), err, count=len(ports))
+                words, status = np.full(len(ports), word), np.full(len(ports), st)
+            self._reply(ports, words, status, group[:, Word.THEN].tolist())
+        return rest
 
-    def _reply(self, posted, rows: list[list[int]], replies: list[tuple[int, int, int]]) -> None:
-        ks = np.array([r[0] for r in replies])
-        idx = posted[ks]
+    def _reply(self, ports, words, status, thens: list[int]) -> None:
         w = self._words
-        w[idx, Word.RESULT] = [r[2] for r in replies]
-        w[idx, Word.STATUS] = [int(r[1]) for r in replies]
-        w[idx, Word.SEQ] += 1
+        w[ports, Word.RESULT] = words
+        w[ports, Word.STATUS] = status
+        w[ports, Word.SEQ] += 1
         self._fence()
-        w[idx, Word.STATE] = State.DONE
+        w[ports, Word.STATE] = State.DONE
         with self._count_lock:
-            self.served += len(replies)
+            self.served += len(ports)
         if self.on_reply is not None:
-            for k, status, result in replies:
-                if rows[k][Word.THEN]:
-                    self.on_reply(int(posted[k]), rows[k][Word.THEN], int(status), result)
+            for port, then, st, word in zip(ports.tolist(), thens, status.tolist(), words.tolist(), strict=True):
+                if then:
+                    self.on_reply(port, then, st, word)
 
     def _reply_one(self, port: int, row: list[int], status: int, result: int) -> None:
         w = self._words
@@ -289,13 +301,14 @@ class HostServer:
             with self._count_lock:
                 self._inflight -= 1
 
-    def _fail(self, port: int, row: list[int], err: StdError) -> tuple[int, int]:
+    def _fail(self, port: int, row: list[int], err: StdError, count: int = 1) -> tuple[int, int]:
         """Log a refused request; its (status, result word): a call's result is 0 (any value is a
         valid result), every other request's is minus the status, so device code tests `< 0`."""
         with self._count_lock:
-            self.errors += 1
+            self.errors += count
         opname = Opcode(row[Word.OPCODE]).name if row[Word.OPCODE] in Opcode._value2member_map_ else row[Word.OPCODE]
-        log.warning("%s from worker %d (port %d, %s): %s", err.status.name, row[Word.WORKER], port, opname, err,
+        log.warning("%s from worker %d (port %d, %s%s): %s", err.status.name, row[Word.WORKER], port, opname,
+                    f", and {count - 1} more callers" if count > 1 else "", err,
                     exc_info=err.status == Status.CALLBACK_ERROR and err.__cause__ is not None)
         return int(err.status), 0 if row[Word.OPCODE] == Opcode.CALL else -int(err.status)
 
