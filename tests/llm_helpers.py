@@ -74,9 +74,12 @@ def make_model_dir(tmp_path: Path, family: str = "llama", tied: bool = False, se
 
 
 def engine_for(path, **options):
+    """An engine on the CPU, or on the device WARPLOOP_DEVICE names (to run these tests on a GPU)."""
+    import os
+
     from warploop.llm.engine import Engine
 
-    options.setdefault("device", "cpu")
+    options.setdefault("device", os.environ.get("WARPLOOP_DEVICE") or "cpu")
     options.setdefault("num_kv_blocks", 256)
     options.setdefault("progress", False)
     return Engine.from_model(str(path), **options)

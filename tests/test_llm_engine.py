@@ -21,8 +21,9 @@ def prompts(n: int, length: int = 10) -> list[list[int]]:
     return [[BOS] + [(i * 7 + j * 13) % 256 for j in range(length + 3 * i)] for i in range(n)]
 
 
-def run_all(engine, batch: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
+def run_all(engine, batch: list[list[int]], params: SamplingParams | list = GREEDY) -> list[list[int]]:
     """Submit every prompt at once (they share steps) and wait for all of them."""
+    params = params if isinstance(params, list) else [params] * len(batch)
     done = threading.Semaphore(0)
     outs: list[list[int]] = [[] for _ in batch]
 
@@ -35,7 +36,7 @@ def run_all(engine, batch: list[list[int]], params: SamplingParams = GREEDY) -> 
         return on_event
 
     for i, p in enumerate(batch):
-        engine.add_request(p, params, collect(i))
+        engine.add_request(p, params[i], collect(i))
     for _ in batch:
         assert done.acquire(timeout=60)
     return outs
@@ -75,6 +76,7 @@ def test_outputs_identical_across_block_sizes(model_dir, caching):
         with engine_for(model_dir, block_size=block_size, num_kv_blocks=1024 // block_size,
                         enable_prefix_caching=caching) as engine:
             results.append(run_all(engine, batch))
+            assert engine.stats()["overlapped_steps"] > 0
     assert results[0] == results[1] == results[2]
     assert all(len(r) == GREEDY.max_tokens for r in results[0])
 
@@ -172,3 +174,20 @@ def test_stream_and_stats_under_concurrency(model_dir):
     assert all(len(o) == 5 for o in outs)
     assert stats["generation_tokens_total"] == 40
     assert stats["prompt_tokens_total"] == sum(len(p) for p in prompts(8))
+
+
+def test_overlapped_decode_matches_one_request_at_a_time(model_dir):
+    """Requests that end at different steps (max_tokens, stop ids) while the next step is already
+    in flight: each gets exactly what it gets alone, and the pool is clean afterwards."""
+    batch = prompts(6)
+    with engine_for(model_dir, block_size=4) as engine:
+        alone = [engine.generate(p, GREEDY).token_ids for p in batch]
+        params = [SamplingParams(max_tokens=3 + 2 * i, temperature=0, ignore_eos=True) for i in range(5)]
+        params.append(SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[alone[5][4]]))
+        before = engine.stats()["overlapped_steps"]
+        together = run_all(engine, batch, params)
+        assert engine.stats()["overlapped_steps"] > before
+        assert engine.stats()["kv_blocks_used"] == 0
+    for i in range(5):
+        assert together[i] == alone[i][:3 + 2 * i]
+    assert together[5] == alone[5][:alone[5].index(alone[5][4]) + 1]

@@ -21,7 +21,8 @@ from warploop.llm.kv_cache import KVCacheLayout
 
 @dataclasses.dataclass
 class ModelBatch:
-    token_ids: list[int]              # flat over sequences: the tokens to run this step
+    token_ids: list[int] | object     # flat over sequences: the tokens to run this step (a device
+                                      # tensor when they were sampled by the step before, not yet on the host)
     positions: list[int]              # their positions in their sequences
     query_lens: list[int]             # per sequence: how many of token_ids are its
     context_lens: list[int]           # per sequence: tokens with KV after this step (cached + new)
@@ -58,13 +59,15 @@ class ModelBatch:
             ends.append(total - 1)
         return ends
 
-    def slot_mapping(self, block_size: int) -> list[int]:
-        """The KV slot (block * block_size + offset) of each token in token_ids."""
-        slots = []
+    def slot_mapping(self, block_size: int):
+        """The KV slot (block * block_size + offset) of each token in token_ids (int64 numpy array)."""
+        import numpy as np
+
+        parts = []
         for qlen, clen, table in zip(self.query_lens, self.context_lens, self.block_tables, strict=True):
-            for pos in range(clen - qlen, clen):
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-        return slots
+            pos = np.arange(clen - qlen, clen)
+            parts.append(np.asarray(table, dtype=np.int64)[pos // block_size] * block_size + pos % block_size)
+        return np.concatenate(parts)
 
 
 class Backend(abc.ABC):

@@ -63,9 +63,11 @@ class TorchBackend(Backend):
         dev = self.device
 
         def ints(values):
-            return torch.tensor(values, dtype=torch.int32).to(dev, non_blocking=True)
+            return torch.as_tensor(values, dtype=torch.int32).to(dev, non_blocking=True)
 
-        ids, positions = ints(batch.token_ids), ints(batch.positions)
+        on_device = isinstance(batch.token_ids, torch.Tensor)
+        ids = batch.token_ids.to(dev, torch.int32) if on_device else ints(batch.token_ids)
+        positions = ints(batch.positions)
         slots = ints(batch.slot_mapping(self.layout.block_size))
         rows = ints(batch.rows_for_logits())
         if batch.is_decode:

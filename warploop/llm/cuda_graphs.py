@@ -1,7 +1,7 @@
 """CUDA graphs for the decode step: one graph per batch-size bucket, replayed with new inputs.
 
 A decode step is ~10 kernels per layer; launched one by one from Python that costs more than the
-kernels themselves at batch 1. Each graph reads its inputs from one device buffer, filled from one
+kernels themselves at batch 1. Each graph reads its inputs from one device buffer, filled from a
 pinned host buffer with a single copy per step:
 
     [token ids (N) | positions (N) | slots (N) | context lens (N) | block tables (N x W)]   int32
@@ -28,10 +28,14 @@ class DecodeGraphs:
         self.buckets = buckets(max_batch)
         n, w = max_batch, backend.max_blocks_per_seq
         self.width, self.block_size = w, backend.layout.block_size
-        self.host = torch.zeros(4 * n + n * w, dtype=torch.int32).pin_memory()
-        self.host_np = self.host.numpy()
-        self.host_np[2 * n:3 * n] = -1
-        self.dev = self.host.to(backend.device)
+        # two host buffers, used in turn: the engine launches step n + 1 before step n's copy has
+        # necessarily run, so a buffer is refilled only after the copy that read it has finished
+        self.hosts = [torch.zeros(4 * n + n * w, dtype=torch.int32).pin_memory() for _ in range(2)]
+        for host in self.hosts:
+            host.numpy()[2 * n:3 * n] = -1
+        self.copied = [torch.cuda.Event(), torch.cuda.Event()]
+        self.turn = 0
+        self.dev = self.hosts[0].to(backend.device)
         ids, pos, slots, ctx = (self.dev[i * n:(i + 1) * n] for i in range(4))
         tables = self.dev[4 * n:].view(n, w)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -50,8 +54,13 @@ class DecodeGraphs:
     def run(self, batch: ModelBatch) -> torch.Tensor:
         count = batch.num_seqs
         bucket = next(b for b in self.buckets if b >= count)
-        n, w, h, bs = self.max_batch, self.width, self.host_np, self.block_size
-        h[0:count] = batch.token_ids
+        host, copied = self.hosts[self.turn], self.copied[self.turn]
+        self.turn ^= 1
+        copied.synchronize()  # the copy that last read this buffer (a no-op for a fresh event)
+        n, w, h, bs = self.max_batch, self.width, host.numpy(), self.block_size
+        on_device = isinstance(batch.token_ids, torch.Tensor)  # ids sampled by the step before
+        if not on_device:
+            h[0:count] = batch.token_ids
         h[n:n + count] = batch.positions
         h[2 * n:2 * n + count] = [t[p // bs] * bs + p % bs
                                   for t, p in zip(batch.block_tables, batch.positions, strict=True)]
@@ -61,6 +70,9 @@ class DecodeGraphs:
         for i, table in enumerate(batch.block_tables):
             h[4 * n + i * w:4 * n + i * w + len(table)] = table
         used = 4 * n + bucket * w
-        self.dev[:used].copy_(self.host[:used], non_blocking=True)
+        self.dev[:used].copy_(host[:used], non_blocking=True)
+        copied.record()
+        if on_device:
+            self.dev[:count].copy_(batch.token_ids)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:count]

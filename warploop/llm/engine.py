@@ -17,9 +17,10 @@ from warploop.llm.config import ModelConfig
 from warploop.llm.detokenizer import Detokenizer
 from warploop.llm.kv_cache import BlockManager
 from warploop.llm.params import Completion, SamplingParams, StreamEvent
-from warploop.llm.sampler import make_generator, sample
+from warploop.llm.sampler import make_generator
 from warploop.llm.scheduler import Scheduler
-from warploop.llm.sequence import Sequence
+from warploop.llm.sequence import Sequence, Status
+from warploop.llm.step import Step, follow_up_batch, launch
 
 __all__ = ["Engine", "SamplingParams", "StreamEvent", "Completion"]
 log = logging.getLogger("warploop.llm")
@@ -49,7 +50,9 @@ class Engine:
         self._aborts: list[str] = []
         self._cv = threading.Condition()
         self._closed = False
-        self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "prefill_tokens_computed": 0}
+        self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "prefill_tokens_computed": 0,
+                          "overlapped_steps": 0}
+        self._pending: Step | None = None   # the step in flight, launched but not yet completed
         backend.warmup(max_num_seqs)
         self._thread = threading.Thread(target=self._loop, name="warploop-engine", daemon=True)
         self._thread.start()
@@ -158,7 +161,8 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._closed or self._inbox or self._aborts or self.scheduler.has_work()):
+                while not (self._closed or self._inbox or self._aborts or self.scheduler.has_work()
+                           or self._pending):
                     self._cv.wait()
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
@@ -172,31 +176,74 @@ class Engine:
                     self._finish(self._requests[rid], None, "", "abort")
             if closed:
                 return
-            if self.scheduler.has_work():
-                self._step()
+            self._advance()
 
-    def _step(self) -> None:
+    def _advance(self) -> None:
+        """Launch the next step; complete the one in flight. When the next step is a decode of the
+        same sequences, it is launched first, from the device-side ids, and overlaps the completion."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            if self.scheduler.has_work():
+                self._pending = self._launch_scheduled()
+            return
+        follow = self._follow_up_seqs(pending)
+        if follow:
+            self._pending = self._launch(follow_up_batch(pending, follow), follow, prefill=False, ahead=1)
+            self._counters["overlapped_steps"] += self._pending is not None
+        self._complete(pending)
+
+    def _launch_scheduled(self) -> Step | None:
         seqs, prefill = self.scheduler.schedule()
         if not seqs:  # cannot happen while every request fits the pool alone (checked in add_request)
             seq = self.scheduler.waiting[0]
             self._finish(self._requests[seq.request_id], None, "", "abort", error="does not fit the KV cache")
-            return
-        batch = ModelBatch.from_sequences(seqs)
+            return None
+        return self._launch(ModelBatch.from_sequences(seqs), seqs, prefill)
+
+    def _launch(self, batch: ModelBatch, seqs: list[Sequence], prefill: bool, ahead: int = 0) -> Step | None:
+        for seq in seqs if ahead else ():
+            self.blocks.append(seq, ahead)
         try:
-            tokens = sample(self.backend.forward(batch), seqs)
+            return launch(self.backend, batch, seqs, prefill)
         except Exception as e:  # fail this step's requests, keep serving the others
-            log.exception("engine step failed")
-            for seq in seqs:
-                self._finish(self._requests[seq.request_id], None, "", "abort", error=f"{type(e).__name__}: {e}")
+            self._fail(seqs, e)
+            return None
+
+    def _follow_up_seqs(self, step: Step) -> list[Sequence]:
+        """The sequences that decode right after `step` without the host seeing its ids: all of the
+        running ones unless the batch must change (arrivals, preemption, host-side sampling state);
+        those whose token from `step` is certainly their last are left out."""
+        seqs = step.seqs
+        if (step.prefill or self.scheduler.waiting or len(self.scheduler.running) != len(seqs)
+                or any(s.status is not Status.RUNNING or s.params.repetition_penalty != 1.0 for s in seqs)):
+            return []
+        going = [s for s in seqs if len(s) + 1 < self.max_context and
+                 (s.params.max_tokens is None or s.num_completion_tokens + 1 < s.params.max_tokens)]
+        return going if self.blocks.can_append_all(going, ahead=1) else []
+
+    def _complete(self, step: Step) -> None:
+        try:
+            tokens = step.result()
+        except Exception as e:
+            self._fail(step.seqs, e)
             return
-        if prefill:
-            self._counters["prefill_tokens_computed"] += len(batch.token_ids)
-        self._counters["generation_tokens_total"] += len(seqs)
-        for seq, token in zip(seqs, tokens, strict=True):
+        if step.prefill:
+            self._counters["prefill_tokens_computed"] += len(step.batch.token_ids)
+        for seq, token in zip(step.seqs, tokens, strict=True):
+            if seq.status is not Status.RUNNING:  # finished or aborted while the step was in flight
+                continue
+            self._counters["generation_tokens_total"] += 1
             seq.num_computed_tokens = len(seq.token_ids)
             self.blocks.commit(seq)
             seq.token_ids.append(token)
             self._emit(self._requests[seq.request_id], token)
+
+    def _fail(self, seqs: list[Sequence], error: Exception) -> None:
+        log.exception("engine step failed")
+        for seq in seqs:
+            if seq.request_id in self._requests:
+                self._finish(self._requests[seq.request_id], None, "", "abort",
+                             error=f"{type(error).__name__}: {error}")
 
     def _emit(self, req: _Request, token: int) -> None:
         seq, params = req.seq, req.seq.params

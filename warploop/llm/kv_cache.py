@@ -101,12 +101,19 @@ class BlockManager:
             seq.block_table.append(self._take())
 
     def can_append(self, seq) -> bool:
-        return len(seq.token_ids) <= len(seq.block_table) * self.block_size or self.num_free > 0
+        return not self._needs_block(seq, 0) or self.num_free > 0
 
-    def append(self, seq) -> None:
-        """Make room for the KV of the sequence's newest token."""
-        if len(seq.token_ids) > len(seq.block_table) * self.block_size:
+    def can_append_all(self, seqs, ahead: int) -> bool:
+        """Room for each sequence's newest token plus `ahead` tokens not yet on the host."""
+        return sum(self._needs_block(seq, ahead) for seq in seqs) <= self.num_free
+
+    def append(self, seq, ahead: int = 0) -> None:
+        """Make room for the KV of the sequence's newest token (and `ahead` more)."""
+        if self._needs_block(seq, ahead):
             seq.block_table.append(self._take())
+
+    def _needs_block(self, seq, ahead: int) -> bool:
+        return len(seq.token_ids) + ahead > len(seq.block_table) * self.block_size
 
     def commit(self, seq) -> None:
         """Offer the sequence's newly filled blocks to the prefix cache."""

@@ -12,6 +12,11 @@ import torch
 
 def sample(logits: torch.Tensor, seqs: list) -> list[int]:
     """logits [B, V] float32 -> one token id per sequence (seqs[i].params, .token_ids, .generator)."""
+    return sample_on_device(logits, seqs).tolist()
+
+
+def sample_on_device(logits: torch.Tensor, seqs: list) -> torch.Tensor:
+    """Like sample, but the ids stay on the device (int64 [B]), so the next step can read them there."""
     params = [s.params for s in seqs]
     penalised = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
     if penalised:
@@ -23,7 +28,7 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
             logits[i, seen] = torch.where(row > 0, row / penalty, row * penalty)
     greedy = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
-        return greedy.tolist()
+        return greedy
 
     def column(values, dtype=torch.float32):
         return torch.tensor(values, dtype=dtype, device=logits.device)[:, None]
@@ -49,7 +54,7 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
             noise[i].exponential_(generator=seq.generator)
     drawn = (probs / noise).argmax(dim=-1)
     is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-    return torch.where(is_greedy, greedy, drawn).tolist()
+    return torch.where(is_greedy, greedy, drawn)
 
 
 def make_generator(seed: int, device) -> torch.Generator:
