@@ -1,0 +1,128 @@
+"""The front: the one program of the resident kernel that talks to the host.
+
+Only the front reads the host block, so the bus sees one poller instead of one per worker. Each
+`front_step` it:
+
+1. copies the host's stop word into the arena (workers only ever read device memory);
+2. takes at most one submitted descriptor from the submit ring and makes it a ready task whose
+   completion is reported back to the host;
+3. runs the graph state machine: when every worker has finished the last released run, it
+   either releases the next repeat, or reports the finished request to the host and starts the
+   next one, copying its parameters into the graph's device-side parameter block.
+
+State lives in arena control words, not registers, so the CPU executor can call `front_step` as
+its own interpreted kernel between tasks.
+"""
+import triton
+import triton.language as tl
+
+from warploop.runtime import layout as L
+from warploop.runtime.sched import (
+    ABORT,
+    DRAIN,
+    GRAPH_WORDS,
+    GREQ_SLOTS,
+    GREQ_WORDS,
+    HOST_GREQ,
+    HOST_SUBMIT,
+    MAX_PARAMS,
+    SLOT_DESC,
+    SLOT_WORDS,
+    alloc_task,
+    clock,
+    ctl,
+    desc_of,
+    host_block,
+    i64,
+    p64,
+    push,
+)
+
+
+@triton.jit
+def graph_entry(arena, gid):
+    return arena + tl.load(arena + L.H_GRAPHS) + gid * GRAPH_WORDS
+
+
+@triton.jit
+def release_run(arena, gid):
+    """Start one run of graph `gid`: bump its epoch, then publish the run to the workers."""
+    entry = graph_entry(arena, gid)
+    epoch = tl.load(entry + L.G_RUNS) + 1
+    tl.store(entry + L.G_RUNS, epoch)
+    tl.store(ctl(arena, L.C_RUN_GID), i64(gid))
+    tl.store(ctl(arena, L.C_RUN_EPOCH), i64(epoch))
+    seq = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
+    tl.debug_barrier()
+    tl.atomic_xchg(ctl(arena, L.C_RUN_SEQ), seq + 1, sem="release")
+
+
+@triton.jit
+def graphs_step(arena, host, BACKEND: tl.constexpr):
+    """Advance the graph state machine; returns True while a graph request is in flight."""
+    workers = tl.load(arena + L.H_WORKERS)
+    runs = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
+    finished = tl.load(ctl(arena, L.C_GRAPH_DONE), volatile=True)
+    current = tl.load(ctl(arena, L.C_GREQ_CUR), volatile=True)
+    busy = current > 0
+    if finished == runs * workers:
+        tl.atomic_add(ctl(arena, L.C_GRAPH_DONE), i64(0), sem="acquire")
+        left = tl.load(ctl(arena, L.C_GREQ_LEFT), volatile=True)
+        if left > 0:
+            tl.store(ctl(arena, L.C_GREQ_LEFT), left - 1)
+            release_run(arena, tl.load(ctl(arena, L.C_RUN_GID), volatile=True).to(tl.int32))
+        else:
+            if current > 0:
+                elapsed = clock(BACKEND) - tl.load(ctl(arena, L.C_GRAPH_T0), volatile=True)
+                tl.store(p64(host + L.HB_GRAPH_NS), elapsed)
+                tl.store(ctl(arena, L.C_GREQ_CUR), i64(0))
+                tl.debug_barrier()
+                tl.atomic_xchg(p64(host + L.HB_GRAPH_DONE), current, sem="release", scope="sys")
+                busy = False
+            head = tl.load(ctl(arena, L.C_GREQ_HEAD), volatile=True)
+            req = host + HOST_GREQ + (head % GREQ_SLOTS) * GREQ_WORDS
+            if tl.load(req, volatile=True) == (head + 1).to(tl.int32):
+                gid = tl.load(req + 1, volatile=True)
+                repeat = tl.load(req + 2, volatile=True)
+                k = tl.arange(0, MAX_PARAMS)
+                params = tl.load(p64(req + 8) + k, volatile=True)
+                dst = tl.load(p64(graph_entry(arena, gid) + L.G_PARAMS)).to(tl.pointer_type(tl.int64))
+                tl.store(dst + k, params)
+                tl.store(ctl(arena, L.C_GREQ_HEAD), head + 1)
+                tl.store(ctl(arena, L.C_GREQ_CUR), head + 1)
+                tl.store(ctl(arena, L.C_GREQ_LEFT), i64(repeat - 1))
+                tl.store(ctl(arena, L.C_GRAPH_T0), clock(BACKEND))
+                release_run(arena, gid)
+                busy = True
+    return busy
+
+
+@triton.jit
+def front_step(arena, BACKEND: tl.constexpr):
+    """One round of host bridging. Returns False once the front may exit (draining, nothing left)."""
+    host = host_block(arena)
+    stop = tl.load(host + L.HB_STOP, volatile=True)
+    seen_stop = tl.load(ctl(arena, L.C_STOP), volatile=True)
+    if stop > seen_stop:
+        tl.atomic_xchg(ctl(arena, L.C_STOP), i64(stop), sem="release")
+    nslots = tl.load(arena + L.H_SUBMIT)
+    head = tl.load(ctl(arena, L.C_SUBMIT_HEAD), volatile=True)
+    slot = host + HOST_SUBMIT + (head % nslots) * SLOT_WORDS
+    took = tl.load(slot, volatile=True) == (head + 1).to(tl.int32)
+    if took:
+        words = tl.load(slot + SLOT_DESC + tl.arange(0, 32), volatile=True)
+        tid = alloc_task(arena, i64(-1), head, -1)
+        if tid >= 0:
+            tl.store(desc_of(arena, tid % tl.load(arena + L.H_POOL)) + tl.arange(0, 32), words)
+            push(arena, tid)
+        tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
+        tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
+    busy = graphs_step(arena, host, BACKEND)
+    # Exit on abort; when draining, only after a whole round that began with the stop word
+    # already seen found nothing to take (bus reads may pass each other within one round).
+    alive = seen_stop < ABORT
+    if (seen_stop == DRAIN) & (not took) & (not busy):
+        alive = False
+        tl.atomic_xchg(ctl(arena, L.C_FRONT_DONE), i64(1), sem="release")
+    return alive
+

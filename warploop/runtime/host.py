@@ -1,0 +1,220 @@
+"""`warploop.Runtime`: the host side of the resident kernel.
+
+    with warploop.Runtime(tasks=[scale]) as rt:      # starts the resident kernel (or the CPU executor)
+        rt.submit(scale, x, n, 2.0).result(timeout=1.0)
+        g = rt.graph(); ...; g.run()
+
+Work reaches the kernel through the pinned host block (layout.py), never through a launch:
+`submit` writes a descriptor into the next submit-ring slot and its sequence word last; the
+front copies it into the task pool; the completion record comes back into the host block, where
+`Future.result` polls it. Every host wait has a timeout that raises TimeoutError naming the
+pending tasks and what each worker is doing; `close()` always stops the kernel (drain, then
+abort), also after an exception or Ctrl-C inside a `with` block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from warploop.runtime import layout as L
+from warploop.runtime import trace as trace_mod
+from warploop.runtime.descriptor import ARG_WORD, to_i32
+from warploop.runtime.errors import RuntimeFault, TaskError, describe
+from warploop.runtime.graph import Graph
+from warploop.runtime.status import RuntimeStatus, read_status
+from warploop.runtime.tasks import REGISTRY, ArgSpec, Task, lookup
+from warploop.target import select_device
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class Future:
+    """The result of a host-submitted task: its int64 result (wl.set_result), or TaskError."""
+
+    __slots__ = ("_rt", "ticket", "task", "_settled", "_status", "_value")
+
+    def __init__(self, rt: Runtime, ticket: int, task: Task) -> None:
+        self._rt, self.ticket, self.task = rt, ticket, task
+        self._settled, self._status, self._value = False, 0, 0
+
+    def done(self) -> bool:
+        if not self._settled:
+            self._rt._settle(self)
+        return self._settled
+
+    def result(self, timeout: float | None = None) -> int:
+        if not self._settled:
+            self._rt._wait(self.done, timeout, f"task {self.task.name} (submission {self.ticket})")
+        if self._status:
+            raise TaskError(f"task {self.task.name} (submission {self.ticket}) failed: {describe(self._status)}"
+                            f"{self._rt._error_detail()}")
+        return self._value
+
+
+class GraphFuture:
+    """A queued graph request (one or more runs)."""
+
+    def __init__(self, rt: Runtime, seq: int) -> None:
+        self._rt, self.seq = rt, seq
+
+    def done(self) -> bool:
+        return self._rt._h64[L.HB_GRAPH_DONE // 2] >= self.seq
+
+    def result(self, timeout: float | None = None) -> None:
+        self._rt._wait(self.done, timeout, f"graph request {self.seq}")
+
+    @property
+    def device_ns(self) -> int:
+        """Device time of the most recently finished request, on the GPU's global timer (0 on CPU)."""
+        return int(self._rt._h64[L.HB_GRAPH_NS // 2])
+
+
+class Runtime:
+    def __init__(self, device=None, workers: int | None = None, worker_warps: int = 4, trace: bool = False, *,
+                 tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """Start the resident kernel for `tasks` (default: every task registered so far).
+
+        device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
+        workers: worker programs (default: as many as fit co-resident; 4 on the CPU executor).
+        worker_warps: warps per worker; 1 makes each worker a single warp.
+        trace: record start/end times of every task for save_trace().
+        timeout: default for every host wait, in seconds.
+        """
+        from warploop.runtime import codegen
+        if worker_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"worker_warps={worker_warps}: use 1, 2, 4, 8 or 16")
+        self.info = select_device(device)
+        chosen = list(REGISTRY.values()) if tasks is None else [lookup(t) for t in tasks]
+        if not chosen:
+            raise ValueError("no tasks: decorate Triton functions with @warploop.task before starting a Runtime")
+        self.tasks = {t.opcode: t for t in chosen}
+        self.names = {t.opcode: t.name for t in chosen}
+        self.timeout = timeout
+        self.module = codegen.build(chosen)
+        if self.info.target.backend == "cpu":
+            from warploop.runtime.cpu import CpuExecutor
+            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots)
+        else:
+            from warploop.runtime.gpu import GpuBackend
+            self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots)
+        self.workers, self.layout = self._backend.workers, self._backend.layout
+        self._h = self._backend.host
+        self._h64 = self._h.view(np.int64)
+        self._hl = self._backend.host_layout
+        self._device_type = "cpu" if self.info.target.backend == "cpu" else "cuda"
+        self._futures: list[Future | None] = [None] * submit_slots
+        self._ticket = 0
+        self._greq = 0
+        self._graphs = 0
+        self._closed = False
+        self._headers = {}
+
+    # -- context management ----------------------------------------------------------------------
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(abort=exc_type is not None)
+
+    def close(self, timeout: float = 10.0, abort: bool = False) -> None:
+        """Stop the resident kernel: let queued work drain (up to `timeout`), then abort."""
+        if self._closed:
+            return
+        self._closed = True
+        self._backend.stop(abort, timeout)
+
+    @property
+    def backend(self) -> str:
+        return self.info.target.backend
+
+    # -- tasks -----------------------------------------------------------------------------------
+    def _task(self, task) -> Task:
+        t = lookup(task)
+        if t.opcode not in self.tasks:
+            raise ValueError(f"task {t.name} is not part of this Runtime; pass it in Runtime(tasks=[...])")
+        return t
+
+    def _check_arg(self, spec: ArgSpec, value) -> None:
+        device = getattr(value, "device", None)
+        if device is not None and spec.type.startswith("*") and device.type != self._device_type:
+            raise ValueError(f"argument {spec.name!r} is on {device.type}, but this runtime runs on "
+                             f"{self._device_type}: move it with .to({self._device_type!r})")
+
+    def submit(self, task, *args) -> Future:
+        """Queue `task(*args)` on the resident kernel; returns a Future. No kernel launch."""
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
+        t = self._task(task)
+        slots = t.encode(args)
+        for spec, value in zip(t.args, args, strict=True):
+            self._check_arg(spec, value)
+        ticket, nslots = self._ticket, self._hl.submit_slots
+        index = ticket % nslots
+        previous = self._futures[index]
+        if previous is not None and not previous._settled:
+            # The slot and its completion record are reused: collect the older result first.
+            self._wait(previous.done, None, f"submit slot {index} to free up")
+        base = self._hl.submit + index * L.SUBMIT_SLOT_WORDS
+        header = self._headers.get(t.opcode)
+        if header is None:
+            header = self._headers[t.opcode] = np.array([t.opcode, -1, 0, -1, -1, 0, -1, 0], dtype=np.int32)
+        self._h[base + L.SLOT_DESC:base + L.SLOT_DESC + ARG_WORD] = header
+        first = (base + L.SLOT_DESC + ARG_WORD) // 2
+        self._h64[first:first + len(slots)] = slots
+        self._h[base] = to_i32(ticket + 1)        # last: the front takes the slot once it sees this
+        future = self._futures[index] = Future(self, ticket, t)
+        self._ticket = ticket + 1
+        return future
+
+    def _settle(self, future: Future) -> None:
+        rec = self._hl.completions + (future.ticket % self._hl.submit_slots) * L.COMPLETION_WORDS
+        if self._h[rec] == to_i32(future.ticket + 1):
+            future._status = int(self._h[rec + 1])
+            future._value = int(self._h64[(rec + 2) // 2])
+            future._settled = True
+
+    # -- graphs ----------------------------------------------------------------------------------
+    def graph(self) -> Graph:
+        """A new static graph on this runtime (see graph.py)."""
+        if self._graphs >= self.layout.max_graphs:
+            raise RuntimeError(f"at most {self.layout.max_graphs} graphs per Runtime")
+        self._graphs += 1
+        return Graph(self, self._graphs - 1)
+
+    def _request_graph(self, gid: int, repeat: int, params: list[int]) -> GraphFuture:
+        seq = self._greq + 1
+        if seq > L.GREQ_SLOTS:
+            self._wait(lambda: self._h64[L.HB_GRAPH_DONE // 2] >= seq - L.GREQ_SLOTS, None,
+                       "a graph request slot to free up")
+        base = self._hl.greq + (self._greq % L.GREQ_SLOTS) * L.GREQ_WORDS
+        self._h[base + 1:base + 4] = (gid, repeat, len(params))
+        self._h64[(base + 8) // 2:(base + 8) // 2 + len(params)] = params
+        self._h[base] = to_i32(seq)
+        self._greq = seq
+        return GraphFuture(self, seq)
+
+    # -- waiting, status, trace ------------------------------------------------------------------
+    def _wait(self, ready, timeout: float | None, what: str) -> None:
+        self._backend.wait(ready, self.timeout if timeout is None else timeout, what,
+                           report=lambda: self.status().describe())
+
+    def status(self) -> RuntimeStatus:
+        """Workers' states, pending tasks and the first device error, from a live snapshot."""
+        return read_status(self._backend.snapshot(), self._h, self.layout, self.names)
+
+    def _error_detail(self) -> str:
+        err = self.status().error
+        if not err:
+            return ""
+        name = self.names.get(err["opcode"], f"opcode {err['opcode']}")
+        return f" (first device error: {err['message']}: {name}, worker {err['worker']})"
+
+    def check(self) -> None:
+        """Raise RuntimeFault if the device recorded a fatal error."""
+        self._backend.check()
+
+    def save_trace(self, path: str) -> None:
+        """Write the recorded task events (Runtime(trace=True)) as Chrome trace JSON."""
+        events = self._backend.trace_events()
+        if not events and not getattr(self._backend, "trace", False):
+            raise RuntimeFault("no trace recorded: create the Runtime with trace=True")
+        trace_mod.save(path, events, self.names, label=f"warploop {self.info.target}")

@@ -1,0 +1,113 @@
+"""Run Triton kernels through the Triton interpreter in any process.
+
+Triton decides at decoration time whether `@triton.jit` makes a compiled or an interpreted
+function (TRITON_INTERPRET=1), and an interpreted kernel can only call interpreted device
+functions. The CPU executor must run the same task bodies whatever the environment said when
+they were defined, so while `launch` runs it routes every call of a JIT function through an
+interpreted twin, or through a Python override (the CPU executor replaces the one device call
+that would spin forever on a machine running one program at a time: `join`).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+from triton.runtime import interpreter
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+_lock = threading.RLock()
+_twins: dict = {}
+_overrides: dict = {}
+_patched_fns: set = set()
+_depth = 0
+_orig_jit_call = JITFunction.__call__
+_orig_interp_call = InterpretedFunction.__call__
+_orig_patch_tensor = interpreter._patch_lang_tensor
+
+
+def _patch_tensor(tensor, scope) -> None:
+    # Triton 3.6 converts scalars with int(array_of_one); NumPy >= 2.4 refuses that, which breaks
+    # `range(n)` over a scalar argument. Take the single element explicitly instead.
+    _orig_patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+def _twin(raw) -> InterpretedFunction:
+    fn = _twins.get(raw)
+    if fn is None:
+        fn = _twins[raw] = InterpretedFunction(raw)
+    return fn
+
+
+def _call(self, *args, **kwargs):
+    override = _overrides.get(self.fn)
+    if override is not None:
+        return override(*args, **kwargs)
+    twin = _twin(self.fn)
+    if self.fn in _patched_fns:
+        # Triton re-patches the language on every device-function call (and never undoes it);
+        # once per function per launch is enough and makes the interpreter several times faster.
+        return twin.rewrite()(*args, **kwargs)
+    _patched_fns.add(self.fn)
+    return _orig_interp_call(twin, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _patched(overrides: dict):
+    global _depth
+    with _lock:
+        saved = dict(_overrides)
+        _overrides.update(overrides)
+        if _depth == 0:
+            JITFunction.__call__ = _call
+            InterpretedFunction.__call__ = _call
+            interpreter._patch_lang_tensor = _patch_tensor
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+            if _depth == 0:
+                _patched_fns.clear()
+                JITFunction.__call__ = _orig_jit_call
+                InterpretedFunction.__call__ = _orig_interp_call
+                interpreter._patch_lang_tensor = _orig_patch_tensor
+            _overrides.clear()
+            _overrides.update(saved)
+
+
+def scalar(x) -> int:
+    """A Python int from an interpreter value (0-d tensor, numpy scalar or int)."""
+    handle = getattr(x, "handle", None)
+    data = getattr(handle, "data", x)
+    return int(data.item() if hasattr(data, "item") else data)
+
+
+def launch(kernel, grid: tuple, *args, overrides: dict[object, Callable] | None = None, **kwargs) -> None:
+    """Run `kernel[grid](*args, **kwargs)` in the interpreter.
+
+    overrides: {device function: python callable} used in place of those functions' bodies.
+    Exceptions raised inside (also by overrides) come out as themselves, not wrapped.
+    """
+    raw = kernel.fn
+    table = {getattr(f, "fn", f): impl for f, impl in (overrides or {}).items()}
+    with _patched(table):
+        try:
+            _twin(raw)[grid](*args, **kwargs)
+        except Exception as exc:  # the interpreter wraps everything in InterpreterError(repr(e))
+            inner = _innermost(exc)
+            raise inner from inner.__cause__
+
+
+def call_original(fn, *args, **kwargs):
+    """Call device function `fn` interpreted, bypassing any override (for use inside an override)."""
+    return _orig_interp_call(_twin(fn.fn), *args, **kwargs)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    seen = exc
+    while seen.__cause__ is not None and type(seen).__name__ == "InterpreterError":
+        seen = seen.__cause__
+    return seen

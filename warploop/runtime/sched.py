@@ -1,0 +1,315 @@
+"""Device-side scheduler: the task pool, the ready ring, completion and the host bridge ("front").
+
+Triton device functions over the arena (layout.py). Everything here runs unchanged on the GPU,
+inside the resident kernel, and on the CPU, through the Triton interpreter (cpu.py), which is
+what makes the CPU executor a faithful reference.
+
+Dynamic tasks live in a pool of P slots. Task ids grow by one per task and id % P names the
+slot; `done[slot]` holds the last id that completed there, so `done[id % P] >= id` means "id is
+complete" for as long as anyone can hold the handle, and a slot is free for id once it reads
+id - P. Ready ids travel through an MPMC ring of int64 entries (0: empty, else id + 1).
+
+Every spin checks the stop word, so an abort from the host ends every wait.
+"""
+import triton
+import triton.language as tl
+
+from warploop.runtime import descriptor as D
+from warploop.runtime import errors as E
+from warploop.runtime import layout as L
+
+DESC_WORDS = tl.constexpr(D.DESC_WORDS)
+ARG_WORD = tl.constexpr(D.ARG_WORD)
+MAX_PARAMS = tl.constexpr(L.MAX_PARAMS)
+LINE = tl.constexpr(L.LINE)
+CTL = tl.constexpr(L.HEADER_WORDS)
+CTX_BASE = tl.constexpr(L.CTX_BASE)
+CTX_WORDS = tl.constexpr(L.CTX_WORDS)
+ABORT = tl.constexpr(L.ABORT)
+DRAIN = tl.constexpr(L.DRAIN)
+GRAPH_WORDS = tl.constexpr(L.GRAPH_WORDS)
+GREQ_SLOTS = tl.constexpr(L.GREQ_SLOTS)
+GREQ_WORDS = tl.constexpr(L.GREQ_WORDS)
+SLOT_WORDS = tl.constexpr(L.SUBMIT_SLOT_WORDS)
+SLOT_DESC = tl.constexpr(L.SLOT_DESC)
+COMPLETION_WORDS = tl.constexpr(L.COMPLETION_WORDS)
+HOST_GREQ = tl.constexpr(L.HostLayout().greq)
+HOST_SUBMIT = tl.constexpr(L.HostLayout().submit)
+
+
+@triton.jit
+def p64(p):
+    """View an int32 pointer as an int64 pointer (the address must be 8-byte aligned)."""
+    return p.to(tl.pointer_type(tl.int64), bitcast=True)
+
+
+@triton.jit
+def ctl(arena, index):
+    """The int64 control word `index` (layout.C_*), alone on its cache line."""
+    return p64(arena + CTL + LINE * index)
+
+
+@triton.jit
+def host_block(arena):
+    return tl.load(p64(arena + L.H_HOST_ADDR)).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def meta64(arena, array, slot):
+    pool = tl.load(arena + L.H_POOL)
+    return p64(arena + tl.load(arena + L.H_POOL_META) + 2 * pool * array) + slot
+
+
+@triton.jit
+def meta32(arena, array, slot):
+    pool = tl.load(arena + L.H_POOL)
+    return arena + tl.load(arena + L.H_POOL_I32) + pool * array + slot
+
+
+@triton.jit
+def desc_of(arena, slot):
+    return arena + tl.load(arena + L.H_POOL_DESC) + slot * DESC_WORDS
+
+
+@triton.jit
+def i64(x):
+    return tl.full([], 0, tl.int64) + x
+
+
+@triton.jit
+def stopped(arena):
+    return tl.load(ctl(arena, L.C_STOP), volatile=True) >= ABORT
+
+
+@triton.jit
+def clock(BACKEND: tl.constexpr):
+    """Nanoseconds on the GPU's global timer (0 where the backend has none wired: hip, cpu)."""
+    if BACKEND == "cuda":
+        t = tl.extra.cuda.globaltimer()
+    else:
+        t = tl.zeros([], tl.int64)
+    return t
+
+
+@triton.jit
+def load_acquire(p, BACKEND: tl.constexpr):
+    """Poll load of an int64. On CUDA an ld.acquire (no read-modify-write traffic at L2)."""
+    if BACKEND == "cuda":
+        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [p],
+                                      dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        v = tl.load(p, volatile=True)
+    return v
+
+
+@triton.jit
+def wait_ge(arena, p, target, BACKEND: tl.constexpr):
+    """Spin until *p >= target (acquire) or the runtime is aborted; True when satisfied."""
+    v = load_acquire(p, BACKEND)
+    go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
+    while go:
+        v = load_acquire(p, BACKEND)
+        go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
+    if BACKEND != "cuda":
+        tl.atomic_add(p, i64(0), sem="acquire")
+    return v >= target
+
+
+@triton.jit
+def report_error(arena, code, opcode, worker, detail, task, fatal):
+    """Record the first error (device arena and host block); a fatal one also aborts the runtime."""
+    e = arena + CTL + LINE * L.C_ERROR
+    if tl.atomic_cas(e + L.E_CODE, 0, code, sem="acq_rel") == 0:
+        host = host_block(arena) + L.HB_ERROR
+        tl.store(host + L.E_OPCODE, opcode)
+        tl.store(host + L.E_WORKER, worker)
+        tl.store(host + L.E_DETAIL, detail)
+        tl.store(p64(host + L.E_TASK), i64(task))
+        tl.store(host + L.E_FATAL, fatal)
+        tl.debug_barrier()
+        tl.atomic_xchg(host + L.E_CODE, code, sem="release", scope="sys")
+    if fatal != 0:
+        tl.atomic_xchg(ctl(arena, L.C_STOP), i64(ABORT), sem="release")
+
+
+@triton.jit
+def alloc_task(arena, parent, ticket, worker):
+    """Take the next task id and initialise its slot; -1 (and a fatal error) if the pool is full."""
+    pool = tl.load(arena + L.H_POOL)
+    tid = tl.atomic_add(ctl(arena, L.C_NEXT_ID), i64(1), sem="relaxed")
+    slot = tid % pool
+    if tl.load(meta64(arena, L.M_DONE, slot), volatile=True) != tid - pool:
+        report_error(arena, E.ERR_POOL_FULL, 0, worker, pool, tid, 1)
+        tid = i64(-1)
+    else:
+        tl.store(meta64(arena, L.M_PARENT, slot), parent)
+        tl.store(meta64(arena, L.M_THEN_HEAD, slot), -2 * tid - 2)   # "empty list of tid"
+        tl.store(meta64(arena, L.M_RESULT, slot), i64(0))
+        tl.store(meta64(arena, L.M_HOST_TICKET, slot), ticket)
+        tl.store(meta32(arena, L.M_PENDING, slot), 1)
+        tl.store(meta32(arena, L.M_STATUS, slot), 0)
+        if parent >= 0:
+            # The parent completes only after this child does (structured completion).
+            tl.atomic_add(meta32(arena, L.M_PENDING, parent % pool), 1, sem="relaxed")
+    return tid
+
+
+@triton.jit
+def write_header(d, opcode):
+    """Descriptor words 0-7 of a dynamic task: opcode, no node, no params, no signal, no waits."""
+    k = tl.arange(0, 8)
+    words = tl.where(k == 0, opcode, tl.where((k == 2) | (k == 5) | (k == 7), 0, -1))
+    tl.store(d + k, words)
+
+
+@triton.jit
+def push(arena, tid):
+    """Publish a ready task id. The ring is as large as the pool, so a slot frees promptly."""
+    ring = p64(arena + tl.load(arena + L.H_RING_OFF))
+    size = tl.load(arena + L.H_RING)
+    tl.debug_barrier()
+    t = tl.atomic_add(ctl(arena, L.C_RING_TAIL), i64(1), sem="relaxed")
+    entry = ring + t % size
+    go = tl.atomic_cas(entry, i64(0), tid + 1, sem="release") != 0
+    while go:
+        go = (tl.atomic_cas(entry, i64(0), tid + 1, sem="release") != 0) & (not stopped(arena))
+
+
+@triton.jit
+def try_pop(arena):
+    """Claim one ready task id, or -1 when the ring is empty."""
+    head_p = ctl(arena, L.C_RING_HEAD)
+    head = tl.load(head_p, volatile=True)
+    tail = tl.load(ctl(arena, L.C_RING_TAIL), volatile=True)
+    tid = i64(-1)
+    if head < tail:
+        if tl.atomic_cas(head_p, head, head + 1, sem="relaxed") == head:
+            ring = p64(arena + tl.load(arena + L.H_RING_OFF))
+            entry = ring + head % tl.load(arena + L.H_RING)
+            v = tl.atomic_xchg(entry, i64(0), sem="acquire")
+            go = (v == 0) & (not stopped(arena))   # its producer took the ticket, is still writing
+            while go:
+                v = tl.atomic_xchg(entry, i64(0), sem="acquire")
+                go = (v == 0) & (not stopped(arena))
+            tid = v - 1
+    return tid
+
+
+@triton.jit
+def notify_host(arena, ticket, slot):
+    """Write the completion record of a host-submitted task into the host block."""
+    host = host_block(arena)
+    nslots = tl.load(arena + L.H_SUBMIT)
+    rec = host + HOST_SUBMIT + nslots * SLOT_WORDS + (ticket % nslots) * COMPLETION_WORDS
+    tl.store(rec + 1, tl.load(meta32(arena, L.M_STATUS, slot), volatile=True))
+    tl.store(p64(rec + 2), tl.load(meta64(arena, L.M_RESULT, slot), volatile=True))
+    tl.debug_barrier()
+    tl.atomic_xchg(rec, (ticket + 1).to(tl.int32), sem="release", scope="sys")
+
+
+@triton.jit
+def complete(arena, tid, status):
+    """The body of task `tid` returned: finish it, and its ancestors whose last child it was.
+
+    Finishing a task enqueues its continuations, tells the host if it was submitted from there,
+    publishes done[slot] (freeing the slot) and passes its status up to the parent.
+    """
+    pool = tl.load(arena + L.H_POOL)
+    slot = tid % pool
+    if status != 0:
+        tl.atomic_cas(meta32(arena, L.M_STATUS, slot), 0, status, sem="relaxed")
+    tl.debug_barrier()
+    cur = tid
+    going = tl.atomic_add(meta32(arena, L.M_PENDING, slot), -1, sem="acq_rel") == 1
+    while going:
+        slot = cur % pool
+        parent = tl.load(meta64(arena, L.M_PARENT, slot), volatile=True)
+        mine = tl.load(meta32(arena, L.M_STATUS, slot), volatile=True)
+        waiting = tl.atomic_xchg(meta64(arena, L.M_THEN_HEAD, slot), -2 * cur - 3, sem="acq_rel")
+        while waiting >= 0:
+            after = tl.load(meta64(arena, L.M_THEN_NEXT, waiting % pool), volatile=True)
+            push(arena, waiting)
+            waiting = after
+        ticket = tl.load(meta64(arena, L.M_HOST_TICKET, slot), volatile=True)
+        if ticket >= 0:
+            notify_host(arena, ticket, slot)
+        tl.atomic_xchg(meta64(arena, L.M_DONE, slot), cur, sem="release")
+        tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="release")
+        going = False
+        if parent >= 0:
+            pslot = parent % pool
+            if mine != 0:
+                tl.atomic_cas(meta32(arena, L.M_STATUS, pslot), 0, mine, sem="relaxed")
+            going = tl.atomic_add(meta32(arena, L.M_PENDING, pslot), -1, sem="acq_rel") == 1
+        cur = parent
+
+
+@triton.jit
+def attach(arena, handle, cont, worker):
+    """Run task `cont` once `handle` completes: link it on the handle's list, or push it now."""
+    pool = tl.load(arena + L.H_POOL)
+    issued = tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
+    if (handle < 0) | (handle >= issued):
+        if handle >= issued:
+            report_error(arena, E.ERR_BAD_HANDLE, 0, worker, 0, handle, 0)
+        push(arena, cont)
+    else:
+        slot = handle % pool
+        linked = False
+        while not linked:
+            done = tl.load(meta64(arena, L.M_DONE, slot), volatile=True) >= handle
+            old = tl.atomic_add(meta64(arena, L.M_THEN_HEAD, slot), i64(0), sem="acquire")
+            if done | (old == -2 * handle - 3):
+                push(arena, cont)
+                linked = True
+            else:
+                tl.store(meta64(arena, L.M_THEN_NEXT, cont % pool), old)
+                tl.debug_barrier()
+                linked = tl.atomic_cas(meta64(arena, L.M_THEN_HEAD, slot), old, cont, sem="acq_rel") == old
+
+
+@triton.jit
+def write_trace(arena, ctx, worker, t0, t1, opcode, ident):
+    """Append one event to this worker's trace ring (start, end, opcode, worker, id)."""
+    cap = tl.load(arena + L.H_TRACE_CAP)
+    base = tl.load(p64(arena + L.H_TRACE_ADDR)).to(tl.pointer_type(tl.int32))
+    n = tl.load(ctx + L.X_TRACE)
+    ev = base + (worker * cap + n % cap) * L.TRACE_WORDS
+    tl.store(p64(ev), t0)
+    tl.store(p64(ev + 2), t1)
+    tl.store(ev + 4, opcode)
+    tl.store(ev + 5, worker)
+    tl.store(p64(ev + 6), i64(ident))
+    tl.store(ctx + L.X_TRACE, n + 1)
+
+
+@triton.jit
+def arg(d, j: tl.constexpr, pmask, params):
+    """Argument slot j of descriptor d, read from the graph parameters when its mask bit is set."""
+    v = tl.load(p64(d + ARG_WORD) + j)
+    if (pmask >> j) & 1:
+        v = tl.load(params + (v & (MAX_PARAMS - 1)))
+    return v
+
+
+@triton.jit
+def wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):
+    """The runtime's wait before a body: counter c >= target for each wait in use."""
+    if c0 >= 0:
+        tl.store(ctx + L.X_DETAIL, c0)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c0, t0, BACKEND)
+    if c1 >= 0:
+        tl.store(ctx + L.X_DETAIL, c1)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c1, t1, BACKEND)
+    tl.store(ctx + L.X_STATE, L.S_RUNNING)
+
+
+@triton.jit
+def stage_waits(ctx, c0, t0, c1, t1):
+    """For bodies that wait themselves (waits=True): leave the waits where wl.wait(ctx) finds them."""
+    tl.store(ctx + L.X_WAIT, c0)
+    tl.store(ctx + L.X_WAIT + 1, c1)
+    tl.store(p64(ctx + L.X_WAIT_TARGET), t0)
+    tl.store(p64(ctx + L.X_WAIT_TARGET) + 1, t1)

@@ -1,0 +1,205 @@
+"""The worker loop of the resident kernel, with the task bodies reached through `DISPATCH`.
+
+`DISPATCH` is the opcode switch codegen.py generates for one set of tasks; everything else here
+is the same for every runtime:
+
+    program 0 (the front)          programs 1..W (workers)
+    ---------------------          -----------------------
+    loop:                          loop:
+      front_step()                   stop word says abort?            -> exit
+                                     a graph run was released?        -> run my instruction list
+                                     a ready task in the ring?        -> run it, complete it
+                                     draining and nothing is alive?   -> exit
+
+With INLINE=True one program plays both parts (the interpreter runs programs one after another,
+so a spinning worker would never let the front run).
+"""
+import triton
+import triton.language as tl
+
+from warploop.runtime import descriptor as D
+from warploop.runtime import errors as E
+from warploop.runtime import layout as L
+from warploop.runtime.front import front_step, graph_entry
+from warploop.runtime.sched import (
+    ABORT,
+    CTX_BASE,
+    CTX_WORDS,
+    DESC_WORDS,
+    DRAIN,
+    clock,
+    complete,
+    ctl,
+    desc_of,
+    host_block,
+    i64,
+    p64,
+    report_error,
+    try_pop,
+    write_trace,
+)
+
+ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
+MAX_ARGS = tl.constexpr(D.MAX_ARGS)
+
+
+@triton.jit
+def ctx_of(arena, worker):
+    return arena + CTX_BASE + worker * CTX_WORDS
+
+
+@triton.jit
+def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+    """Run dynamic task `tid` (already claimed from the ring) and complete it."""
+    d = desc_of(arena, tid % tl.load(arena + L.H_POOL))
+    tl.store(p64(ctx + L.X_TASK), tid)
+    tl.store(ctx + L.X_NODE, -1)
+    tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    op = tl.load(d)
+    # Dynamic descriptors carry no graph fields; anything else is a corrupt or foreign descriptor.
+    valid = ((tl.load(d + 2) == 0) & (tl.load(d + 3) == -1) & (tl.load(d + 4) == -1)
+             & (tl.load(d + 6) == -1))
+    t0 = clock(BACKEND)
+    status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
+    if valid:
+        nowhere = p64(arena)
+        status = DISPATCH(arena, ctx, d, op, 0, nowhere, nowhere, -1, i64(0), -1, i64(0), BACKEND)
+    if TRACE:
+        write_trace(arena, ctx, worker, t0, clock(BACKEND), op, tid)
+    tl.store(ctx + L.X_STATE, L.S_IDLE)
+    if status != 0:
+        report_error(arena, status, op, worker, -1, tid, 0)
+    complete(arena, tid, status)
+
+
+@triton.jit
+def run_inst(arena, ctx, worker, d, counters, ncounters, params, epoch,
+             DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+    """Run one static-graph instruction: (its waits,) its body, then signal its counter."""
+    op = tl.load(d)
+    node = tl.load(d + 1)
+    pmask = tl.load(d + 2)
+    sig = tl.load(d + 3)
+    c0 = tl.load(d + 4)
+    n0 = tl.load(d + 5)
+    c1 = tl.load(d + 6)
+    n1 = tl.load(d + 7)
+    valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
+             & (pmask >= 0) & ((pmask >> MAX_ARGS) == 0))
+    tl.store(ctx + L.X_NODE, node)
+    tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    t0 = clock(BACKEND)
+    status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
+    if valid:
+        status = DISPATCH(arena, ctx, d, op, pmask, params, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
+    if status == 0:
+        if sig >= 0:
+            tl.debug_barrier()
+            tl.atomic_add(counters + sig, i64(1), sem="release")
+    else:
+        # Successors would wait forever on this node: a graph fault stops the runtime.
+        report_error(arena, status, op, worker, node, -1, 1)
+    if TRACE:
+        write_trace(arena, ctx, worker, t0, clock(BACKEND), op, node)
+    return status
+
+
+@triton.jit
+def graph_run_start(arena, ctx, worker):
+    """Read the released run: (first instruction, end, instructions, counters, ncounters, params, epoch)."""
+    entry = graph_entry(arena, tl.load(ctl(arena, L.C_RUN_GID)).to(tl.int32))
+    epoch = tl.load(ctl(arena, L.C_RUN_EPOCH))
+    insts = tl.load(p64(entry + L.G_INSTS)).to(tl.pointer_type(tl.int32))
+    table = tl.load(p64(entry + L.G_WORKER_TABLE)).to(tl.pointer_type(tl.int32))
+    counters = tl.load(p64(entry + L.G_COUNTERS)).to(tl.pointer_type(tl.int64))
+    params = tl.load(p64(entry + L.G_PARAMS)).to(tl.pointer_type(tl.int64))
+    ncounters = tl.load(entry + L.G_NCOUNTERS)
+    first = tl.load(table + 2 * worker)
+    tl.store(p64(ctx + L.X_TASK), i64(-1))
+    tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
+    return first, first + tl.load(table + 2 * worker + 1), insts, counters, ncounters, params, epoch
+
+
+@triton.jit
+def graph_run_end(arena, ctx):
+    tl.store(ctx + L.X_STATE, L.S_IDLE)
+    tl.debug_barrier()
+    tl.atomic_add(ctl(arena, L.C_GRAPH_DONE), i64(1), sem="release")
+
+
+@triton.jit
+def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+    """Run this worker's instruction list of the released graph run, in order."""
+    i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
+    while i < end:
+        status = run_inst(arena, ctx, worker, insts + i * DESC_WORDS, counters, ncounters, params, epoch,
+                          DISPATCH, TRACE, BACKEND)
+        i += 1
+        if status != 0:
+            i = end
+    graph_run_end(arena, ctx)
+
+
+@triton.jit
+def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+    """One pass of a worker: a released graph run, else one ready task. Returns (alive, runs seen)."""
+    stop = tl.load(ctl(arena, L.C_STOP), volatile=True)
+    alive = stop < ABORT
+    runs = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
+    if alive:
+        if runs > seen:
+            tl.atomic_add(ctl(arena, L.C_RUN_SEQ), i64(0), sem="acquire")
+            run_graph(arena, ctx, worker, DISPATCH, TRACE, BACKEND)
+            seen = runs
+        else:
+            tid = try_pop(arena)
+            if tid >= 0:
+                run_dynamic(arena, ctx, worker, tid, DISPATCH, TRACE, BACKEND)
+            elif stop == DRAIN:
+                live = (tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
+                        - tl.load(ctl(arena, L.C_COMPLETED), volatile=True))
+                alive = (tl.load(ctl(arena, L.C_FRONT_DONE), volatile=True) == 0) | (live > 0)
+    return alive, seen
+
+
+@triton.jit
+def resident_loop(arena, DISPATCH: tl.constexpr, INLINE: tl.constexpr, TRACE: tl.constexpr,
+                  BACKEND: tl.constexpr):
+    """The whole life of one program of the resident kernel."""
+    pid = tl.program_id(0)
+    host = host_block(arena)
+    if INLINE:
+        worker = pid
+        front_on = pid == 0
+        worker_on = pid == 0
+    else:
+        worker = pid - 1
+        front_on = pid == 0
+        worker_on = pid > 0
+    ctx = ctx_of(arena, tl.maximum(worker, 0))
+    if front_on:
+        tl.atomic_xchg(host + L.HB_STARTED, 1, sem="release", scope="sys")
+    seen = i64(0)
+    going = front_on | worker_on
+    while going:
+        if front_on:
+            front_on = front_step(arena, BACKEND)
+        if worker_on:
+            worker_on, seen = worker_step(arena, ctx, worker, seen, DISPATCH, TRACE, BACKEND)
+        going = front_on | worker_on
+    if worker >= 0:
+        tl.store(ctx + L.X_STATE, L.S_EXITED)
+    tl.debug_barrier()
+    tl.atomic_add(host + L.HB_EXITED, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr):
+    """CPU executor: run instruction `index` (-1: none) of the released run for `worker`."""
+    ctx = ctx_of(arena, worker)
+    i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
+    if index >= 0:
+        run_inst(arena, ctx, worker, insts + index * DESC_WORDS, counters, ncounters, params, epoch,
+                 DISPATCH, False, "cpu")
+    if last != 0:
+        graph_run_end(arena, ctx)
