@@ -79,7 +79,7 @@ def test_constexprs_by_keyword_or_position(bundle):
 
 
 def test_bundle_object(bundle):
-    assert set(bundle) == {"add", "softmax", "matmul"} and bundle["add"] is bundle.add
+    assert set(bundle) == {"add", "softmax", "matmul"} and bundle["add"] is bundle.add and bundle.softmax
     with pytest.raises(AttributeError, match="has no kernel 'nope'; it has add, softmax, matmul"):
         _ = bundle.nope
     assert "on cpu" in repr(bundle) and "add(x, y, out, n, BLOCK)" in repr(bundle.add)
@@ -106,3 +106,17 @@ def test_bench_runs_on_the_cpu(tmp_path):
     assert data["cold_start_s"] > 0 and data["device"] == "cpu"
     for key in ("triton_cold_start_s", "launch_us", "triton_launch_us", "raw_launch_us"):
         assert data[key] is None
+
+
+def test_cpu_executor_leaves_triton_able_to_compile(bundle, tmp_path, monkeypatch):
+    """The interpreter patches triton.language while it runs (and, in Triton 3.6, leaks patches from
+    nested calls such as tl.sum): a GPU compile in the same process afterwards must still work."""
+    from warploop.bundle.build import build_bundle
+
+    x, out = torch.randn(2, 64), torch.empty(2, 64)
+    for _ in range(2):  # the second run reuses the interpreter's cached rewrites
+        bundle.softmax[(2,)](x, out, 64, 64)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # force a real compile
+    build_bundle(KERNELS, ["cuda:90"], tmp_path / "after.wlb", jobs=1, progress=False, only=["softmax"])
+    bundle.softmax[(2,)](x, out, 64, 64)
+    assert torch.allclose(out, torch.softmax(x, 1))

@@ -200,6 +200,9 @@ class Kernel(dict):
         launch = self[grid] = self._make(grid)
         return launch
 
+    def __bool__(self) -> bool:  # a kernel is never "empty", whatever its grid cache holds
+        return True
+
     def __hash__(self) -> int:
         return id(self)
 

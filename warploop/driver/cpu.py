@@ -71,20 +71,25 @@ _TWINS: dict[int, Any] = {}
 
 @contextlib.contextmanager
 def _interpreted_language() -> Iterator[None]:
-    """Swap Triton's own @jit library functions (tl.sum, tl.sigmoid, x.max(), ...) for interpreted twins.
+    """Run kernels as Triton's interpreter expects, and leave triton.language as it was found.
 
-    Under TRITON_INTERPRET=1 Triton makes them interpreted when it is imported; a bundle is run
-    in a process where Triton may have been imported without it, so the swap happens here, and is
-    undone afterwards so that Triton's JIT keeps working in the same process."""
+    Under TRITON_INTERPRET=1 Triton's own @jit library functions (tl.sum, tl.sigmoid, x.max(), ...)
+    are interpreted from import on; a bundle runs in a process where Triton may have been imported
+    without it, so they are swapped for interpreted twins here. The interpreter also patches
+    triton.language while it runs, and a nested call of an interpreted function never undoes its
+    patches (Triton 3.6); left in place they break Triton's JIT compiler later in the same process.
+    So every attribute of every object that may be touched is snapshotted and restored."""
     import triton.language as tl
+    from triton.runtime import interpreter
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     with contextlib.suppress(ImportError):  # imported lazily by the interpreter; it must see the originals
         import triton.experimental.gluon  # noqa: F401
 
-    from triton.runtime import interpreter
-
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
+    touched = [*modules, interpreter, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base]
+    snapshot = [(obj, dict(vars(obj))) for obj in touched]
     original_patch = interpreter._patch_lang_tensor
 
     def patch_tensor(tensor: Any, scope: Any) -> None:
@@ -93,21 +98,26 @@ def _interpreted_language() -> Iterator[None]:
         original_patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    owners = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language") and m is not None]
-    owners.append(tl.core.tensor)
-    swapped = []
-    for owner in owners:
-        for name, value in list(vars(owner).items()):
-            if isinstance(value, JITFunction):
-                twin = _TWINS.get(id(value))
-                if twin is None:
-                    twin = _TWINS[id(value)] = InterpretedFunction(value.fn)
-                setattr(owner, name, twin)
-                swapped.append((owner, name, value))
-    interpreter._patch_lang_tensor = patch_tensor
     try:
+        for owner in [*modules, tl.core.tensor]:
+            for name, value in list(vars(owner).items()):
+                if isinstance(value, JITFunction):
+                    twin = _TWINS.get(id(value))
+                    if twin is None:
+                        twin = _TWINS[id(value)] = InterpretedFunction(value.fn)
+                    setattr(owner, name, twin)
+        interpreter._patch_lang_tensor = patch_tensor
         yield
     finally:
-        interpreter._patch_lang_tensor = original_patch
-        for owner, name, value in swapped:
-            setattr(owner, name, value)
+        for obj, before in snapshot:
+            now = vars(obj)
+            # Names the interpreter adds to a module (its rewritten functions' globals) stay: cached
+            # rewrites need them and the compiler never looks them up. Names added to a class go.
+            for name in [n for n in now if n not in before] if isinstance(obj, type) else []:
+                delattr(obj, name)
+            for name, value in before.items():
+                if now.get(name, _ABSENT) is not value:
+                    setattr(obj, name, value)
+
+
+_ABSENT = object()
