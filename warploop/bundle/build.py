@@ -106,23 +106,27 @@ def _compile_job(job: tuple[str, str, int, str]) -> tuple[tuple[str, int, str], 
 def _run_jobs(jobs: list[tuple[str, str, int, str]], workers: int, progress: bool) -> list:
     from tqdm import tqdm
 
-    bar = tqdm(total=len(jobs), desc="compiling", unit="variant", file=sys.stderr, disable=not progress)
-    results = []
-    try:
-        if workers <= 1 or len(jobs) <= 1:
+    def progress_bar():
+        return tqdm(total=len(jobs), desc="compiling", unit="variant", file=sys.stderr, disable=not progress)
+
+    if workers <= 1 or len(jobs) <= 1:
+        with progress_bar() as bar:
+            results = []
             for job in jobs:
                 results.append(_compile_job(job))
                 bar.update()
             return results
-        # fork: workers inherit the imported FILE.py and Triton instead of importing them again
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            for future in concurrent.futures.as_completed([pool.submit(_compile_job, j) for j in jobs]):
+    # fork: workers inherit the imported FILE.py and Triton instead of importing them again. The pool
+    # starts its workers as jobs are submitted, before the progress bar exists, so no thread is forked.
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_compile_job, j) for j in jobs]
+        with progress_bar() as bar:
+            results = []
+            for future in concurrent.futures.as_completed(futures):
                 results.append(future.result())
                 bar.update()
-        return results
-    finally:
-        bar.close()
+            return results
 
 
 def _local_imports(before: set[str], directory: Path) -> list[str]:
