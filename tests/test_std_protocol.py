@@ -176,3 +176,23 @@ def test_sleeping_server_sees_a_request_within_its_timeout():
         time.sleep(0.05)    # long past the spin: the server is asleep, and nothing wakes it
         post(ports, 0, Opcode.CALL, strings.intern("one"))
         assert wait_done(ports, 0, timeout=1.0).result == 1
+
+
+def test_watch_limits_the_scan_and_host_calls_bind():
+    from warploop.std.runtime import HostCalls
+
+    ports = allocate_ports(4, pinned=False)
+    server = HostServer(ports, functions={"one": HostFunction(lambda: 1, inline=True)})
+    server.watch(2)
+    post(ports, 3, Opcode.CALL, strings.intern("one"))
+    assert server.serve_once() == 0                        # port 3 belongs to no caller now
+    post(ports, 1, Opcode.CALL, strings.intern("one"))
+    assert server.serve_once() == 1
+    with pytest.raises(ValueError):
+        server.watch(5)
+    calls = HostCalls(max_workers=8, device="cpu")
+    assert calls.ports.shape == (16, PORT_WORDS)
+    calls.bind(type("FakeRuntime", (), {"workers": 3})())
+    assert len(calls.server._state) == 6
+    with pytest.raises(ValueError, match="max_workers=9"):
+        calls.bind(type("FakeRuntime", (), {"workers": 9})())

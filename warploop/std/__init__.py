@@ -4,6 +4,7 @@ Python functions through mailboxes ("ports") in pinned host memory, answered by 
     warploop.std.device     the Triton functions device code calls (print, clock, time, open, read,
                             write, close, call, and their async forms)
     warploop.std.server     HostServer: the host thread that answers them
+    warploop.std.runtime    HostCalls: ports, server, files and buffers for a warploop.Runtime
     warploop.std.protocol   the port layout, opcodes and statuses (documented in docs/std.md)
     warploop.std.files      FileTable: file calls confined to one root directory
     warploop.std.memory     Buffers: the device buffers file calls may fill or drain
@@ -17,6 +18,7 @@ import importlib
 
 _LAZY = {
     "HostServer": "warploop.std.server",
+    "HostCalls": "warploop.std.runtime",
     "HostFunction": "warploop.std.handlers",
     "FileTable": "warploop.std.files",
     "Buffers": "warploop.std.memory",

@@ -23,6 +23,7 @@ import struct
 
 PORT_WORDS = 16
 PAYLOAD_WORDS = 7
+SLOTS_PER_WORKER = 2    # ports per runtime worker: slot 0 for synchronous calls, slot 1 for one async call
 
 
 class Word(enum.IntEnum):

@@ -116,6 +116,12 @@ class HostServer:
         self.handlers.functions[fid] = fn
         return fid
 
+    def watch(self, ports: int) -> None:
+        """Scan only the first `ports` ports (the ones callers own), when fewer than were allocated."""
+        if not 1 <= ports <= len(self._words):
+            raise ValueError(f"watch({ports}): there are {len(self._words)} ports")
+        self._state = self._words[:ports, Word.STATE]
+
     @property
     def files(self) -> FileTable:
         return self.handlers.files
