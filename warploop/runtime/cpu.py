@@ -31,7 +31,8 @@ DEFAULT_WORKERS = 4
 class CpuExecutor:
     backend = "cpu"
 
-    def __init__(self, module, workers: int | None, trace: bool, pool: int, submit_slots: int) -> None:
+    def __init__(self, module, workers: int | None, trace: bool, pool: int, submit_slots: int,
+                 ports_addr: int = 0) -> None:
         import torch
         self.module = module
         self.workers = DEFAULT_WORKERS if workers is None else workers
@@ -39,7 +40,8 @@ class CpuExecutor:
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32)
         self.host = self.host_t.numpy()
-        self.arena = torch.from_numpy(L.initial_arena(self.layout, self.host_t.data_ptr(), 0, submit_slots))
+        self.arena = torch.from_numpy(L.initial_arena(self.layout, self.host_t.data_ptr(), 0, submit_slots,
+                                                      ports_addr))
         self.a = self.arena.numpy()
         self.a64 = self.a.view(np.int64)
         self.trace = trace
@@ -49,6 +51,7 @@ class CpuExecutor:
         self.run_seen = 0
         self.busy: set[int] = set()            # workers with a task on the Python stack
         self.deadline: float | None = None
+        self.timeout: float | None = None
         self.what = ""
         self.report: Callable[[], str] = lambda: ""
         self.host[L.HB_STARTED] = 1
@@ -146,7 +149,8 @@ class CpuExecutor:
         while not ready():
             self.check()
             if self.deadline is not None and time.perf_counter() > self.deadline:
-                raise TimeoutError(f"timed out waiting for {self.what}\n{self.report()}".rstrip())
+                raise TimeoutError(f"timed out after {self.timeout:g} s waiting for {self.what}\n"
+                                   f"{self.report()}".rstrip())
             if not self._step():
                 raise TimeoutError(f"waiting for {self.what}, but nothing can run: a task waits on work that "
                                    f"no free worker can do (deadlock)\n{self.report()}".rstrip())
@@ -165,7 +169,7 @@ class CpuExecutor:
     def wait(self, ready: Callable[[], bool], timeout: float | None, what: str,
              report: Callable[[], str] | None = None) -> None:
         self.deadline = None if timeout is None else time.perf_counter() + timeout
-        self.what, self.report = what, report or (lambda: "")
+        self.timeout, self.what, self.report = timeout, what, report or (lambda: "")
         try:
             self._drive(ready)
         finally:

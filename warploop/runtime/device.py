@@ -65,6 +65,12 @@ def worker_id(ctx):
 
 
 @triton.jit
+def ports(ctx):
+    """The warploop.std port array given as Runtime(ports=...): std.port(wl.ports(ctx), index)."""
+    return tl.load(p64(arena_of(ctx) + L.H_PORTS_ADDR)).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
 def _word(x, kind: tl.constexpr):
     if kind == K_PTR:
         w = x.to(tl.int64)

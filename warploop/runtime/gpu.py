@@ -43,7 +43,7 @@ def _emergency_stop(host: np.ndarray) -> None:
 
 class GpuBackend:
     def __init__(self, info: DeviceInfo, module, workers: int | None, worker_warps: int, trace: bool,
-                 pool: int, submit_slots: int) -> None:
+                 pool: int, submit_slots: int, ports_addr: int = 0) -> None:
         import torch
         self.info = info
         self.device = torch.device(info.target.backend if info.target.backend != "hip" else "cuda", 0)
@@ -71,7 +71,7 @@ class GpuBackend:
         self.trace_buf = (torch.zeros(workers * TRACE_CAP * L.TRACE_WORDS, dtype=torch.int32, device=self.device)
                           if trace else None)
         words = L.initial_arena(self.layout, self.host_t.data_ptr(),
-                                self.trace_buf.data_ptr() if trace else 0, submit_slots)
+                                self.trace_buf.data_ptr() if trace else 0, submit_slots, ports_addr)
         self.arena = torch.from_numpy(words).to(self.device)
         self.stream = torch.cuda.Stream(self.device)
         self.side = torch.cuda.Stream(self.device)

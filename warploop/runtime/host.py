@@ -17,7 +17,7 @@ import numpy as np
 
 from warploop.runtime import layout as L
 from warploop.runtime import trace as trace_mod
-from warploop.runtime.descriptor import ARG_WORD, to_i32
+from warploop.runtime.descriptor import ARG_WORD, TaskDescriptor, to_i32
 from warploop.runtime.errors import RuntimeFault, TaskError, describe
 from warploop.runtime.graph import Graph
 from warploop.runtime.status import RuntimeStatus, read_status
@@ -30,10 +30,10 @@ DEFAULT_TIMEOUT_S = 60.0
 class Future:
     """The result of a host-submitted task: its int64 result (wl.set_result), or TaskError."""
 
-    __slots__ = ("_rt", "ticket", "task", "_settled", "_status", "_value")
+    __slots__ = ("_rt", "ticket", "name", "_settled", "_status", "_value")
 
-    def __init__(self, rt: Runtime, ticket: int, task: Task) -> None:
-        self._rt, self.ticket, self.task = rt, ticket, task
+    def __init__(self, rt: Runtime, ticket: int, name: str) -> None:
+        self._rt, self.ticket, self.name = rt, ticket, name
         self._settled, self._status, self._value = False, 0, 0
 
     def done(self) -> bool:
@@ -43,9 +43,9 @@ class Future:
 
     def result(self, timeout: float | None = None) -> int:
         if not self._settled:
-            self._rt._wait(self.done, timeout, f"task {self.task.name} (submission {self.ticket})")
+            self._rt._wait(self.done, timeout, f"task {self.name} (submission {self.ticket})")
         if self._status:
-            raise TaskError(f"task {self.task.name} (submission {self.ticket}) failed: {describe(self._status)}"
+            raise TaskError(f"task {self.name} (submission {self.ticket}) failed: {describe(self._status)}"
                             f"{self._rt._error_detail()}")
         return self._value
 
@@ -70,7 +70,8 @@ class GraphFuture:
 
 class Runtime:
     def __init__(self, device=None, workers: int | None = None, worker_warps: int = 4, trace: bool = False, *,
-                 tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S,
+                 ports=None) -> None:
         """Start the resident kernel for `tasks` (default: every task registered so far).
 
         device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
@@ -78,6 +79,7 @@ class Runtime:
         worker_warps: warps per worker; 1 makes each worker a single warp.
         trace: record start/end times of every task for save_trace().
         timeout: default for every host wait, in seconds.
+        ports: a warploop.std port array (allocate_ports) that tasks reach with wl.ports(ctx).
         """
         from warploop.runtime import codegen
         if worker_warps not in (1, 2, 4, 8, 16):
@@ -90,17 +92,22 @@ class Runtime:
         self.names = {t.opcode: t.name for t in chosen}
         self.timeout = timeout
         self.module = codegen.build(chosen)
+        self._device_type = "cpu" if self.info.target.backend == "cpu" else "cuda"
+        self.ports = ports
+        if ports is not None and self._device_type != "cpu" and ports.device.type == "cpu" and not ports.is_pinned():
+            raise ValueError("ports must be in pinned host memory (warploop.std.allocate_ports) or on the device")
+        ports_addr = 0 if ports is None else ports.data_ptr()
         if self.info.target.backend == "cpu":
             from warploop.runtime.cpu import CpuExecutor
-            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots)
+            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots, ports_addr)
         else:
             from warploop.runtime.gpu import GpuBackend
-            self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots)
+            self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots,
+                                       ports_addr)
         self.workers, self.layout = self._backend.workers, self._backend.layout
         self._h = self._backend.host
         self._h64 = self._h.view(np.int64)
         self._hl = self._backend.host_layout
-        self._device_type = "cpu" if self.info.target.backend == "cpu" else "cuda"
         self._futures: list[Future | None] = [None] * submit_slots
         self._ticket = 0
         self._greq = 0
@@ -147,6 +154,19 @@ class Runtime:
         slots = t.encode(args)
         for spec, value in zip(t.args, args, strict=True):
             self._check_arg(spec, value)
+        return self._post(t.opcode, slots, t.name)
+
+    def submit_descriptor(self, desc: TaskDescriptor) -> Future:
+        """Queue a ready-made dynamic descriptor (e.g. for a task compiled elsewhere). Unchecked:
+        the device validates it, and a bad one fails its Future, not the runtime."""
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
+        words = np.array(desc.serialize(), dtype=np.int32)
+        return self._post(desc.opcode, words[ARG_WORD:].view(np.int64), self.names.get(desc.opcode, "descriptor"),
+                          header=words[:ARG_WORD])
+
+    def _post(self, opcode: int, slots, name: str, header: np.ndarray | None = None) -> Future:
+        """Write one descriptor into the next submit slot, sequence word last."""
         ticket, nslots = self._ticket, self._hl.submit_slots
         index = ticket % nslots
         previous = self._futures[index]
@@ -154,14 +174,15 @@ class Runtime:
             # The slot and its completion record are reused: collect the older result first.
             self._wait(previous.done, None, f"submit slot {index} to free up")
         base = self._hl.submit + index * L.SUBMIT_SLOT_WORDS
-        header = self._headers.get(t.opcode)
         if header is None:
-            header = self._headers[t.opcode] = np.array([t.opcode, -1, 0, -1, -1, 0, -1, 0], dtype=np.int32)
+            header = self._headers.get(opcode)
+            if header is None:    # TaskDescriptor(opcode).serialize()[:ARG_WORD], cached
+                header = self._headers[opcode] = np.array([opcode, -1, 0, -1, -1, 0, -1, 0], dtype=np.int32)
         self._h[base + L.SLOT_DESC:base + L.SLOT_DESC + ARG_WORD] = header
         first = (base + L.SLOT_DESC + ARG_WORD) // 2
         self._h64[first:first + len(slots)] = slots
         self._h[base] = to_i32(ticket + 1)        # last: the front takes the slot once it sees this
-        future = self._futures[index] = Future(self, ticket, t)
+        future = self._futures[index] = Future(self, ticket, name)
         self._ticket = ticket + 1
         return future
 

@@ -28,6 +28,7 @@ H_MAGIC, H_VERSION, H_WORKERS, H_POOL, H_RING, H_SUBMIT, H_MAX_GRAPHS, H_TRACE_C
 H_CTX, H_POOL_DESC, H_POOL_META, H_POOL_I32, H_RING_OFF, H_GRAPHS, H_CTL = range(8, 15)
 H_HOST_ADDR = 16     # int64: address of the host block as the device sees it
 H_TRACE_ADDR = 18    # int64: trace buffer address (0: tracing off)
+H_PORTS_ADDR = 20    # int64: warploop.std port array (Runtime(ports=...)), 0 if none
 
 # Control lines: each is one int64 at the start of its own line, at arena word CTL + LINE * index.
 (C_STOP, C_RING_HEAD, C_RING_TAIL, C_NEXT_ID, C_COMPLETED, C_RUN_SEQ, C_RUN_GID, C_RUN_EPOCH,
@@ -132,7 +133,7 @@ class ArenaLayout:
     def meta32(self, array: int) -> int:
         return self.pool_i32 + self.pool * array
 
-    def header(self, host_addr: int, trace_addr: int, submit_slots: int) -> list[int]:
+    def header(self, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0) -> list[int]:
         """The header words the host writes at arena[0:HEADER_WORDS]."""
         words = [0] * HEADER_WORDS
         fields = {H_MAGIC: MAGIC, H_VERSION: VERSION, H_WORKERS: self.workers, H_POOL: self.pool,
@@ -144,6 +145,7 @@ class ArenaLayout:
             words[index] = value
         words[H_HOST_ADDR:H_HOST_ADDR + 2] = split64(host_addr)
         words[H_TRACE_ADDR:H_TRACE_ADDR + 2] = split64(trace_addr)
+        words[H_PORTS_ADDR:H_PORTS_ADDR + 2] = split64(ports_addr)
         return words
 
     @classmethod
@@ -201,12 +203,12 @@ def _align(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_slots: int):
+def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0):
     """The arena's contents before the resident kernel starts (a numpy int32 array)."""
     import numpy as np
 
     words = np.zeros(layout.words, dtype=np.int32)
-    words[:HEADER_WORDS] = layout.header(host_addr, trace_addr, submit_slots)
+    words[:HEADER_WORDS] = layout.header(host_addr, trace_addr, submit_slots, ports_addr)
     w64 = words.view(np.int64)
     for w in range(layout.workers):
         base = layout.ctx + w * CTX_WORDS

@@ -1,0 +1,102 @@
+"""Faults: hangs become TimeoutError naming tasks and workers, bad descriptors become errors."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import warploop
+from warploop.runtime import device as wl
+from warploop.runtime.descriptor import TaskDescriptor
+from warploop.runtime.errors import RuntimeFault, TaskError
+
+
+@warploop.task(signature={"x": "*i32"})
+@triton.jit
+def hang(ctx, x):
+    """Joins itself: can never complete."""
+    wl.join(ctx, wl.task_id(ctx))
+    tl.store(x, 1)
+
+
+@warploop.task(signature={"x": "*i32", "n": "i32"})
+@triton.jit
+def endless(ctx, x, n):
+    """Re-submits itself forever through a continuation."""
+    tl.atomic_add(x, 1)
+    wl.then(ctx, wl.spawn(ctx, ok, x), endless, x, n)
+
+
+@warploop.task(signature={"x": "*i32"})
+@triton.jit
+def ok(x):
+    tl.atomic_add(x, 1)
+
+
+@warploop.task(signature={"x": "*i32", "n": "i32"})
+@triton.jit
+def flood(ctx, x, n):
+    for _ in range(n):
+        wl.spawn(ctx, ok, x)
+
+
+TASKS = [hang, endless, ok, flood]
+
+
+def test_deadlock_raises_timeout_naming_task_and_worker():
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
+        with pytest.raises(TimeoutError) as info:
+            rt.submit(hang, torch.zeros(1, dtype=torch.int32)).result(timeout=10)
+        text = str(info.value)
+        assert "deadlock" in text and "test_runtime_faults.hang" in text
+        assert "joining handle 0" in text and "worker 0" in text
+
+
+def test_runaway_work_times_out():
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
+        x = torch.zeros(1, dtype=torch.int32)
+        with pytest.raises(TimeoutError, match="timed out after 0.5 s") as info:
+            rt.submit(endless, x, 0).result(timeout=0.5)
+        assert "test_runtime_faults.endless" in str(info.value)
+        assert int(x) > 1
+        rt.close(timeout=0.2)            # cannot drain: gives up and aborts
+
+
+def test_invalid_opcode_fails_the_task_not_the_runtime():
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
+        with pytest.raises(TaskError, match="invalid opcode"):
+            rt.submit_descriptor(TaskDescriptor(opcode=12345)).result(timeout=10)
+        bad = TaskDescriptor(opcode=ok.opcode, args=(0,), signal=3)     # graph fields in a dynamic task
+        with pytest.raises(TaskError, match="invalid task descriptor"):
+            rt.submit_descriptor(bad).result(timeout=10)
+        x = torch.zeros(1, dtype=torch.int32)
+        rt.submit(ok, x).result(timeout=10)                                  # still serving
+        assert int(x) == 1
+
+
+def test_bad_graph_descriptor_faults_the_runtime():
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
+        x = torch.zeros(1, dtype=torch.int32)
+        g = rt.graph()
+        g.add(ok, x)
+        g.compile()
+        g._tensors[0][3] = 999           # signal counter index out of range
+        with pytest.raises(RuntimeFault, match="invalid task descriptor"):
+            g.run(timeout=10)
+        assert int(x) == 0               # the body never ran
+
+
+def test_pool_overflow_is_a_fault_not_a_hang():
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2, pool=8) as rt:
+        with pytest.raises(RuntimeFault, match="pool is full"):
+            rt.submit(flood, torch.zeros(1, dtype=torch.int32), 20).result(timeout=10)
+
+
+def test_close_after_exception_and_use_after_close():
+    x = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(KeyError):
+        with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
+            rt.submit(ok, x)
+            raise KeyError("boom")
+    assert rt._closed
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.submit(ok, x)
