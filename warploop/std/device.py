@@ -26,9 +26,20 @@ import time as _time
 import triton
 import triton.language as tl
 
-from warploop.std.protocol import FLOAT_MASK_SHIFT, PORT_WORDS, WANT_FLOAT_BIT, Opcode, OpenMode, State, Word
+from warploop.runtime import device as wl
+from warploop.std.protocol import (
+    FLOAT_MASK_SHIFT,
+    PORT_WORDS,
+    SLOTS_PER_WORKER,
+    WANT_FLOAT_BIT,
+    Opcode,
+    OpenMode,
+    State,
+    Word,
+)
 
 _WORDS = tl.constexpr(PORT_WORDS)
+_SLOTS = tl.constexpr(SLOTS_PER_WORKER)
 _STATE = tl.constexpr(int(Word.STATE))
 _RESULT = tl.constexpr(int(Word.RESULT))
 _STATUS = tl.constexpr(int(Word.STATUS))
@@ -106,6 +117,13 @@ def clock(_semantic=None):
 def port(ports, index):
     """The port of caller `index` in the port array `ports` (int64 pointer, PORT_WORDS per port)."""
     return ports + index * _WORDS
+
+
+@triton.jit
+def task_port(ctx, slot=0):
+    """In a runtime task: this worker's port `slot` (0: synchronous calls; 1: one async call in flight),
+    from the port array given as Runtime(ports=HostCalls(...).ports)."""
+    return port(wl.ports(ctx), wl.worker_id(ctx) * _SLOTS + slot)
 
 
 @triton.jit
