@@ -9,8 +9,7 @@ import triton.language as tl
 
 import warploop
 from warploop.runtime import layout as L
-from warploop.runtime.descriptor import (DESC_WORDS, MAX_ARGS, TaskDescriptor, bits_fp32, fp32_bits, join64,
-                                         split64)
+from warploop.runtime.descriptor import DESC_WORDS, MAX_ARGS, TaskDescriptor, bits_fp32, fp32_bits, join64, split64
 from warploop.runtime.tasks import REGISTRY, lookup, opcode_for
 
 

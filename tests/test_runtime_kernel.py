@@ -38,7 +38,8 @@ def test_generated_source_dispatches_every_task():
     assert "S.arg(d, 2, pmask, params).to(tl.int32)" in src
 
 
-@pytest.mark.parametrize("target, backend", [(GPUTarget("cuda", 90, 32), "cuda"), (GPUTarget("hip", "gfx942", 64), "hip")])
+@pytest.mark.parametrize("target, backend", [(GPUTarget("cuda", 90, 32), "cuda"),
+                                             (GPUTarget("hip", "gfx942", 64), "hip")])
 def test_resident_kernel_compiles_for_gpu_targets(target, backend):
     mg = load("mlp_graph")
     module = codegen.build([lookup(t) for t in mg.TASKS])

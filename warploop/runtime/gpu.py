@@ -58,7 +58,10 @@ class GpuBackend:
             raise RuntimeFault(f"the resident kernel fits {capacity} program(s) on this GPU; it needs a front and "
                                f"a worker: lower worker_warps or simplify the task bodies")
         if workers is None:
-            workers = info.sm_count * min(per_sm, max(1, WARPS_PER_SM // worker_warps)) - 1
+            # Leave one program's worth of room per SM (where there is any) for other kernels,
+            # which would otherwise queue behind a kernel that never ends.
+            density = min(max(1, per_sm - 1), max(1, WARPS_PER_SM // worker_warps))
+            workers = info.sm_count * density - 1
         if not 1 <= workers <= capacity - 1:
             raise ValueError(f"workers={workers}: at most {capacity - 1} can be co-resident here "
                              f"({info.sm_count} SMs x {per_sm} programs, one program is the front); "
@@ -120,8 +123,11 @@ class GpuBackend:
         return out.numpy()
 
     def empty(self, n: int, dtype):
+        """Zeroed device memory, written by a copy: a fill kernel might find no free SM."""
         import torch
-        return torch.zeros(n, dtype=dtype, device=self.device)
+        out = torch.empty(n, dtype=dtype, device=self.device)
+        self.upload(out, np.zeros(n, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+        return out
 
     def upload(self, dst, src: np.ndarray) -> None:
         import torch

@@ -25,6 +25,19 @@ _depth = 0
 _orig_jit_call = JITFunction.__call__
 _orig_interp_call = InterpretedFunction.__call__
 _orig_patch_tensor = interpreter._patch_lang_tensor
+_orig_set_attr = interpreter._LangPatchScope.set_attr
+_touched: dict = {}      # (id(obj), name) -> (obj, name, value before the first patch)
+_MISSING = object()
+
+
+def _set_attr(self, obj, name, value) -> None:
+    # Triton patches triton.language for every interpreted device-function call and never undoes
+    # those patches; remember what each attribute was so the whole bridge can be undone, and a
+    # later real (compiled) kernel in the same process sees the untouched language.
+    key = (id(obj), name)
+    if key not in _touched:
+        _touched[key] = (obj, name, getattr(obj, name, _MISSING))
+    _orig_set_attr(self, obj, name, value)
 
 
 def _patch_tensor(tensor, scope) -> None:
@@ -64,6 +77,7 @@ def _patched(overrides: dict):
             JITFunction.__call__ = _call
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
+            interpreter._LangPatchScope.set_attr = _set_attr
         _depth += 1
         try:
             yield
@@ -74,6 +88,13 @@ def _patched(overrides: dict):
                 JITFunction.__call__ = _orig_jit_call
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
+                interpreter._LangPatchScope.set_attr = _orig_set_attr
+                for obj, name, original in _touched.values():
+                    if original is not _MISSING:
+                        setattr(obj, name, original)
+                    elif name in vars(obj):
+                        delattr(obj, name)
+                _touched.clear()
             _overrides.clear()
             _overrides.update(saved)
 

@@ -103,6 +103,14 @@ def load_acquire(p, BACKEND: tl.constexpr):
 
 
 @triton.jit
+def idle_pause(BACKEND: tl.constexpr):
+    """An idle worker's pause between polls, so thousands of pollers do not saturate L2 lines."""
+    if BACKEND == "cuda":
+        tl.inline_asm_elementwise("nanosleep.u32 100; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def wait_ge(arena, p, target, BACKEND: tl.constexpr):
     """Spin until *p >= target (acquire) or the runtime is aborted; True when satisfied."""
     v = load_acquire(p, BACKEND)

@@ -33,6 +33,7 @@ from warploop.runtime.sched import (
     desc_of,
     host_block,
     i64,
+    idle_pause,
     p64,
     report_error,
     try_pop,
@@ -155,7 +156,9 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.cons
             tid = try_pop(arena)
             if tid >= 0:
                 run_dynamic(arena, ctx, worker, tid, DISPATCH, TRACE, BACKEND)
-            elif stop == DRAIN:
+            else:
+                idle_pause(BACKEND)
+            if (tid < 0) & (stop == DRAIN):
                 live = (tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
                         - tl.load(ctl(arena, L.C_COMPLETED), volatile=True))
                 alive = (tl.load(ctl(arena, L.C_FRONT_DONE), volatile=True) == 0) | (live > 0)

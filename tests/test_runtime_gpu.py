@@ -1,0 +1,125 @@
+"""The resident kernel on a real GPU, diffed against the CPU executor (skipped without a GPU).
+
+Inputs are made before a runtime opens: the resident kernel may hold every SM, so other kernels
+(torch's random number generator, for one) could wait behind it.
+"""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import warploop
+from warploop.runtime import device as wl
+from warploop.runtime.descriptor import TaskDescriptor
+from warploop.runtime.errors import TaskError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@warploop.task(signature={"x": "*i32"})
+@triton.jit
+def self_join(ctx, x):
+    wl.join(ctx, wl.task_id(ctx))
+    tl.store(x, 1)
+
+
+@warploop.task(signature={"x": "*i32"})
+@triton.jit
+def bump(x):
+    tl.atomic_add(x, 1)
+
+
+@warploop.task(signature={"x": "*i32", "n": "i32"})
+@triton.jit
+def fan_out(ctx, x, n):
+    for _ in range(n):
+        wl.spawn(ctx, bump, x)
+
+
+def run_examples(device: str, data: dict) -> dict:
+    ps, tr, mg = load("parallel_sort"), load("tree_reduce"), load("mlp_graph")
+    d = {k: v.to(device) for k, v in data.items()}
+    out = {}
+    with warploop.Runtime(device=device, tasks=ps.TASKS + tr.TASKS + mg.TASKS, workers=4) as rt:
+        tmp = torch.empty_like(d["sort"])
+        where = rt.submit(ps.parallel_sort, d["sort"], tmp, d["sort"].numel()).result(timeout=60)
+        out["sort"] = (d["sort"] if where == 1 else tmp).cpu()
+        tree = d["tree"]
+        rt.submit(tr.reduce, d["x"], tree, 0, 0, d["x"].numel()).result(timeout=60)
+        out["tree"] = tree.cpu()
+        g = mg.build(rt, d["w1"], d["w2"], d["h"], d["y"])
+        g.run(x=d["xin"], timeout=60)
+        out["h"], out["y"] = d["h"].cpu(), d["y"].cpu()
+    return out
+
+
+def test_examples_match_the_cpu_executor():
+    torch.manual_seed(1)
+    data = {"sort": torch.randint(-99, 99, (700,)).float(), "x": torch.randn(3000), "tree": torch.zeros(31),
+            "w1": torch.randn(96, 48) / 7, "w2": torch.randn(48, 96) / 10, "h": torch.zeros(96), "y": torch.zeros(48),
+            "xin": torch.randn(48)}
+    ref, gpu = run_examples("cpu", data), run_examples("cuda", data)
+    assert torch.equal(gpu["sort"], ref["sort"]) and torch.equal(ref["sort"], torch.sort(data["sort"]).values)
+    assert torch.allclose(gpu["tree"], ref["tree"], rtol=1e-5, atol=1e-4)
+    for name in ("h", "y"):
+        assert torch.allclose(gpu[name], ref[name], rtol=1e-4, atol=1e-5), name
+
+
+def test_graph_chain_across_all_workers_and_trace(tmp_path):
+    mg = load("mlp_graph")
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(device="cuda", tasks=[bump, *mg.TASKS], trace=True) as rt:
+        g = rt.graph()
+        prev = []
+        for i in range(3 * rt.workers):                       # every hop crosses to the next worker
+            prev = [g.add(bump, x, after=prev, worker=i % rt.workers)]
+        g.run(repeat=5, timeout=60)
+        assert int(x.cpu()) == 15 * rt.workers
+        rt.save_trace(str(tmp_path / "trace.json"))
+    events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == 15 * rt.workers
+    assert all(e["dur"] >= 0 for e in events)
+
+
+def test_dynamic_fan_out_and_bad_opcode():
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(device="cuda", tasks=[bump, fan_out]) as rt:
+        rt.submit(fan_out, x, 3000).result(timeout=60)
+        assert int(x.cpu()) == 3000
+        with pytest.raises(TaskError, match="invalid opcode"):
+            rt.submit_descriptor(TaskDescriptor(opcode=4242)).result(timeout=10)
+        futures = [rt.submit(bump, x) for _ in range(600)]   # more than the submit ring holds
+        for f in futures:
+            f.result(timeout=30)
+        assert int(x.cpu()) == 3600
+
+
+def test_close_after_a_hung_task_leaves_the_gpu_usable():
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rt = warploop.Runtime(device="cuda", tasks=[self_join, bump])
+    with pytest.raises(TimeoutError) as info:
+        rt.submit(self_join, x).result(timeout=2)
+    assert "joining" in str(info.value) and "self_join" in str(info.value)
+    rt.close(timeout=1)
+    torch.cuda.synchronize()                                # the resident kernel has ended
+    assert float(torch.ones(1000, device="cuda").sum()) == 1000.0
+    with warploop.Runtime(device="cuda", tasks=[bump]) as again:
+        again.submit(bump, x).result(timeout=10)
+    assert int(x.cpu()) == 1

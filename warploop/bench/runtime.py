@@ -1,0 +1,94 @@
+"""`warploop bench runtime`: the resident runtime against kernel launches and CUDA graphs.
+
+1. Dependent hops: a chain of N tiny steps (x[i] = x[i-1] + 1). As a static graph whose nodes
+   are pinned round-robin on the workers (every hop crosses workers), timed on the GPU's global
+   timer by the front; as a CUDA graph of N Triton kernels; as N Triton launches from Python.
+2. Throughput: independent tiny tasks spawned on the GPU through the dynamic queue (and, for
+   scale, as one static graph).
+3. Host submit -> result round trip of a no-op task: p50 and p99.
+4. The MLP stack: 16 layers of [GEMV 2048->8192 + SiLU, GEMV 8192->2048], bf16, batch 1, as one
+   static graph vs a CUDA graph of the same per-op Triton kernels (best of a few tile configs) vs
+   torch eager; each against the floor, weight bytes over the measured device-to-device copy rate.
+
+Peers run before any runtime opens (the resident kernel holds SMs until close). Without a GPU the
+CPU executor's figures are reported and the GPU-only keys are null.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from warploop.bench.common import emit, header
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--out", default=None, help="also write the JSON to this file")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--layers", type=int, default=16, help="MLP layers (default 16)")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def submit_latency(rt, task, args: tuple, rounds: int) -> tuple[float, float]:
+    for _ in range(max(10, rounds // 10)):
+        rt.submit(task, *args).result()
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        rt.submit(task, *args).result()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples), pct(samples, 0.99)
+
+
+def hop_graph(rt, x, n: int):
+    from warploop.bench.runtime_kernels import hop
+    g = rt.graph()
+    prev = []
+    for i in range(n):
+        prev = [g.add(hop, x, i, after=prev, worker=i % rt.workers)]
+    return g
+
+
+def cpu_figures(quick: bool) -> dict:
+    import torch
+
+    import warploop
+    from warploop.bench.runtime_kernels import HOP_TASKS, noop, spawn_tree
+    n = 24 if quick else 64
+    with warploop.Runtime(device="cpu", tasks=HOP_TASKS, workers=4) as rt:
+        x = torch.zeros(n, dtype=torch.int32)
+        g = hop_graph(rt, x, n)
+        g.run()
+        t0 = time.perf_counter()
+        g.run()
+        hop_us = (time.perf_counter() - t0) * 1e6 / n
+        counter = torch.zeros(1, dtype=torch.int32)
+        t0 = time.perf_counter()
+        rt.submit(spawn_tree, counter, 4, n // 4).result()
+        tasks_per_s = (n + 5) / (time.perf_counter() - t0)
+        p50, p99 = submit_latency(rt, noop, (), 20 if quick else 100)
+        ok = int(x[-1]) == 2 + n - 1 and int(counter) == 4 * (n // 4)
+    return {"executor": "cpu (Triton interpreter)", "ok": ok, "dependent_hop_us": hop_us,
+            "cuda_graph_node_us": None, "triton_launch_us": None, "tasks_per_s": tasks_per_s,
+            "submit_p50_us": p50, "submit_p99_us": p99,
+            "mlp_stack": {"warploop_us": None, "cuda_graph_us": None, "torch_eager_us": None, "floor_us": None}}
+
+
+def main(args: argparse.Namespace) -> int:
+    data = header("runtime")
+    if data["target"] == "cpu":
+        data.update(cpu_figures(args.quick))
+    else:
+        from warploop.bench.runtime_gpu import gpu_figures
+        data.update(gpu_figures(quick=args.quick, layers=args.layers))
+    if args.json:
+        emit(data, args.out)
+    else:
+        for key, value in data.items():
+            print(f"{key}: {value}")
+    return 0

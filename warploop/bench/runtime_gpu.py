@@ -1,0 +1,233 @@
+"""GPU half of `warploop bench runtime` (see runtime.py for what is measured and why)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import warploop
+from warploop.bench.runtime import hop_graph, submit_latency
+from warploop.bench.runtime_kernels import (
+    DOWN,
+    HOP_TASKS,
+    MLP_TASKS,
+    UP,
+    gemv_kernel,
+    hop_kernel,
+    mlp_down,
+    mlp_up,
+    noop,
+    spawn_tree,
+)
+
+DIM, HIDDEN = 2048, 8192
+MLP_WORKERS = 256
+
+
+def events_us(torch, fn, reps: int = 1, trials: int = 7) -> float:
+    """Median over trials of device time per call of fn (CUDA events; no runtime may be open)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def copy_gbs(torch) -> float:
+    src = torch.randint(0, 256, (1 << 30,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = events_us(torch, lambda: dst.copy_(src), reps=5)
+    return 2 * (1 << 30) / us / 1e3       # bytes read + written
+
+
+def hop_peers(torch, n: int) -> dict:
+    x = torch.zeros(n, dtype=torch.int32, device="cuda")
+
+    def chain():
+        for i in range(n):
+            hop_kernel[(1,)](x, i, num_warps=1)
+
+    launch_us = events_us(torch, chain, trials=5) / n
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        chain()
+    x.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ok = int(x[-1]) == n
+    node_us = events_us(torch, graph.replay, reps=5) / n
+    return {"triton_launch_us": launch_us, "cuda_graph_node_us": node_us, "cuda_graph_chain_ok": ok}
+
+
+def mlp_weights(torch, layers: int):
+    g = torch.Generator(device="cuda").manual_seed(int(time.time_ns() % 2**31))
+    w1 = [(torch.randn(HIDDEN, DIM, device="cuda", generator=g) / DIM ** 0.5).bfloat16() for _ in range(layers)]
+    w2 = [(torch.randn(DIM, HIDDEN, device="cuda", generator=g) / HIDDEN ** 0.5).bfloat16() for _ in range(layers)]
+    x0 = torch.randn(DIM, device="cuda", generator=g).bfloat16()
+    return w1, w2, x0
+
+
+def reference(torch, w1, w2, x0):
+    x = x0.float()
+    for a, b in zip(w1, w2, strict=True):
+        h = torch.nn.functional.silu(a.float() @ x)
+        x = b.float() @ h.bfloat16().float()
+        x = x.bfloat16().float()
+    return x
+
+
+def rel_err(torch, out, ref) -> float:
+    out = out.float()
+    return float((out - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
+
+
+def best_config(torch, w, x, y, k, silu: bool, configs) -> tuple:
+    best = None
+    for bn, bk, warps in configs:
+        fn = lambda bn=bn, bk=bk, warps=warps: gemv_kernel[(w.shape[0] // bn,)](w, x, y, k, bn, bk, silu,
+                                                                              num_warps=warps)
+        us = events_us(torch, fn, reps=10, trials=3)
+        if best is None or us < best[0]:
+            best = (us, bn, bk, warps)
+    return best
+
+
+def mlp_peers(torch, w1, w2, x0, quick: bool) -> dict:
+    layers = len(w1)
+    h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
+    xs = [x0] + [torch.empty(DIM, dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+    up_cfgs = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (32, 512, 8)][: 2 if quick else 4]
+    down_cfgs = [(8, 1024, 4), (4, 2048, 4), (16, 512, 4), (8, 2048, 8)][: 2 if quick else 4]
+    up = best_config(torch, w1[0], x0, h, DIM, True, up_cfgs)
+    down = best_config(torch, w2[0], h, xs[1], HIDDEN, False, down_cfgs)
+
+    def per_op():
+        for i in range(layers):
+            gemv_kernel[(HIDDEN // up[1],)](w1[i], xs[i], h, DIM, up[1], up[2], True, num_warps=up[3])
+            gemv_kernel[(DIM // down[1],)](w2[i], h, xs[i + 1], HIDDEN, down[1], down[2], False, num_warps=down[3])
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        per_op()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        per_op()
+    xs[-1].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    peer_out = xs[-1].clone()
+    graph_us = events_us(torch, graph.replay, reps=5)
+
+    def eager():
+        x = x0
+        for a, b in zip(w1, w2, strict=True):
+            x = torch.mv(b, torch.nn.functional.silu(torch.mv(a, x)))
+        return x
+
+    eager_out = eager()
+    eager_us = events_us(torch, eager, reps=5)
+    return {"cuda_graph_us": graph_us, "torch_eager_us": eager_us, "peer_out": peer_out, "eager_out": eager_out,
+            "per_op_configs": {"up": {"BN": up[1], "BK": up[2], "warps": up[3], "us": up[0]},
+                               "down": {"BN": down[1], "BK": down[2], "warps": down[3], "us": down[0]}}}
+
+
+def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    x = torch.zeros(n, dtype=torch.int32, device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(device="cuda", tasks=HOP_TASKS, workers=props.multi_processor_count, worker_warps=1,
+                          pool=1 << 18) as rt:
+        g = hop_graph(rt, x, n)
+        g.run(timeout=60)
+        per_hop = []
+        for _ in range(5):
+            f = g.launch(repeat=repeat)
+            f.result(timeout=60)
+            per_hop.append(f.device_ns / 1e3 / (repeat * n))
+        chain_ok = int(x[-1].cpu()) == 1 + 5 * repeat + n - 1
+        fan, each = rt.workers, 1000
+        rt.submit(spawn_tree, counter, fan, 10).result(timeout=60)
+        counter_start = int(counter.cpu())
+        t0 = time.perf_counter()
+        rt.submit(spawn_tree, counter, fan, each).result(timeout=60)
+        elapsed = time.perf_counter() - t0
+        dyn_ok = int(counter.cpu()) - counter_start == fan * each
+        wide = rt.graph()
+        for i in range(64 * rt.workers):
+            wide.add(noop, worker=i % rt.workers)
+        wide.run(timeout=60)
+        f = wide.launch(repeat=repeat)
+        f.result(timeout=60)
+        graph_tasks_per_s = len(wide) * repeat / (f.device_ns / 1e9)
+        p50, p99 = submit_latency(rt, noop, (), rounds)
+        workers = rt.workers
+    return {"dependent_hop_us": statistics.median(per_hop), "hop_chain_ok": chain_ok, "hop_runtime_workers": workers,
+            "tasks_per_s": (fan * each + fan + 1) / elapsed, "tasks_ok": dyn_ok, "graph_tasks_per_s": graph_tasks_per_s,
+            "submit_p50_us": p50, "submit_p99_us": p99}
+
+
+def runtime_mlp(torch, w1, w2, x0, repeat: int) -> dict:
+    layers = len(w1)
+    h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
+    xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+    # 512 tiles per GEMV: 256 workers run exactly two each (balanced), about two per SM.
+    with warploop.Runtime(device="cuda", tasks=MLP_TASKS, workers=MLP_WORKERS) as rt:
+        g = rt.graph()
+        prev = []
+        for i in range(layers):
+            ups = [g.add(mlp_up, w1[i], xs[i], h, DIM, r, after=prev) for r in range(0, HIDDEN, UP["BN"])]
+            prev = [g.add(mlp_down, w2[i], h, xs[i + 1], HIDDEN, r, after=ups) for r in range(0, DIM, DOWN["BN"])]
+        t0 = time.perf_counter()
+        g.run(timeout=120)
+        first_run_s = time.perf_counter() - t0
+        out = xs[-1].cpu().cuda()       # a copy, not a kernel: the runtime holds the SMs
+        per_run = []
+        for _ in range(5):
+            f = g.launch(repeat=repeat)
+            f.result(timeout=120)
+            per_run.append(f.device_ns / 1e3 / repeat)
+        workers = rt.workers
+    return {"warploop_us": statistics.median(per_run), "warploop_out": out, "workers": workers,
+            "nodes": len(g), "counters": len(g.schedule.counter_sizes), "first_run_s": first_run_s}
+
+
+def gpu_figures(quick: bool, layers: int) -> dict:
+    import torch
+    layers = 2 if quick else layers
+    n = 200 if quick else 2000
+    w1, w2, x0 = mlp_weights(torch, layers)
+    weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
+    bw = copy_gbs(torch)
+    peers = hop_peers(torch, n)
+    mlp = mlp_peers(torch, w1, w2, x0, quick)
+    ref = reference(torch, w1, w2, x0)
+    hops = runtime_hops(torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
+    wl = runtime_mlp(torch, w1, w2, x0, repeat=3 if quick else 20)
+    floor_us = weight_bytes / (bw * 1e9) * 1e6
+    stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
+             "warploop_us": wl["warploop_us"], "cuda_graph_us": mlp["cuda_graph_us"],
+             "torch_eager_us": mlp["torch_eager_us"],
+             "warploop_pct_of_floor": 100 * floor_us / wl["warploop_us"],
+             "cuda_graph_pct_of_floor": 100 * floor_us / mlp["cuda_graph_us"],
+             "torch_eager_pct_of_floor": 100 * floor_us / mlp["torch_eager_us"],
+             "speedup_vs_cuda_graph": mlp["cuda_graph_us"] / wl["warploop_us"],
+             "rel_err_vs_fp32": {"warploop": rel_err(torch, wl["warploop_out"], ref),
+                                 "cuda_graph": rel_err(torch, mlp["peer_out"], ref),
+                                 "torch_eager": rel_err(torch, mlp["eager_out"], ref)},
+             "warploop_workers": wl["workers"], "graph_nodes": wl["nodes"], "graph_counters": wl["counters"],
+             "first_run_s": wl["first_run_s"], "tiles": {"up": UP, "down": DOWN},
+             "per_op_configs": mlp["per_op_configs"]}
+    return {"hops": n, **peers, **hops,
+            "hop_speedup_vs_cuda_graph": peers["cuda_graph_node_us"] / hops["dependent_hop_us"],
+            "mlp_stack": stack}
