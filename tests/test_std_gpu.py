@@ -75,10 +75,11 @@ def test_thousands_of_concurrent_calls(mode):
         torch.cuda.synchronize()
     assert int(bad.sum()) == 0
     assert len(seen) == workers * n and set(seen.values()) == {1}
-    assert ports[:, Word.SEQ].eq(n).all()                    # exactly one reply per call on every port
+    prints = len(range(0, n, 16))
+    assert ports[0::2, Word.SEQ].eq(n + prints).all() and ports[1::2, Word.SEQ].eq(n).all()   # one reply per call
     lines = sink.getvalue().splitlines()
     assert sorted(lines) == sorted(f"w{w} i{i}" for w in range(workers) for i in range(0, n, 16))
-    assert server.errors == 0 and server.served == 2 * workers * n + len(lines)
+    assert server.errors == 0 and server.served == 2 * workers * n + workers * prints
 
 
 def test_parallel_chunked_read_lands_intact(tmp_path):

@@ -7,6 +7,7 @@
     print_lines_per_s          every worker printing; print_lost counts lines missing or doubled
     file_read_gbps             1 GiB of files read into device memory by std.read from the device
     plain_read_gbps            the same files, open().read() + copy to the GPU, in the same run
+                               (plain_pinned_read_gbps: readinto a pinned buffer + copy, one thread)
 
 Peer in the same run: `raw_roundtrip_us`, the bare single-word ring of shared/probes/feasibility2.py
 (one Python thread, no protocol), which is the floor for a Python-served call. Without a GPU the same
@@ -192,6 +193,16 @@ def measure_files(gpu: bool, total_bytes: int, nfiles: int, reps: int) -> dict:
                     ref[i * size:(i + 1) * size].copy_(torch.frombuffer(data, dtype=torch.uint8))
             sync(gpu)
 
+        staging = torch.empty(size, dtype=torch.uint8, pin_memory=gpu)
+
+        def plain_pinned():   # a stronger peer: read into pinned memory, one copy, one thread
+            view = memoryview(staging.numpy())
+            for i, name in enumerate(names):
+                with open(os.path.join(root, name), "rb", buffering=0) as f:
+                    f.readinto(view)
+                ref[i * size:(i + 1) * size].copy_(staging)
+            sync(gpu)
+
         ports = allocate_ports(nfiles)
         path_ids = torch.tensor([intern(n) for n in names], dtype=torch.int64, device=device)
         sizes = torch.full((nfiles,), size, dtype=torch.int64, device=device)
@@ -199,7 +210,7 @@ def measure_files(gpu: bool, total_bytes: int, nfiles: int, reps: int) -> dict:
         server = HostServer(ports, files=FileTable(root, read_only=True), buffers=Buffers(staging_lanes=8),
                             pool_workers=8)
         server.buffers.register(dst)
-        plain_s, calls_s = [], []
+        plain_s, pinned_s, calls_s = [], [], []
         with server:
             def via_calls():
                 read_kernel[(nfiles,)](ports, dst, path_ids, sizes, starts, CHUNK=16 << 20, num_warps=1)
@@ -212,12 +223,16 @@ def measure_files(gpu: bool, total_bytes: int, nfiles: int, reps: int) -> dict:
                 plain()
                 plain_s.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
+                plain_pinned()
+                pinned_s.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
                 via_calls()
                 calls_s.append(time.perf_counter() - t0)
         if not torch.equal(dst, ref):
             raise RuntimeError("bytes read through file calls differ from the plain read")
     gb = nfiles * size / 1e9
     return {"file_read_gbps": gb / statistics.median(calls_s), "plain_read_gbps": gb / statistics.median(plain_s),
+            "plain_pinned_read_gbps": gb / statistics.median(pinned_s),
             "file_read_bytes": nfiles * size, "file_read_files": nfiles}
 
 

@@ -156,7 +156,19 @@ def _put(port, i: tl.constexpr, x, flags):
 
 
 @triton.jit
+def _all_warps_wait_for(port, answer):
+    # A store that never happens (port words used here are >= 0) but uses an atomic's answer:
+    # Triton hands a scalar atomic's result to every thread through shared memory behind a
+    # barrier, so no warp goes on until the atomic has been performed in host memory.
+    tl.store(port + _STATE, answer, mask=answer < 0)
+
+
+@triton.jit
 def _post(port, opcode, call_id, flags, then, a0, a1, a2, a3, a4, a5, a6):
+    # A program's warps are not in step, and only one thread writes the port. The barrier keeps
+    # this post from overtaking a warp still reading the previous reply; waiting for the exchange's
+    # answer below keeps any warp from polling before POSTED has replaced that reply's DONE.
+    tl.debug_barrier()
     flags = _put(port, 0, a0, flags)
     flags = _put(port, 1, a1, flags)
     flags = _put(port, 2, a2, flags)
@@ -169,7 +181,7 @@ def _post(port, opcode, call_id, flags, then, a0, a1, a2, a3, a4, a5, a6):
     tl.store(port + _FLAGS, flags)
     tl.store(port + _THEN, then)
     # Release at system scope: the host sees every word above before it sees POSTED.
-    tl.atomic_xchg(port + _STATE, _POSTED, sem="release", scope="sys")
+    _all_warps_wait_for(port, tl.atomic_xchg(port + _STATE, _POSTED, sem="release", scope="sys"))
     _ring()
 
 
@@ -206,9 +218,9 @@ def status(port):
 
 @triton.jit
 def _acquire(port):
-    # After a READ the host's copy engine wrote the caller's buffer: an acquire at system scope
-    # orders the caller's next loads after it (no stale L1 lines).
-    tl.atomic_or(port + _SEQ, 0, sem="acquire", scope="sys")
+    # After a READ the host's copy engine wrote the caller's buffer: an acquire at system scope,
+    # which every warp waits for, orders the program's next loads after it (no stale L1 lines).
+    _all_warps_wait_for(port, tl.atomic_or(port + _SEQ, 0, sem="acquire", scope="sys"))
 
 
 @triton.jit

@@ -31,10 +31,10 @@ class HostFunction:
     fn: Callable
     inline: bool = False
     vectorized: bool = False
+    on_server_thread: bool = dataclasses.field(init=False)
 
-    @property
-    def on_server_thread(self) -> bool:
-        return self.inline or self.vectorized
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_server_thread", self.inline or self.vectorized)
 
 
 def _text(call_id: int, what: str) -> str:
@@ -71,10 +71,14 @@ class Handlers:
         self.files = files
         self.buffers = buffers
         self.functions: dict[int, HostFunction] = {}
+        self.vectorized_ids: set[int] = set()
 
-    @property
-    def has_vectorized(self) -> bool:
-        return any(fn.vectorized for fn in self.functions.values())
+    def register(self, call_id: int, fn: HostFunction) -> None:
+        self.functions[call_id] = fn
+        if fn.vectorized:
+            self.vectorized_ids.add(call_id)
+        else:
+            self.vectorized_ids.discard(call_id)
 
     def function(self, call_id: int) -> HostFunction:
         fn = self.functions.get(call_id)

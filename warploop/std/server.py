@@ -57,10 +57,16 @@ def ring_doorbells() -> None:
         server.notify()
 
 
+# The hot path indexes with plain ints: an IntEnum member lookup costs as much as a numpy store.
+_STATE, _RESULT, _STATUS, _SEQ, _OPCODE, _CALL_ID, _WORKER, _FLAGS, _THEN, _PAYLOAD = (int(w) for w in Word)
+_POSTED, _TAKEN, _DONE = int(State.POSTED), int(State.TAKEN), int(State.DONE)
+_PRINT, _CALL, _READ, _WRITE = int(Opcode.PRINT), int(Opcode.CALL), int(Opcode.READ), int(Opcode.WRITE)
+
+
 def _decode_args(row: list[int]) -> list:
-    flags = row[Word.FLAGS]
+    flags = row[_FLAGS]
     mask = flags >> FLOAT_MASK_SHIFT
-    payload = row[Word.PAYLOAD:Word.PAYLOAD + (flags & ARGC_MASK)]
+    payload = row[_PAYLOAD:_PAYLOAD + (flags & ARGC_MASK)]
     return [word_to_float(w) if mask >> i & 1 else w for i, w in enumerate(payload)]
 
 
@@ -84,7 +90,7 @@ class HostServer:
             raise ValueError(f"ports must be a host int64 tensor [n, {PORT_WORDS}]; use protocol.allocate_ports()")
         self.ports = ports
         self._words = ports.numpy()
-        self._state = self._words[:, Word.STATE]
+        self._state = self._words[:, _STATE]
         self.handlers = H.Handlers(files or FileTable(), buffers or Buffers())
         self.out = out
         self.on_reply = on_reply
@@ -113,14 +119,14 @@ class HostServer:
         if not isinstance(fn, H.HostFunction):
             fn = H.HostFunction(fn, inline=inline, vectorized=vectorized)
         fid = strings.intern(name)
-        self.handlers.functions[fid] = fn
+        self.handlers.register(fid, fn)
         return fid
 
     def watch(self, ports: int) -> None:
         """Scan only the first `ports` ports (the ones callers own), when fewer than were allocated."""
         if not 1 <= ports <= len(self._words):
             raise ValueError(f"watch({ports}): there are {len(self._words)} ports")
-        self._state = self._words[:ports, Word.STATE]
+        self._state = self._words[:ports, _STATE]
 
     @property
     def files(self) -> FileTable:
@@ -190,39 +196,50 @@ class HostServer:
 
     def serve_once(self) -> int:
         """One pass: take and answer (or hand to the pool) every posted request; how many."""
-        posted = np.flatnonzero(self._state == State.POSTED)
+        posted = np.flatnonzero(self._state == _POSTED)
         if posted.size == 0:
             return 0
-        block = self._words[posted]
-        self._words[posted, Word.STATE] = State.TAKEN
+        w = self._words
+        if posted.size == 1:   # the common case of a waiting caller: scalar reads and writes only
+            port = int(posted[0])
+            row = w[port].tolist()
+            if not (row[_OPCODE] == _CALL and row[_CALL_ID] in self.handlers.vectorized_ids):
+                w[port, _STATE] = _TAKEN
+                self._serve_rows([port], [row])
+                return 1
+        block = w[posted]
+        w[posted, _STATE] = _TAKEN
         rest = self._serve_vectorized(posted, block)
-        rows = block[rest].tolist()
-        ports = posted[rest].tolist()
+        self._serve_rows(posted[rest].tolist(), block[rest].tolist())
+        return len(posted)
+
+    def _serve_rows(self, ports: list[int], rows: list[list[int]]) -> None:
         done: list[tuple[int, list[int], int, int]] = []   # (port, row, status, result word)
         lines: list[str] = []
         for port, row in zip(ports, rows, strict=True):
-            op, call_id = row[Word.OPCODE], row[Word.CALL_ID]
+            op, call_id = row[_OPCODE], row[_CALL_ID]
             try:
-                if op == Opcode.PRINT:
+                if op == _PRINT:
                     lines.append(H.format_line(call_id, _decode_args(row)))
                     done.append((port, row, Status.OK, 0))
                     continue
-                fn = self.handlers.function(call_id) if op == Opcode.CALL else None
-                if self._pool is not None and (op in (Opcode.READ, Opcode.WRITE) or
+                fn = self.handlers.function(call_id) if op == _CALL else None
+                if self._pool is not None and (op in (_READ, _WRITE) or
                                                (fn is not None and not fn.on_server_thread)):
                     self._submit(port, row)
                 else:
                     value, status = self.handlers.run(op, call_id, _decode_args(row))
                     self._note_short_read(port, row, status)
-                    done.append((port, row, status, _encode(value, row[Word.FLAGS])))
+                    done.append((port, row, status, _encode(value, row[_FLAGS])))
             except StdError as e:
                 done.append((port, row, *self._fail(port, row, e)))
         if lines:
             self._write_lines(lines)
-        if done:
+        if len(done) == 1:
+            self._reply_one(*done[0])
+        elif done:
             self._reply(np.array([d[0] for d in done]), np.array([d[3] for d in done], dtype=np.int64),
-                        np.array([int(d[2]) for d in done]), [d[1][Word.THEN] for d in done])
-        return len(posted)
+                        np.array([int(d[2]) for d in done]), [d[1][_THEN] for d in done])
 
     def _write_lines(self, lines: list[str]) -> None:
         out = self.out if self.out is not None else sys.stdout
@@ -233,21 +250,21 @@ class HostServer:
         """Answer the calls to vectorized functions with numpy, no Python per call; the mask of
         the requests left for the general path."""
         rest = np.ones(len(posted), dtype=bool)
-        calls = block[:, Word.OPCODE] == Opcode.CALL
-        if not self.handlers.has_vectorized or not calls.any():
+        calls = block[:, _OPCODE] == _CALL
+        if not self.handlers.vectorized_ids or not calls.any():
             return rest
-        for fid in np.unique(block[calls, Word.CALL_ID]).tolist():
+        for fid in np.unique(block[calls, _CALL_ID]).tolist():
             fn = self.handlers.functions.get(fid)
             if fn is None or not fn.vectorized:
                 continue
-            sel = calls & (block[:, Word.CALL_ID] == fid)
+            sel = calls & (block[:, _CALL_ID] == fid)
             rest &= ~sel
             group, ports = block[sel], posted[sel]
-            flags = group[:, Word.FLAGS]
+            flags = group[:, _FLAGS]
             try:
                 columns = []
                 for i in range(int(flags.max()) & ARGC_MASK):
-                    col = group[:, Word.PAYLOAD + i]
+                    col = group[:, _PAYLOAD + i]
                     is_float = (flags >> (FLOAT_MASK_SHIFT + i)) & 1 == 1
                     columns.append(col.view(np.float64) if is_float.all() else
                                    np.where(is_float, col.view(np.float64), col) if is_float.any() else col)
@@ -260,16 +277,16 @@ class HostServer:
                     Status.CALLBACK_ERROR, f"vectorized host function raised {type(e).__name__}: {e}")
                 st, word = self._fail(int(ports[0]), group[0].tolist(), err, count=len(ports))
                 words, status = np.full(len(ports), word), np.full(len(ports), st)
-            self._reply(ports, words, status, group[:, Word.THEN].tolist())
+            self._reply(ports, words, status, group[:, _THEN].tolist())
         return rest
 
     def _reply(self, ports, words, status, thens: list[int]) -> None:
         w = self._words
-        w[ports, Word.RESULT] = words
-        w[ports, Word.STATUS] = status
-        w[ports, Word.SEQ] += 1
+        w[ports, _RESULT] = words
+        w[ports, _STATUS] = status
+        w[ports, _SEQ] += 1
         self._fence()
-        w[ports, Word.STATE] = State.DONE
+        w[ports, _STATE] = _DONE
         with self._count_lock:
             self.served += len(ports)
         if self.on_reply is not None:
@@ -279,15 +296,15 @@ class HostServer:
 
     def _reply_one(self, port: int, row: list[int], status: int, result: int) -> None:
         w = self._words
-        w[port, Word.RESULT] = result
-        w[port, Word.STATUS] = int(status)
-        w[port, Word.SEQ] += 1
+        w[port, _RESULT] = result
+        w[port, _STATUS] = int(status)
+        w[port, _SEQ] = row[_SEQ] + 1
         self._fence()
-        w[port, Word.STATE] = State.DONE
+        w[port, _STATE] = _DONE
         with self._count_lock:
             self.served += 1
-        if self.on_reply is not None and row[Word.THEN]:
-            self.on_reply(port, row[Word.THEN], int(status), result)
+        if self.on_reply is not None and row[_THEN]:
+            self.on_reply(port, row[_THEN], int(status), result)
 
     def _submit(self, port: int, row: list[int]) -> None:
         with self._count_lock:
@@ -296,9 +313,9 @@ class HostServer:
 
     def _run_pooled(self, port: int, row: list[int]) -> None:
         try:
-            value, status = self.handlers.run(row[Word.OPCODE], row[Word.CALL_ID], _decode_args(row))
+            value, status = self.handlers.run(row[_OPCODE], row[_CALL_ID], _decode_args(row))
             self._note_short_read(port, row, status)
-            self._reply_one(port, row, status, _encode(value, row[Word.FLAGS]))
+            self._reply_one(port, row, status, _encode(value, row[_FLAGS]))
         except StdError as e:
             self._reply_one(port, row, *self._fail(port, row, e))
         except Exception as e:   # e.g. a CUDA error in a copy: the caller still gets an answer
@@ -312,17 +329,17 @@ class HostServer:
         valid result), every other request's is minus the status, so device code tests `< 0`."""
         with self._count_lock:
             self.errors += count
-        opname = Opcode(row[Word.OPCODE]).name if row[Word.OPCODE] in Opcode._value2member_map_ else row[Word.OPCODE]
-        log.warning("%s from worker %d (port %d, %s%s): %s", err.status.name, row[Word.WORKER], port, opname,
+        opname = Opcode(row[_OPCODE]).name if row[_OPCODE] in Opcode._value2member_map_ else row[_OPCODE]
+        log.warning("%s from worker %d (port %d, %s%s): %s", err.status.name, row[_WORKER], port, opname,
                     f", and {count - 1} more callers" if count > 1 else "", err,
                     exc_info=err.status == Status.CALLBACK_ERROR and err.__cause__ is not None)
-        return int(err.status), 0 if row[Word.OPCODE] == Opcode.CALL else -int(err.status)
+        return int(err.status), 0 if row[_OPCODE] == _CALL else -int(err.status)
 
     def _note_short_read(self, port: int, row: list[int], status: int) -> None:
         # Reading to the end of a file is how device code finds the end: logged, but not as a warning.
         if status == Status.SHORT_READ:
-            log.info("SHORT_READ from worker %d (port %d): fd %d, asked %d bytes", row[Word.WORKER], port,
-                     row[Word.PAYLOAD], row[Word.PAYLOAD + 2])
+            log.info("SHORT_READ from worker %d (port %d): fd %d, asked %d bytes", row[_WORKER], port,
+                     row[_PAYLOAD], row[_PAYLOAD + 2])
 
     def _fence(self) -> None:
         """A full memory barrier (taking a lock is one), so the reply's words are visible before DONE
