@@ -89,3 +89,43 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_device_arrays_without_torch(exact):
+    """The torch-free path on the GPU: DeviceArrays in, numpy out, with torch and Triton unimportable."""
+    code = f"""
+import sys
+sys.modules["torch"] = None
+sys.modules["triton"] = None
+import numpy as np
+import warploop
+from warploop.driver import empty, from_numpy
+b = warploop.load_bundle({str(exact)!r})
+x, y = (np.random.default_rng(i).standard_normal(10_000).astype(np.float32) for i in (1, 2))
+out = from_numpy(np.full(10_000, np.nan, np.float32))
+b.add[(10,)](from_numpy(x), from_numpy(y), out, 10_000)
+assert np.array_equal(out.to_numpy(), x + y)
+a = np.random.default_rng(3).standard_normal((128, 96)).astype(np.float16)
+w = np.random.default_rng(4).standard_normal((96, 64)).astype(np.float16)
+c = from_numpy(np.full((128, 64), np.nan, np.float32))
+b.matmul[(2, 1)](from_numpy(a), from_numpy(w), c, 128, 64, 96)
+ref = a.astype(np.float64) @ w.astype(np.float64)
+assert np.linalg.norm(c.to_numpy() - ref) / np.linalg.norm(ref) < 1e-3
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_device_arrays_mix_with_torch(exact):
+    from warploop.driver import from_numpy
+
+    b = warploop.load_bundle(exact)
+    x = torch.randn(4096, device="cuda")
+    xa = from_numpy(x.cpu().numpy())
+    out = torch.full_like(x, float("nan"))
+    b.add[(4,)](xa, x, out, 4096)
+    torch.cuda.synchronize()
+    assert torch.equal(out, 2 * x)
+    view = torch.as_tensor(xa, device="cuda")  # __cuda_array_interface__: the same memory, no copy
+    assert view.data_ptr() == xa.data_ptr() and torch.equal(view, x)

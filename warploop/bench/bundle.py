@@ -1,12 +1,15 @@
 """`warploop bench bundle`: bundles vs Triton's JIT on correctness, cold start and launch overhead.
 
-1. Correctness: every kernel of examples/kernels.py, loaded from the bundle in a fresh process where
-   `import triton` fails, against a torch reference (relative error, outputs poisoned first).
-2. Cold start: a fresh process to the first correct result of every kernel, bundle vs Triton JIT with
-   an empty TRITON_CACHE_DIR. Both import torch and make the same inputs; the child also reports how
-   much of its time went to kernels (load/compile + first launches) rather than Python and torch.
-3. Launch overhead (GPU): host time per `add[grid](x, y, out, n)` issue, warploop vs Triton's launcher
-   vs a raw cuLaunchKernel with pre-packed arguments (the floor), interleaved rounds, medians.
+1. Correctness: every kernel of examples/kernels.py, loaded from the bundle in fresh processes where
+   `import triton` fails (and, on a GPU, in one where `import torch` fails too, with DeviceArrays),
+   against float64 numpy references with fresh inputs and NaN-poisoned outputs (bundle_child.py).
+2. Cold start: a fresh process to the first correct result of every kernel, three ways, alternated:
+   the bundle with only warploop, cuda.bindings and numpy imported (`cold_start_s`); the bundle with
+   torch (`cold_start_torch_s`); Triton JIT with torch and an empty TRITON_CACHE_DIR. Each child also
+   reports how much of its time went to kernels (load/compile + first launches + checks).
+3. Launch overhead (GPU): host time per `add[grid](x, y, out, n)` issue, warploop (torch tensors, and
+   DeviceArrays) vs Triton's launcher vs a raw cuLaunchKernel with pre-packed arguments (the floor),
+   interleaved rounds, medians; plus the launcher's Python work and a per-call breakdown of its parts.
 On a machine without a GPU it runs 1 and 2 on the CPU executor and leaves the GPU-only keys null.
 """
 from __future__ import annotations
@@ -21,134 +24,70 @@ import tempfile
 import time
 from pathlib import Path
 
-from warploop.bench.common import emit, header
-
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "examples" / "kernels.py"
 
 
-def make_cases(torch, device: str) -> dict:
-    """Kernel name -> (args, grid, output tensor, reference, tolerance); fresh random inputs each call."""
-    g = torch.Generator(device="cpu").manual_seed(int(time.time_ns() % 2**31))
-
-    def rand(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
-
-    def poisoned(*shape, dtype=torch.float32):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    F = torch.nn.functional
-    n, rows, cols = 5000, 8, 1000
-    x, y, w, b = rand(n), rand(n), rand(cols), rand(cols)
-    m = rand(rows, cols)
-    gate, up = rand(n, dtype=torch.bfloat16), rand(n, dtype=torch.bfloat16)
-    ids = torch.randint(0, 50, (16,), generator=g).to(device)
-    table, t2 = rand(50, 200), rand(70, 50)
-    a, bm = rand(96, 64, dtype=torch.float16), rand(64, 80, dtype=torch.float16)
-    y_axpy = y.clone()
-    cases = {
-        "add": ((x, y, out := poisoned(n), n), (5,), out, x + y, 1e-6),
-        "axpy": ((1.5, x, y_axpy, n), (5,), y_axpy, 1.5 * x.double() + y.double(), 1e-6),
-        "gelu": ((x, out := poisoned(n), n), (5,), out, F.gelu(x.double()), 1e-5),
-        "silu_mul": ((gate, up, out := poisoned(n, dtype=torch.bfloat16), n), (5,), out,
-                     F.silu(gate.double()) * up.double(), 1e-2),
-        "reduce_sum": ((x, out := torch.zeros(1, device=device), n), (5,), out, x.double().sum().reshape(1), 1e-5),
-        "softmax": ((m, out := poisoned(rows, cols), cols, cols), (rows,), out, torch.softmax(m.double(), 1), 1e-5),
-        "cumsum": ((m, out := poisoned(rows, cols), cols, cols), (rows,), out, m.double().cumsum(1), 1e-5),
-        "layernorm": ((m, w, b, out := poisoned(rows, cols), cols, cols, 1e-5), (rows,), out,
-                      F.layer_norm(m.double(), (cols,), w.double(), b.double(), 1e-5), 1e-5),
-        "rmsnorm": ((m, w, out := poisoned(rows, cols), cols, cols, 1e-6), (rows,), out,
-                    m.double() * torch.rsqrt(m.double().pow(2).mean(1, keepdim=True) + 1e-6) * w.double(), 1e-5),
-        "embedding": ((ids, table, out := poisoned(16, 200), 200), (16,), out, table[ids].double(), 0.0),
-        "transpose": ((t2, out := poisoned(50, 70), 70, 50), (3, 2), out, t2.t().double(), 0.0),
-        "matmul": ((a, bm, out := poisoned(96, 80), 96, 80, 64), (2, 2), out, a.double() @ bm.double(), 1e-3),
-    }
-    return cases
+# The least a fresh CUDA process with numpy pays before any kernel: interpreter, numpy, cuda.bindings,
+# cuInit and the primary context. The torch-free bundle process cannot start faster than this.
+FLOOR = ("import numpy; from cuda.bindings import driver as cu; cu.cuInit(0); _, d = cu.cuDeviceGet(0); "
+         "_, c = cu.cuDevicePrimaryCtxRetain(d); assert cu.cuCtxSetCurrent(c)[0] == 0")
 
 
-def check(out, ref, tol: float) -> tuple[bool, float]:
-    got = out.double().cpu()
-    ref = ref.cpu()
-    if not bool(got.isfinite().all()):
-        return False, float("nan")
-    err = float((got - ref).norm() / max(float(ref.norm()), 1e-30))
-    return err <= tol, err
-
-
-def child(kind: str, path: str, device: str | None) -> None:
-    """One fresh process: run every kernel once, check it, print one JSON line of timings."""
+def timed_process(cmd: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    if kind == "bundle" and device != "cpu":
-        sys.modules["triton"] = None  # the GPU path must not need Triton: make any import of it fail
-    import torch
-    torch_dev = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
-    if torch_dev == "cuda":
-        torch.zeros(1, device="cuda")  # CUDA context: paid by both sides, outside the kernel time
-    cases = make_cases(torch, torch_dev)
-    t1 = time.perf_counter()
-    if kind == "bundle":
-        import warploop
-        bundle = warploop.load_bundle(path, device=device)
-        chosen = bundle.chosen()
-        launch = {name: bundle[name] for name in cases}
-        meta = {name: {} for name in cases}
-    else:
-        from warploop.bundle.build import import_source
-        module = import_source(Path(path))
-        launch = {name: getattr(module, name) for name in cases}
-        meta = {name: {**k.warploop_exports[0].constexprs, "num_warps": k.warploop_exports[0].num_warps,
-                       "num_stages": k.warploop_exports[0].num_stages} for name, k in launch.items()}
-        chosen = {name: [{"target": "triton-jit"}] for name in cases}
-    t2 = time.perf_counter()
-    results = {}
-    for name, (args, grid, out, ref, tol) in cases.items():
-        launch[name][grid](*args, **meta[name])
-        if torch_dev == "cuda":
-            torch.cuda.synchronize()
-        ok, err = check(out, ref, tol)
-        results[name] = {"ok": ok, "rel_err": err, "variant": chosen[name][0]["target"]}
-    t3 = time.perf_counter()
-    print(json.dumps({"setup_s": t1 - t0, "load_s": t2 - t1, "kernels_s": t3 - t1, "results": results,
-                      "triton_imported": "triton" in sys.modules and sys.modules["triton"] is not None}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+    return proc, time.perf_counter() - t0
 
 
 def run_child(kind: str, path: str, device: str | None, env: dict | None = None) -> dict:
-    cmd = [sys.executable, "-m", "warploop.bench.bundle", "--child", kind, "--path", path]
-    if device:
-        cmd += ["--device", device]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
-    wall = time.perf_counter() - t0
+    """One fresh process of bundle_child.py, timed from start to exit."""
+    cmd = [sys.executable, "-m", "warploop.bench.bundle_child", kind, path] + (["--device", device] if device else [])
+    proc, wall = timed_process(cmd, env)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{proc.stderr[-4000:]}")
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
 def launch_overhead(bundle_path: str, source: Path, reps: int = 500, rounds: int = 15) -> dict:
-    """Host µs per launch of `add` (3 pointers + an int): warploop, Triton, raw cuLaunchKernel."""
+    """Host µs per launch of `add` (3 pointers + an int): warploop with torch tensors and with
+    DeviceArrays, Triton, raw cuLaunchKernel; and the launcher's Python work with the driver call taken out."""
     import ctypes
 
+    import numpy as np
     import torch
     from cuda.bindings import driver as cu
 
     import warploop
     from warploop.bundle.build import import_source
+    from warploop.driver import empty, from_numpy
     from warploop.driver.null import NullDriver
 
     n = 1024
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     out = torch.empty(n, device="cuda")
+    xa, ya, outa = from_numpy(x.cpu().numpy()), from_numpy(y.cpu().numpy()), empty(n)
+    expected, nan = (x + y).cpu().numpy(), np.full(n, np.nan, np.float32)
     wk = warploop.load_bundle(bundle_path).add
     tk = import_source(source).add
     spec = next(s for s in wk.specs if s.spec.specialize)  # the aligned variant the fast path picks here
     slots = (ctypes.c_uint64 * 6)(x.data_ptr(), y.data_ptr(), out.data_ptr(), n, 0, 0)
     ptrs = (ctypes.c_void_p * 6)(*[ctypes.addressof(slots) + 8 * i for i in range(6)])
     raw_args = (spec.handle, 1, 1, 1, spec.block, 1, 1, spec.variant.shared, None, ctypes.addressof(ptrs), 0)
-    launch = cu.cuLaunchKernel
     grid = (1,)
+    # The launcher's own Python work: the same fast path with the driver call replaced by a no-op.
+    null = NullDriver(wk.specs[0].driver.info, record=False, torch_streams=True)
+    nk = warploop.load_bundle(bundle_path, driver=null).add
+    noop = null.launch_api(1, False, False)
+    na, nb, nout = (empty(n, driver=null) for _ in range(3))
 
+    # Each loop is written out as user code is: `k[grid](x, y, out, n)`, indexing by the grid every time.
     def run_warploop():
         for _ in range(reps):
             wk[grid](x, y, out, n)
+
+    def run_warploop_array():
+        for _ in range(reps):
+            wk[grid](xa, ya, outa, n)
 
     def run_triton():
         for _ in range(reps):
@@ -158,22 +97,22 @@ def launch_overhead(bundle_path: str, source: Path, reps: int = 500, rounds: int
         for _ in range(reps):
             launch(*raw_args)
 
-    # The launcher's own Python work: the same fast path with the driver call replaced by a no-op.
-    null = NullDriver(wk.specs[0].driver.info, record=False, torch_streams=True)
-    nk = warploop.load_bundle(bundle_path, driver=null).add
-    noop = null.launch_api(1, False, False)
-
     def run_null():
         for _ in range(reps):
             nk[grid](x, y, out, n)
+
+    def run_null_array():
+        for _ in range(reps):
+            nk[grid](na, nb, nout, n)
 
     def run_noop():
         for _ in range(reps):
             noop(*raw_args)
 
-    methods = {"warploop": run_warploop, "triton": run_triton, "raw": run_raw, "null": run_null, "noop": run_noop}
-    # For scale: the same driver call through ctypes, without cuda.bindings' argument handling.
-    try:
+    launch = cu.cuLaunchKernel
+    methods = {"warploop": run_warploop, "warploop_array": run_warploop_array, "triton": run_triton, "raw": run_raw,
+               "null": run_null, "null_array": run_null_array, "noop": run_noop}
+    try:  # for scale: the same driver call through ctypes, without cuda.bindings' argument handling
         c_launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
         c_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         c_launch.restype = ctypes.c_int
@@ -191,20 +130,49 @@ def launch_overhead(bundle_path: str, source: Path, reps: int = 500, rounds: int
     for r in range(rounds + 1):
         for name, fn in methods.items():
             out.fill_(float("nan"))
+            outa.copy_from_numpy(nan)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
             t1 = time.perf_counter()
             torch.cuda.synchronize()
-            correct[name] = name in ("null", "noop") or bool(torch.equal(out, x + y))
+            if name == "warploop_array":
+                correct[name] = bool(np.array_equal(outa.to_numpy(), expected))
+            elif not name.startswith(("null", "noop")):
+                correct[name] = bool(torch.equal(out, x + y))
             if r:  # round 0 warms up (Triton compiles here)
                 samples[name].append((t1 - t0) / reps * 1e6)
-    spread = {k: max(v) - min(v) for k, v in samples.items()}
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return {"warploop": med["warploop"], "triton": med["triton"], "raw": med["raw"],
-            "python_work_us": med["null"] - med["noop"], "raw_ctypes_us": med.get("raw_ctypes"),
-            "correct": {k: v for k, v in correct.items() if k not in ("null", "noop")},
-            "spread_us": spread, "reps": reps, "rounds": rounds}
+    return {"warploop": med["warploop"], "warploop_array": med["warploop_array"], "triton": med["triton"],
+            "raw": med["raw"], "python_work_us": med["null"] - med["noop"],
+            "python_work_array_us": med["null_array"] - med["noop"], "raw_ctypes_us": med.get("raw_ctypes"),
+            "correct": correct, "spread_us": {k: max(v) - min(v) for k, v in samples.items()},
+            "python_parts_ns": python_parts(x, spec), "reps": reps, "rounds": rounds}
+
+
+def python_parts(x, spec) -> dict[str, float]:
+    """ns per call of each piece of the fast path's work, on this host, for the breakdown in BENCHMARKS.md."""
+    import threading
+    import timeit
+
+    import torch
+
+    missing = object()
+
+    def signature(a0=missing, a1=missing, a2=missing, a3=missing, *extra, stream=None, **meta):
+        return None
+
+    def plain(a0, a1, a2, a3):
+        return None
+
+    names = {"x": x, "signature": signature, "plain": plain, "ident": threading.get_ident, "pack": spec.pack_into,
+             "buf": spec.buffer, "stream": torch._C._cuda_getCurrentRawStream, "f32": torch.float32}
+    parts = {"call, launcher signature": "signature(x, x, x, 4)", "call, plain signature": "plain(x, x, x, 4)",
+             "data_ptr()": "x.data_ptr()", "get_device()": "x.get_device()", "dtype is": "x.dtype is f32",
+             "thread id": "ident()", "pack_into, 4 slots": "pack(buf, 0, 1, 2, 3, 4)",
+             "current stream": "stream(0)", "empty statement": "pass"}
+    number = 100_000
+    return {k: min(timeit.repeat(s, globals=names, number=number, repeat=7)) / number * 1e9 for k, s in parts.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,6 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from warploop.bench.common import emit, header
     from warploop.target import select_device
 
     info = select_device()
@@ -228,11 +197,16 @@ def main(args: argparse.Namespace) -> int:
             path = os.path.join(tmp, "kernels.wlb")
             targets = ["cpu"] + ([str(info.target)] if info.target.is_gpu else [])
             build_bundle(args.source, targets, path, progress=False)
-        # Warm the page cache for Python and torch first, then alternate the two kinds of fresh process,
-        # so neither side pays for coming first; each Triton run gets its own empty cache.
-        subprocess.run([sys.executable, "-c", "import torch"], check=True)
-        runs: dict[str, list[dict]] = {"bundle": [], "triton": []}
+        # Warm the page cache for Python, numpy and torch first, then alternate the kinds of fresh process,
+        # so none pays for coming first; each Triton run gets its own empty cache.
+        subprocess.run([sys.executable, "-c", "import numpy, torch"], check=True)
+        runs: dict[str, list[dict]] = {"numpy": [], "bundle": [], "triton": []}
+        floor: list[float] = []
         for r in range(args.repeats):
+            if gpu:
+                proc, wall = timed_process([sys.executable, "-c", FLOOR])
+                floor.append(wall if proc.returncode == 0 else float("nan"))
+                runs["numpy"].append(run_child("numpy", path, device))
             runs["bundle"].append(run_child("bundle", path, device))
             if gpu:
                 cache = os.path.join(tmp, f"triton-cache-{r}")
@@ -243,7 +217,8 @@ def main(args: argparse.Namespace) -> int:
                 launch = launch_overhead(path, Path(args.source))
             except Exception as e:
                 launch_error = f"{type(e).__name__}: {e}"
-    ours, theirs = runs["bundle"], runs["triton"]
+    light, ours, theirs = runs["numpy"], runs["bundle"], runs["triton"]
+    fastest = light or ours  # the lightest bundle process this device runs: torch-free on a GPU
 
     def med(side: list[dict], key: str) -> float | None:
         return statistics.median(r[key] for r in side) if side else None
@@ -251,29 +226,38 @@ def main(args: argparse.Namespace) -> int:
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
 
-    results = ours[0]["results"]
+    bundle_runs = light + ours
     data = header("bundle") | {
-        "kernels": [{"name": k, **v} for k, v in results.items()],
-        # on a GPU the bundle path must also have run without Triton; the CPU executor is Triton's interpreter
-        "all_correct": all(v["ok"] for r in ours for v in r["results"].values())
-        and not (gpu and any(r["triton_imported"] for r in ours)),
-        "triton_imported_on_bundle_path": any(r["triton_imported"] for r in ours),
-        # whole fresh process: interpreter start, import torch, CUDA context, inputs, load/compile, first runs
-        "cold_start_s": med(ours, "wall_s"),
+        "kernels": [{"name": k, **v} for k, v in fastest[0]["results"].items()],
+        # on a GPU the bundle paths must also have run without Triton, and the numpy path without torch
+        "all_correct": all(v["ok"] for r in bundle_runs for v in r["results"].values())
+        and not (gpu and any(r["triton_imported"] for r in bundle_runs))
+        and not any(r["torch_imported"] for r in light),
+        "triton_imported_on_bundle_path": any(r["triton_imported"] for r in bundle_runs),
+        "torch_imported_on_numpy_path": any(r["torch_imported"] for r in light) if light else None,
+        # whole fresh process, start to exit: interpreter, imports, context, inputs, load/compile, first runs, checks
+        "cold_start_s": med(fastest, "wall_s"),
+        "cold_start_imports": "warploop, cuda.bindings, numpy" if light else "warploop, torch, triton (CPU executor)",
+        "cold_start_floor_s": statistics.median(floor) if floor else None,
+        "cold_start_torch_s": med(ours, "wall_s"),
         "triton_cold_start_s": med(theirs, "wall_s"),
-        "cold_start_speedup": ratio(med(theirs, "wall_s"), med(ours, "wall_s")),
-        # the same, from inputs ready (torch imported, CUDA context made) to every kernel checked
+        "cold_start_speedup": ratio(med(theirs, "wall_s"), med(fastest, "wall_s")),
+        "cold_start_torch_speedup": ratio(med(theirs, "wall_s"), med(ours, "wall_s")),
+        # from inputs ready (imports done, CUDA context made) to every kernel checked
+        "kernel_start_numpy_s": med(light, "kernels_s"),
         "kernel_start_s": med(ours, "kernels_s"),
         "triton_kernel_start_s": med(theirs, "kernels_s"),
         "kernel_start_speedup": ratio(med(theirs, "kernels_s"), med(ours, "kernels_s")),
         "triton_all_correct": all(v["ok"] for r in theirs for v in r["results"].values()) if theirs else None,
         "launch_us": launch["warploop"] if launch else None,
+        "launch_array_us": launch["warploop_array"] if launch else None,
         "triton_launch_us": launch["triton"] if launch else None,
         "raw_launch_us": launch["raw"] if launch else None,
         "launch_over_raw_us": launch["warploop"] - launch["raw"] if launch else None,
+        "launch_array_over_raw_us": launch["warploop_array"] - launch["raw"] if launch else None,
         "launch_details": launch,
         "launch_error": launch_error,
-        "children": {"bundle": ours, "triton": theirs or None},
+        "children": {"numpy": light or None, "bundle": ours, "triton": theirs or None},
     }
     if args.json:
         emit(data, args.out)
@@ -289,16 +273,7 @@ def _summary(data: dict) -> None:
     print(f"bundle bench on {data['device']} ({data['target']}), {data['date']}")
     for k in data["kernels"]:
         print(f"  {k['name']:<11} {k['variant']:<8} rel err {k['rel_err']:.1e}  {'ok' if k['ok'] else 'WRONG'}")
-    print(f"cold start: bundle {fmt(data['cold_start_s'], 's')}, Triton JIT {fmt(data['triton_cold_start_s'], 's')}"
-          f" (kernels only: {fmt(data['kernel_start_s'], 's')} vs {fmt(data['triton_kernel_start_s'], 's')})")
-    print(f"launch: warploop {fmt(data['launch_us'], 'us')}, Triton {fmt(data['triton_launch_us'], 'us')}, "
-          f"raw cuLaunchKernel {fmt(data['raw_launch_us'], 'us')}")
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--child", choices=["bundle", "triton"], required=True)
-    p.add_argument("--path", required=True)
-    p.add_argument("--device")
-    a = p.parse_args()
-    child(a.child, a.path, a.device)
+    print(f"cold start: bundle {fmt(data['cold_start_s'], 's')} ({data['cold_start_imports']}), with torch "
+          f"{fmt(data['cold_start_torch_s'], 's')}, Triton JIT {fmt(data['triton_cold_start_s'], 's')}")
+    print(f"launch: warploop {fmt(data['launch_us'], 'us')} (DeviceArrays {fmt(data['launch_array_us'], 'us')}), "
+          f"Triton {fmt(data['triton_launch_us'], 'us')}, raw cuLaunchKernel {fmt(data['raw_launch_us'], 'us')}")

@@ -1,8 +1,9 @@
 """Kernel arguments: what a Python object passed for a parameter points at, and whether it fits.
 
-A pointer parameter takes a torch tensor, anything with `__cuda_array_interface__`, `__dlpack__` or
-`data_ptr()`, a raw integer address, or None (NULL). Every check here returns a sentence that names
-the fix, or None; the launcher raises `LaunchError` with it before anything reaches the driver.
+A pointer parameter takes a torch tensor, a `warploop.driver.DeviceArray`, anything with
+`__cuda_array_interface__`, `__dlpack__` or `data_ptr()`, a raw integer address, or None (NULL).
+Every check here returns a sentence that names the fix, or None; the launcher raises `LaunchError`
+with it before anything reaches the driver.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def pointer_arg(obj: Any) -> PointerArg | None:
     if isinstance(obj, int) and not isinstance(obj, bool):
         return PointerArg(obj, None, None)
     if hasattr(obj, "data_ptr") and hasattr(obj, "dtype") and hasattr(obj, "device"):  # torch and look-alikes
-        kind = getattr(obj.device, "type", str(obj.device))
+        kind = getattr(obj.device, "type", None) or str(obj.device).split(":")[0]  # torch.device, or 'cuda:0'
         # get_device() is what the fast path compares: the GPU ordinal, or -1 for host memory
         index = obj.get_device() if hasattr(obj, "get_device") else getattr(obj.device, "index", None)
         return PointerArg(obj.data_ptr(), str(obj.dtype).removeprefix("torch."), kind, index)

@@ -4,7 +4,8 @@ Per-launch Python work is what separates a launcher from a raw `cuLaunchKernel` 
 kernel we generate straight-line code (as Triton generates its C launcher): argument kinds, dtypes,
 slot layout and driver handles are fixed at load time and bound as constants, and a tuple grid is
 checked once, when `kernel[grid]` first sees it. The code handles the common call,
-`kernel[grid](tensors and scalars...)` with torch tensors on this device from the loading thread;
+`kernel[grid](tensors and scalars...)` with torch tensors or DeviceArrays on this device from the
+loading thread;
 any other call, and any argument that fails a check, goes to `Kernel.general`, which does the same
 launch or raises the precise error. The source is kept as `kernel.fast_source` for reading.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from warploop.bundle.abi import POINTEE_DTYPES, pack_bf16
+from warploop.driver.array import DeviceArray
 
 _MISSING = object()
 
@@ -25,9 +27,11 @@ def _spec_branch(k: int, spec: Any, torch: Any, fixed: bool, env: dict[str, Any]
     conds, aligned = [], {}
     for i, p in enumerate(spec.runtime):
         if p.is_pointer:
-            # Without torch no argument gets past data_ptr/get_device, so the dtype is never compared.
-            env[f"DT{k}_{i}"] = getattr(torch, POINTEE_DTYPES[p.type[1:]], None) if torch else None
-            conds.append(f"a{i}.dtype is DT{k}_{i}")
+            # A torch tensor's dtype is its torch.dtype (None when torch is not loaded: never matches);
+            # a DeviceArray's is the canonical name, compared only when the first test fails.
+            name = POINTEE_DTYPES[p.type[1:]]
+            env[f"DT{k}_{i}"] = getattr(torch, name, None) if torch else None
+            conds.append(f"(a{i}.dtype is DT{k}_{i} or a{i}.dtype == {name!r})")
         divisor = spec.spec.specialize.get(p.name)
         if divisor and p.is_pointer:
             aligned.setdefault(divisor - 1, []).append(f"p{i}")
@@ -52,14 +56,21 @@ def _spec_branch(k: int, spec: Any, torch: Any, fixed: bool, env: dict[str, Any]
         f"                PACK{k}(BUF{k}, 0, {', '.join(values)})",
         "            except STRUCT_ERROR:",
         f"                return general(grid, {every}{', ' if every else ''}stream=stream)",
-        "            s = STREAM(SARG) if stream is None else stream",
-        "            s = AS_STREAM(s) if s else None",
+        *_stream_lines(spec),
         *([f"            SCRATCH{k}(BUF{k}, gx * gy * gz, s)"] if scratch else []),
         f"            ret = {call}",
         "            if ret[0]:",
         f"                FAILED{k}(ret[0], gx * gy * gz, lambda: {call})",
         "            return",
     ]
+
+
+def _stream_lines(spec: Any) -> list[str]:
+    """`s`, the stream to launch on: the caller's, else the current one; None for the default stream."""
+    if spec.stream_source()[0] is int:  # no torch: the current stream is always the default one
+        return ["            s = None if stream is None else AS_STREAM(stream)"]
+    return ["            s = STREAM(SARG) if stream is None else stream",
+            "            s = AS_STREAM(s) if s else None"]
 
 
 def _grid3_of(spec: Any) -> Callable[[Any, tuple], tuple[int, int, int]]:
@@ -84,11 +95,17 @@ def _launch_source(kernel: Any, fixed: bool, torch: Any, env: dict[str, Any]) ->
     ]
     pointers = [i for i, p in enumerate(runtime) if p.is_pointer]
     if pointers:
-        lines += ["        try:", *[f"            p{i} = a{i}.data_ptr()" for i in pointers],
-                  f"            if {' or '.join(f'a{i}.get_device() != DEV' for i in pointers)}:",
+        # DeviceArrays: two slot reads each; anything else: torch's data_ptr() and get_device() calls.
+        lines += [f"        if {' and '.join(f'type(a{i}) is ARRAY' for i in pointers)}:",
+                  *[f"            p{i} = a{i}._address" for i in pointers],
+                  f"            if {' or '.join(f'a{i}._index != DEV' for i in pointers)}:",
                   f"                return general(grid, {every}, stream=stream)",
-                  "        except AttributeError:  # not a torch tensor",
-                  f"            return general(grid, {every}, stream=stream)"]
+                  "        else:",
+                  "            try:", *[f"                p{i} = a{i}.data_ptr()" for i in pointers],
+                  f"                if {' or '.join(f'a{i}.get_device() != DEV' for i in pointers)}:",
+                  f"                    return general(grid, {every}, stream=stream)",
+                  "            except AttributeError:  # not a tensor: the general path says what it needs",
+                  f"                return general(grid, {every}, stream=stream)"]
     for k, spec in enumerate(kernel.specs):
         if spec.spec.constexprs == kernel.default_constexprs:  # the others need constexpr keywords
             lines += _spec_branch(k, spec, torch, fixed, env)
@@ -104,6 +121,7 @@ def fast_launcher_factory(kernel: Any) -> Callable[[Any], Callable[..., None]]:
         "SARG": first.stream_source()[1],
         "AS_STREAM": first.driver.as_stream, "STRUCT_ERROR": struct.error, "BF16": pack_bf16,
         "IDENT": threading.get_ident, "OWNER": first.owner, "GRID3": lambda g: first.grid3(g, {}),
+        "ARRAY": DeviceArray,
     }
     text = "\n".join(_launch_source(kernel, True, torch, env) + _launch_source(kernel, False, torch, env)) + "\n"
     exec(compile(text, f"<warploop launcher {kernel.name}>", "exec"), env)

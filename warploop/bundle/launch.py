@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,9 @@ class LoadedSpec:
         if self._stream_source is None:
             self._stream_source = self.driver.stream_source()
         return self._stream_source
+
+    def forget_stream_source(self) -> None:
+        self._stream_source = None
 
     def arg_buffer(self, thread: int) -> tuple[Any, int]:
         """(argument buffer, address of its slot-pointer array) for one thread."""
@@ -186,15 +190,17 @@ class Kernel(dict):
         # those of the first export written, never silently another export's.
         self.default_constexprs = default_constexprs
         self._make: Callable[[Any], Callable[..., None]] | None = None
+        self._made_without_torch = False
 
     def __missing__(self, grid: Any) -> Callable[..., None]:
         if self._make is None:
-            # Generated at the first launch, not at load: by then the caller has imported torch, whose
-            # tensor and dtype types the fast path compares against.
+            # Generated at the first launch, not at load: by then a caller that uses torch has imported
+            # it, and the fast path binds its dtypes and current-stream query.
             self._make = lambda grid: functools.partial(self.general, grid)
             if all(s.is_gpu for s in self.specs):
                 from warploop.bundle.fastpath import fast_launcher_factory
                 self._make = fast_launcher_factory(self)
+                self._made_without_torch = sys.modules.get("torch") is None
         if len(self) >= self.MAX_GRIDS:
             self.clear()
         launch = self[grid] = self._make(grid)
@@ -214,6 +220,8 @@ class Kernel(dict):
         return f"<warploop kernel {self.name}({', '.join(self.arg_names)}) on {where}, {len(self.specs)} variant(s)>"
 
     def general(self, grid: Any, *args: Any, stream: Any = None, **meta: Any) -> None:
+        if self._made_without_torch and sys.modules.get("torch") is not None:
+            self._forget_fast_path()  # torch arrived after the first launch: its tensors and streams need it
         named, meta = self.bind(args, meta)
         if not any(n in meta for n in self.constexpr_names):
             meta = {**self.default_constexprs, **meta}
@@ -232,6 +240,13 @@ class Kernel(dict):
             raise LaunchError(f"{self.name}: {problems[0][1]}")
         raise LaunchError(f"no variant of {self.name} fits these arguments:\n  "
                           + "\n  ".join(f"[{label}]: {why}" for label, why in problems))
+
+    def _forget_fast_path(self) -> None:
+        """Regenerate the fast path, and take the current-stream source again, at the next launch."""
+        self.clear()
+        self._make, self._made_without_torch = None, False
+        for spec in self.specs:
+            spec.forget_stream_source()
 
     def bind(self, args: tuple, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Arguments by name, and the constexpr/num_warps/num_stages values the caller asked for."""

@@ -1,12 +1,16 @@
-"""Vendor drivers, one module per backend, each imported only when a device of its kind is used."""
+"""Vendor drivers, one module per backend, each imported only when a device of its kind is used.
+
+`DeviceArray`, `empty` and `from_numpy` (array.py) give GPU memory without torch; they load on first use.
+"""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from warploop.driver.base import Driver, DriverError
 from warploop.target import DeviceInfo
 
-__all__ = ["Driver", "DriverError", "get_driver"]
+__all__ = ["DeviceArray", "Driver", "DriverError", "empty", "from_numpy", "get_driver"]
 
 
 @functools.cache
@@ -20,3 +24,10 @@ def get_driver(info: DeviceInfo) -> Driver:
         return HipDriver(info)
     from warploop.driver.cpu import CpuDriver
     return CpuDriver(info)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("DeviceArray", "empty", "from_numpy"):
+        from warploop.driver import array
+        return getattr(array, name)
+    raise AttributeError(f"module 'warploop.driver' has no attribute {name!r}")

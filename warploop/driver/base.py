@@ -49,7 +49,21 @@ class GpuDriver(Driver):
 
     @abc.abstractmethod
     def alloc(self, nbytes: int) -> int:
-        """Device memory that lives as long as the process (used for kernel scratch)."""
+        """Device memory (at least 16-byte aligned); kernel scratch keeps it for the life of the process."""
+
+    @abc.abstractmethod
+    def free(self, address: int) -> None:
+        """Return memory from `alloc`; the caller makes sure no queued kernel still uses it."""
+
+    @abc.abstractmethod
+    def copy_from_host(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy `nbytes` from host address `src` to device address `dst`, after all work queued on the
+        device, and return when the host memory may be reused."""
+
+    @abc.abstractmethod
+    def copy_to_host(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy `nbytes` from device address `src` to host address `dst`, after all work queued on the
+        device (any stream), and return when the data is there."""
 
     @abc.abstractmethod
     def error_text(self, code: Any) -> str:

@@ -108,7 +108,28 @@ class CudaDriver(GpuDriver):
         return None if handle == 0 else (self._streams.get(handle) or self._stream_object(handle))
 
     def alloc(self, nbytes: int) -> int:
+        self._bind()
         return int(self._call(self.cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
+
+    def free(self, address: int) -> None:
+        self._bind()
+        self._call(self.cu.cuMemFree(address), "cuMemFree")
+
+    # Copies synchronize the whole context first: torch's streams do not wait for the legacy
+    # default stream that cuMemcpy uses, and a simple array must never race a kernel.
+    def copy_from_host(self, dst: int, src: int, nbytes: int) -> None:
+        self._bind()
+        self._call(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self._call(self.cu.cuMemcpyHtoD(dst, src, nbytes), f"cuMemcpyHtoD({nbytes} bytes)")
+
+    def copy_to_host(self, dst: int, src: int, nbytes: int) -> None:
+        self._bind()
+        self._call(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (a kernel before this copy failed)")
+        self._call(self.cu.cuMemcpyDtoH(dst, src, nbytes), f"cuMemcpyDtoH({nbytes} bytes)")
+
+    def _bind(self) -> None:
+        """Memory calls act on the calling thread's current context, which may not be ours yet."""
+        self._call(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def recover(self, code: Any) -> bool:
         """A thread with no current context gets CUDA_ERROR_INVALID_CONTEXT: bind ours, then retry."""

@@ -55,4 +55,24 @@ class HipDriver(GpuDriver):
         return int(getattr(stream, "cuda_stream", stream) or 0) or None
 
     def alloc(self, nbytes: int) -> int:
+        self._bind()
         return int(self._call(self.hip.hipMalloc(max(nbytes, 1)), f"hipMalloc({nbytes})"))
+
+    def free(self, address: int) -> None:
+        self._bind()
+        self._call(self.hip.hipFree(address), "hipFree")
+
+    # As on CUDA, copies wait for every stream of the device, so they never race a kernel.
+    def copy_from_host(self, dst: int, src: int, nbytes: int) -> None:
+        self._bind()
+        self._call(self.hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+        self._call(self.hip.hipMemcpyHtoD(dst, src, nbytes), f"hipMemcpyHtoD({nbytes} bytes)")
+
+    def copy_to_host(self, dst: int, src: int, nbytes: int) -> None:
+        self._bind()
+        self._call(self.hip.hipDeviceSynchronize(), "hipDeviceSynchronize (a kernel before this copy failed)")
+        self._call(self.hip.hipMemcpyDtoH(dst, src, nbytes), f"hipMemcpyDtoH({nbytes} bytes)")
+
+    def _bind(self) -> None:
+        """HIP's current device is per thread; memory calls act on it."""
+        self._call(self.hip.hipSetDevice(self.info.index), "hipSetDevice")

@@ -41,7 +41,8 @@ class NullDriver(GpuDriver):
         self.record, self.fail_with, self.torch_streams = record, fail_with, torch_streams
         self.launches: list[Launch] = []
         self.allocations: list[int] = []
-        self._memory: list[Any] = []
+        self.freed: list[int] = []
+        self._memory: dict[int, Any] = {}
 
     def load(self, image: bytes, fmt: str, entry: str, shared: int) -> Any:
         return (entry, fmt, len(image))
@@ -65,10 +66,22 @@ class NullDriver(GpuDriver):
         return int(getattr(stream, "cuda_stream", stream) or 0) or None
 
     def alloc(self, nbytes: int) -> int:
-        block = ctypes.create_string_buffer(nbytes)
-        self._memory.append(block)
+        """Host memory standing in for device memory, so copies and the arrays on it can be checked."""
+        block = ctypes.create_string_buffer(max(nbytes, 1))
+        address = ctypes.addressof(block)
+        self._memory[address] = block
         self.allocations.append(nbytes)
-        return ctypes.addressof(block)
+        return address
+
+    def free(self, address: int) -> None:
+        del self._memory[address]
+        self.freed.append(address)
+
+    def copy_from_host(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def copy_to_host(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
 
     def error_text(self, code: Any) -> str:
         return f"NULL_DRIVER_ERROR {code}"
