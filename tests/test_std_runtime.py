@@ -38,8 +38,7 @@ def host_calls_task(ctx, buf, out, n, FMT: tl.constexpr, SQUARE: tl.constexpr, P
     wl.set_result(ctx, std.call(p, SQUARE, -1) + std.status(p))
 
 
-# One backend per process: the CPU executor interprets Triton in-process, and Triton 3.6's interpreter
-# can leave triton.language patched, which would break a GPU compile later in the same process.
+# The GPU where there is one, else the CPU executor (which is what CI, without a GPU, runs).
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
