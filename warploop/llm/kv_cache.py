@@ -101,19 +101,19 @@ class BlockManager:
             seq.block_table.append(self._take())
 
     def can_append(self, seq) -> bool:
-        return not self._needs_block(seq, 0) or self.num_free > 0
+        return self._blocks_needed(seq, 0) <= self.num_free
 
     def can_append_all(self, seqs, ahead: int) -> bool:
         """Room for each sequence's newest token plus `ahead` tokens not yet on the host."""
-        return sum(self._needs_block(seq, ahead) for seq in seqs) <= self.num_free
+        return sum(self._blocks_needed(seq, ahead) for seq in seqs) <= self.num_free
 
     def append(self, seq, ahead: int = 0) -> None:
         """Make room for the KV of the sequence's newest token (and `ahead` more)."""
-        if self._needs_block(seq, ahead):
+        for _ in range(self._blocks_needed(seq, ahead)):
             seq.block_table.append(self._take())
 
-    def _needs_block(self, seq, ahead: int) -> bool:
-        return len(seq.token_ids) + ahead > len(seq.block_table) * self.block_size
+    def _blocks_needed(self, seq, ahead: int) -> int:
+        return max(0, cdiv(len(seq.token_ids) + ahead, self.block_size) - len(seq.block_table))
 
     def commit(self, seq) -> None:
         """Offer the sequence's newly filled blocks to the prefix cache."""

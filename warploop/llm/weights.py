@@ -34,20 +34,6 @@ class ModelWeights:
     norm: object                  # [hidden]
     lm_head: object               # [vocab, hidden]; the embedding itself when tied
 
-    def nbytes(self) -> int:
-        seen, total = set(), 0
-        for t in self.tensors():
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-        return total
-
-    def tensors(self) -> list:
-        out = [self.embed, self.norm, self.lm_head]
-        for layer in self.layers:
-            out += [t for t in dataclasses.astuple(layer) if t is not None]
-        return out
-
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name a Hugging Face checkpoint of this config holds, and its shape."""
