@@ -196,3 +196,18 @@ def test_watch_limits_the_scan_and_host_calls_bind():
     assert len(calls.server._state) == 6
     with pytest.raises(ValueError, match="max_workers=9"):
         calls.bind(type("FakeRuntime", (), {"workers": 9})())
+
+
+def test_a_broken_output_stream_or_hook_fails_the_callers_not_the_server(caplog):
+    ports = allocate_ports(2, pinned=False)
+    out = io.StringIO()
+    out.close()
+    server = HostServer(ports, out=out, on_reply=lambda *r: 1 / 0,
+                        functions={"one": HostFunction(lambda: 1, inline=True)})
+    post(ports, 0, Opcode.PRINT, strings.intern("lost %d"), (1,))
+    post(ports, 1, Opcode.CALL, strings.intern("one"), then=5)
+    with caplog.at_level(logging.WARNING, logger="warploop.std"):
+        assert server.serve_once() == 2
+    assert [int(s) for s in ports[:, Word.STATE]] == [State.DONE, State.DONE]
+    assert (int(ports[0, Word.STATUS]), int(ports[1, Word.RESULT])) == (Status.IO_ERROR, 1)
+    assert "could not be written" in caplog.text and "on_reply hook failed" in caplog.text

@@ -4,6 +4,8 @@ Python functions through mailboxes ("ports") in pinned host memory, answered by 
     warploop.std.device     the Triton functions device code calls (print, clock, time, open, read,
                             write, close, call, and their async forms)
     warploop.std.server     HostServer: the host thread that answers them
+    warploop.std.dispatch   one pass of that thread: batching, the pool, replies, errors
+    warploop.std.handlers   what each request does on the host
     warploop.std.runtime    HostCalls: ports, server, files and buffers for a warploop.Runtime
     warploop.std.protocol   the port layout, opcodes and statuses (documented in docs/std.md)
     warploop.std.files      FileTable: file calls confined to one root directory
