@@ -191,3 +191,14 @@ def test_overlapped_decode_matches_one_request_at_a_time(model_dir):
     for i in range(5):
         assert together[i] == alone[i][:3 + 2 * i]
     assert together[5] == alone[5][:alone[5].index(alone[5][4]) + 1]
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
+    with engine_for(model_dir) as engine:
+        real = engine.backend.forward
+        monkeypatch.setattr(engine.backend, "forward", lambda batch: 1 / 0)
+        out = engine.generate(prompts(1)[0], GREEDY)
+        assert out.finish_reason == "abort" and "ZeroDivisionError" in out.error
+        monkeypatch.setattr(engine.backend, "forward", real)
+        assert engine.generate(prompts(1)[0], GREEDY).finish_reason == "length"
+        assert engine.stats()["kv_blocks_used"] == 0

@@ -176,7 +176,11 @@ class Engine:
                     self._finish(self._requests[rid], None, "", "abort")
             if closed:
                 return
-            self._advance()
+            try:
+                self._advance()
+            except Exception as e:  # a bug here must not leave every client waiting forever
+                self._pending = None
+                self._fail([req.seq for req in list(self._requests.values())], e)
 
     def _advance(self) -> None:
         """Launch the next step; complete the one in flight. When the next step is a decode of the
