@@ -166,7 +166,7 @@ def python_parts(x, spec) -> dict[str, float]:
         return None
 
     names = {"x": x, "signature": signature, "plain": plain, "ident": threading.get_ident, "pack": spec.pack_into,
-             "buf": spec.buffer, "stream": torch._C._cuda_getCurrentRawStream, "f32": torch.float32}
+             "buf": spec.buffer, "stream": getattr(torch._C, "_cuda_getCurrentRawStream", int), "f32": torch.float32}
     parts = {"call, launcher signature": "signature(x, x, x, 4)", "call, plain signature": "plain(x, x, x, 4)",
              "data_ptr()": "x.data_ptr()", "get_device()": "x.get_device()", "dtype is": "x.dtype is f32",
              "thread id": "ident()", "pack_into, 4 slots": "pack(buf, 0, 1, 2, 3, 4)",
