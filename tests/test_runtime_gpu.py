@@ -59,13 +59,13 @@ def run_examples(device: str, data: dict) -> dict:
     out = {}
     with warploop.Runtime(device=device, tasks=ps.TASKS + tr.TASKS + mg.TASKS, workers=4) as rt:
         tmp = torch.empty_like(d["sort"])
-        where = rt.submit(ps.parallel_sort, d["sort"], tmp, d["sort"].numel()).result(timeout=60)
+        where = rt.submit(ps.parallel_sort, d["sort"], tmp, d["sort"].numel()).result(timeout=20)
         out["sort"] = (d["sort"] if where == 1 else tmp).cpu()
         tree = d["tree"]
-        rt.submit(tr.reduce, d["x"], tree, 0, 0, d["x"].numel()).result(timeout=60)
+        rt.submit(tr.reduce, d["x"], tree, 0, 0, d["x"].numel()).result(timeout=20)
         out["tree"] = tree.cpu()
         g = mg.build(rt, d["w1"], d["w2"], d["h"], d["y"])
-        g.run(x=d["xin"], timeout=60)
+        g.run(x=d["xin"], timeout=20)
         out["h"], out["y"] = d["h"].cpu(), d["y"].cpu()
     return out
 
@@ -90,7 +90,7 @@ def test_graph_chain_across_all_workers_and_trace(tmp_path):
         prev = []
         for i in range(3 * rt.workers):                       # every hop crosses to the next worker
             prev = [g.add(bump, x, after=prev, worker=i % rt.workers)]
-        g.run(repeat=5, timeout=60)
+        g.run(repeat=5, timeout=20)
         assert int(x.cpu()) == 15 * rt.workers
         rt.save_trace(str(tmp_path / "trace.json"))
     events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
@@ -101,7 +101,7 @@ def test_graph_chain_across_all_workers_and_trace(tmp_path):
 def test_dynamic_fan_out_and_bad_opcode():
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
     with warploop.Runtime(device="cuda", tasks=[bump, fan_out]) as rt:
-        rt.submit(fan_out, x, 3000).result(timeout=60)
+        rt.submit(fan_out, x, 3000).result(timeout=20)
         assert int(x.cpu()) == 3000
         with pytest.raises(TaskError, match="invalid opcode"):
             rt.submit_descriptor(TaskDescriptor(opcode=4242)).result(timeout=10)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import warploop
@@ -149,26 +150,26 @@ def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
     with warploop.Runtime(device="cuda", tasks=HOP_TASKS, workers=props.multi_processor_count, worker_warps=1,
                           pool=1 << 18) as rt:
         g = hop_graph(rt, x, n)
-        g.run(timeout=60)
+        g.run(timeout=30)
         per_hop = []
         for _ in range(5):
             f = g.launch(repeat=repeat)
-            f.result(timeout=60)
+            f.result(timeout=30)
             per_hop.append(f.device_ns / 1e3 / (repeat * n))
         chain_ok = int(x[-1].cpu()) == 1 + 5 * repeat + n - 1
         fan, each = rt.workers, 1000
-        rt.submit(spawn_tree, counter, fan, 10).result(timeout=60)
+        rt.submit(spawn_tree, counter, fan, 10).result(timeout=30)
         counter_start = int(counter.cpu())
         t0 = time.perf_counter()
-        rt.submit(spawn_tree, counter, fan, each).result(timeout=60)
+        rt.submit(spawn_tree, counter, fan, each).result(timeout=30)
         elapsed = time.perf_counter() - t0
         dyn_ok = int(counter.cpu()) - counter_start == fan * each
         wide = rt.graph()
         for i in range(64 * rt.workers):
             wide.add(noop, worker=i % rt.workers)
-        wide.run(timeout=60)
+        wide.run(timeout=30)
         f = wide.launch(repeat=repeat)
-        f.result(timeout=60)
+        f.result(timeout=30)
         graph_tasks_per_s = len(wide) * repeat / (f.device_ns / 1e9)
         p50, p99 = submit_latency(rt, noop, (), rounds)
         workers = rt.workers
@@ -189,17 +190,30 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int) -> dict:
             ups = [g.add(mlp_up, w1[i], xs[i], h, DIM, r, after=prev) for r in range(0, HIDDEN, UP["BN"])]
             prev = [g.add(mlp_down, w2[i], h, xs[i + 1], HIDDEN, r, after=ups) for r in range(0, DIM, DOWN["BN"])]
         t0 = time.perf_counter()
-        g.run(timeout=120)
+        g.run(timeout=30)
         first_run_s = time.perf_counter() - t0
         out = xs[-1].cpu().cuda()       # a copy, not a kernel: the runtime holds the SMs
         per_run = []
         for _ in range(5):
             f = g.launch(repeat=repeat)
-            f.result(timeout=120)
+            f.result(timeout=30)
             per_run.append(f.device_ns / 1e3 / repeat)
         workers = rt.workers
     return {"warploop_us": statistics.median(per_run), "warploop_out": out, "workers": workers,
             "nodes": len(g), "counters": len(g.schedule.counter_sizes), "first_run_s": first_run_s}
+
+
+def section(name: str, fn, *args, **kwargs) -> dict:
+    """Run one part; on failure record the error (later parts still run) instead of losing the rest."""
+    t0 = time.perf_counter()
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as exc:  # a benchmark reports what broke; it does not hide it
+        print(f"[bench runtime] {name}: FAILED {exc!r}"[:2000], file=sys.stderr, flush=True)
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    shown = {k: v for k, v in out.items() if isinstance(v, (int, float, bool, str))}
+    print(f"[bench runtime] {name} ({time.perf_counter() - t0:.1f} s): {shown}", file=sys.stderr, flush=True)
+    return out
 
 
 def gpu_figures(quick: bool, layers: int) -> dict:
@@ -209,25 +223,27 @@ def gpu_figures(quick: bool, layers: int) -> dict:
     w1, w2, x0 = mlp_weights(torch, layers)
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     bw = copy_gbs(torch)
-    peers = hop_peers(torch, n)
-    mlp = mlp_peers(torch, w1, w2, x0, quick)
     ref = reference(torch, w1, w2, x0)
-    hops = runtime_hops(torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
-    wl = runtime_mlp(torch, w1, w2, x0, repeat=3 if quick else 20)
+    peers = section("hop peers", hop_peers, torch, n)
+    mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick)
+    hops = section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
+    wl = section("runtime mlp", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20)
     floor_us = weight_bytes / (bw * 1e9) * 1e6
     stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
-             "warploop_us": wl["warploop_us"], "cuda_graph_us": mlp["cuda_graph_us"],
-             "torch_eager_us": mlp["torch_eager_us"],
-             "warploop_pct_of_floor": 100 * floor_us / wl["warploop_us"],
-             "cuda_graph_pct_of_floor": 100 * floor_us / mlp["cuda_graph_us"],
-             "torch_eager_pct_of_floor": 100 * floor_us / mlp["torch_eager_us"],
-             "speedup_vs_cuda_graph": mlp["cuda_graph_us"] / wl["warploop_us"],
-             "rel_err_vs_fp32": {"warploop": rel_err(torch, wl["warploop_out"], ref),
-                                 "cuda_graph": rel_err(torch, mlp["peer_out"], ref),
-                                 "torch_eager": rel_err(torch, mlp["eager_out"], ref)},
-             "warploop_workers": wl["workers"], "graph_nodes": wl["nodes"], "graph_counters": wl["counters"],
-             "first_run_s": wl["first_run_s"], "tiles": {"up": UP, "down": DOWN},
-             "per_op_configs": mlp["per_op_configs"]}
-    return {"hops": n, **peers, **hops,
-            "hop_speedup_vs_cuda_graph": peers["cuda_graph_node_us"] / hops["dependent_hop_us"],
-            "mlp_stack": stack}
+             "warploop_us": wl.get("warploop_us"), "cuda_graph_us": mlp.get("cuda_graph_us"),
+             "torch_eager_us": mlp.get("torch_eager_us"), "tiles": {"up": UP, "down": DOWN}}
+    for name, key in (("warploop", "warploop_us"), ("cuda_graph", "cuda_graph_us"), ("torch_eager", "torch_eager_us")):
+        if stack[key]:
+            stack[f"{name}_pct_of_floor"] = 100 * floor_us / stack[key]
+    if stack["warploop_us"] and stack["cuda_graph_us"]:
+        stack["speedup_vs_cuda_graph"] = stack["cuda_graph_us"] / stack["warploop_us"]
+    outs = {"warploop": wl.get("warploop_out"), "cuda_graph": mlp.get("peer_out"), "torch_eager": mlp.get("eager_out")}
+    stack["rel_err_vs_fp32"] = {k: rel_err(torch, v, ref) for k, v in outs.items() if v is not None}
+    stack.update({k: v for k, v in wl.items() if k in ("workers", "nodes", "counters", "first_run_s", "error")})
+    stack.update({k: v for k, v in mlp.items() if k in ("per_op_configs",)})
+    if "error" in mlp:
+        stack["peer_error"] = mlp["error"]
+    out = {"hops": n, **peers, **hops, "mlp_stack": stack}
+    if hops.get("dependent_hop_us") and peers.get("cuda_graph_node_us"):
+        out["hop_speedup_vs_cuda_graph"] = peers["cuda_graph_node_us"] / hops["dependent_hop_us"]
+    return out

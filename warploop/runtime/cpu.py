@@ -85,9 +85,9 @@ class CpuExecutor:
             return True
         if self.ctl(L.C_GRAPH_DONE) != self.ctl(L.C_RUN_SEQ) * self.workers:
             return False
-        if self.ctl(L.C_GREQ_LEFT) > 0 or self.ctl(L.C_GREQ_CUR) > 0:
+        if self.ctl(L.C_RUN_SEQ) < self.ctl(L.C_GREQ_END) or self.ctl(L.C_GREQ_HEAD) > self.ctl(L.C_GREQ_DONE):
             return True
-        ghead = self.ctl(L.C_GREQ_HEAD)
+        ghead = self.ctl(L.C_GREQ_HEAD)    # requests taken so far
         return h[hl.greq + (ghead % L.GREQ_SLOTS) * L.GREQ_WORDS] == to_i32(ghead + 1)
 
     def _graph_step(self) -> bool:

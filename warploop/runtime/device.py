@@ -38,6 +38,7 @@ from warploop.runtime.sched import (
     p64,
     push,
     report_error,
+    uload,
     wait_ge,
     write_header,
 )
@@ -144,7 +145,7 @@ def then(ctx, handle, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0
 def join(ctx, handle):
     """Wait, holding this worker, until `handle` completes (or the runtime is aborted)."""
     arena = arena_of(ctx)
-    issued = tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
+    issued = uload(ctl(arena, L.C_NEXT_ID))
     if (handle < 0) | (handle >= issued):
         report_error(arena, ERR_BAD_HANDLE, 0, worker_id(ctx), 0, handle, 0)
     else:

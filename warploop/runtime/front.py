@@ -36,6 +36,7 @@ from warploop.runtime.sched import (
     i64,
     p64,
     push,
+    uload,
 )
 
 
@@ -45,55 +46,53 @@ def graph_entry(arena, gid):
 
 
 @triton.jit
-def release_run(arena, gid):
-    """Start one run of graph `gid`: bump its epoch, then publish the run to the workers."""
+def release_run(arena, gid, runs):
+    """Start run `runs + 1` (one more run of graph `gid`): bump its epoch, then publish it."""
     entry = graph_entry(arena, gid)
-    epoch = tl.load(entry + L.G_RUNS) + 1
+    epoch = uload(entry + L.G_RUNS) + 1
     tl.store(entry + L.G_RUNS, epoch)
     tl.store(ctl(arena, L.C_RUN_GID), i64(gid))
     tl.store(ctl(arena, L.C_RUN_EPOCH), i64(epoch))
-    seq = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
     tl.debug_barrier()
-    tl.atomic_xchg(ctl(arena, L.C_RUN_SEQ), seq + 1, sem="release")
+    tl.atomic_xchg(ctl(arena, L.C_RUN_SEQ), runs + 1, sem="release")
 
 
 @triton.jit
 def graphs_step(arena, host, BACKEND: tl.constexpr):
-    """Advance the graph state machine; returns True while a graph request is in flight."""
+    """Advance the graph state machine; returns True while a graph request is in flight.
+
+    All its state grows monotonically (runs released, requests taken, run count at which the
+    current request ends, requests reported), so uload reads it exactly.
+    """
     workers = tl.load(arena + L.H_WORKERS)
-    runs = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
-    finished = tl.load(ctl(arena, L.C_GRAPH_DONE), volatile=True)
-    current = tl.load(ctl(arena, L.C_GREQ_CUR), volatile=True)
-    busy = current > 0
-    if finished == runs * workers:
+    runs = uload(ctl(arena, L.C_RUN_SEQ))
+    taken = uload(ctl(arena, L.C_GREQ_HEAD))
+    reported = uload(ctl(arena, L.C_GREQ_DONE))
+    busy = taken > reported
+    if uload(ctl(arena, L.C_GRAPH_DONE)) == runs * workers:      # no run in flight
         tl.atomic_add(ctl(arena, L.C_GRAPH_DONE), i64(0), sem="acquire")
-        left = tl.load(ctl(arena, L.C_GREQ_LEFT), volatile=True)
-        if left > 0:
-            tl.store(ctl(arena, L.C_GREQ_LEFT), left - 1)
-            release_run(arena, tl.load(ctl(arena, L.C_RUN_GID), volatile=True).to(tl.int32))
+        if runs < uload(ctl(arena, L.C_GREQ_END)):
+            release_run(arena, uload(ctl(arena, L.C_RUN_GID)).to(tl.int32), runs)
         else:
-            if current > 0:
+            if busy:
                 elapsed = clock(BACKEND) - tl.load(ctl(arena, L.C_GRAPH_T0), volatile=True)
                 tl.store(p64(host + L.HB_GRAPH_NS), elapsed)
-                tl.store(ctl(arena, L.C_GREQ_CUR), i64(0))
+                tl.store(ctl(arena, L.C_GREQ_DONE), taken)
                 tl.debug_barrier()
-                tl.atomic_xchg(p64(host + L.HB_GRAPH_DONE), current, sem="release", scope="sys")
-                busy = False
-            head = tl.load(ctl(arena, L.C_GREQ_HEAD), volatile=True)
-            req = host + HOST_GREQ + (head % GREQ_SLOTS) * GREQ_WORDS
-            if tl.load(req, volatile=True) == (head + 1).to(tl.int32):
+                tl.atomic_xchg(p64(host + L.HB_GRAPH_DONE), taken, sem="release", scope="sys")
+            req = host + HOST_GREQ + (taken % GREQ_SLOTS) * GREQ_WORDS
+            busy = uload(req) == (taken + 1).to(tl.int32)
+            if busy:
                 gid = tl.load(req + 1, volatile=True)
                 repeat = tl.load(req + 2, volatile=True)
                 k = tl.arange(0, MAX_PARAMS)
                 params = tl.load(p64(req + 8) + k, volatile=True)
                 dst = tl.load(p64(graph_entry(arena, gid) + L.G_PARAMS)).to(tl.pointer_type(tl.int64))
                 tl.store(dst + k, params)
-                tl.store(ctl(arena, L.C_GREQ_HEAD), head + 1)
-                tl.store(ctl(arena, L.C_GREQ_CUR), head + 1)
-                tl.store(ctl(arena, L.C_GREQ_LEFT), i64(repeat - 1))
+                tl.store(ctl(arena, L.C_GREQ_HEAD), taken + 1)
+                tl.store(ctl(arena, L.C_GREQ_END), runs + repeat)
                 tl.store(ctl(arena, L.C_GRAPH_T0), clock(BACKEND))
-                release_run(arena, gid)
-                busy = True
+                release_run(arena, gid, runs)
     return busy
 
 
@@ -101,14 +100,14 @@ def graphs_step(arena, host, BACKEND: tl.constexpr):
 def front_step(arena, BACKEND: tl.constexpr):
     """One round of host bridging. Returns False once the front may exit (draining, nothing left)."""
     host = host_block(arena)
-    stop = tl.load(host + L.HB_STOP, volatile=True)
-    seen_stop = tl.load(ctl(arena, L.C_STOP), volatile=True)
+    stop = uload(host + L.HB_STOP)
+    seen_stop = uload(ctl(arena, L.C_STOP))
     if stop > seen_stop:
         tl.atomic_xchg(ctl(arena, L.C_STOP), i64(stop), sem="release")
     nslots = tl.load(arena + L.H_SUBMIT)
-    head = tl.load(ctl(arena, L.C_SUBMIT_HEAD), volatile=True)
+    head = uload(ctl(arena, L.C_SUBMIT_HEAD))
     slot = host + HOST_SUBMIT + (head % nslots) * SLOT_WORDS
-    took = tl.load(slot, volatile=True) == (head + 1).to(tl.int32)
+    took = uload(slot) == (head + 1).to(tl.int32)
     if took:
         words = tl.load(slot + SLOT_DESC + tl.arange(0, 32), volatile=True)
         tid = alloc_task(arena, i64(-1), head, -1)
@@ -118,6 +117,7 @@ def front_step(arena, BACKEND: tl.constexpr):
         tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
         tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
     busy = graphs_step(arena, host, BACKEND)
+    tl.debug_barrier()      # this program's own state words: visible to all its warps next round
     # Exit on abort; when draining, only after a whole round that began with the stop word
     # already seen found nothing to take (bus reads may pass each other within one round).
     alive = seen_stop < ABORT

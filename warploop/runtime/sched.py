@@ -10,6 +10,10 @@ complete" for as long as anyone can hold the handle, and a slot is free for id o
 id - P. Ready ids travel through an MPMC ring of int64 entries (0: empty, else id + 1).
 
 Every spin checks the stop word, so an abort from the host ends every wait.
+
+Branches on shared words use `uload`, never a plain load: each warp of a program loads on its
+own and may see a different value, and warps that take different branches deadlock in the
+barriers Triton puts inside scalar atomics.
 """
 import triton
 import triton.language as tl
@@ -35,12 +39,23 @@ SLOT_DESC = tl.constexpr(L.SLOT_DESC)
 COMPLETION_WORDS = tl.constexpr(L.COMPLETION_WORDS)
 HOST_GREQ = tl.constexpr(L.HostLayout().greq)
 HOST_SUBMIT = tl.constexpr(L.HostLayout().submit)
+UNIFORM = tl.constexpr(128)
 
 
 @triton.jit
 def p64(p):
     """View an int32 pointer as an int64 pointer (the address must be 8-byte aligned)."""
     return p.to(tl.pointer_type(tl.int64), bitcast=True)
+
+
+@triton.jit
+def uload(p):
+    """Read a shared word so that every thread of the program agrees on the value.
+
+    All threads load, then take the maximum (a reduction through shared memory): every word read
+    this way only ever grows, so the maximum is a value that really was there, and the newest.
+    """
+    return tl.max(tl.load(p + tl.zeros([UNIFORM], tl.int32), volatile=True), axis=0)
 
 
 @triton.jit
@@ -78,7 +93,7 @@ def i64(x):
 
 @triton.jit
 def stopped(arena):
-    return tl.load(ctl(arena, L.C_STOP), volatile=True) >= ABORT
+    return uload(ctl(arena, L.C_STOP)) >= ABORT
 
 
 @triton.jit
@@ -120,6 +135,7 @@ def wait_ge(arena, p, target, BACKEND: tl.constexpr):
         go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
     if BACKEND != "cuda":
         tl.atomic_add(p, i64(0), sem="acquire")
+        tl.debug_barrier()      # thread 0 acquired; order every warp's loads after it
     return v >= target
 
 
@@ -146,7 +162,7 @@ def alloc_task(arena, parent, ticket, worker):
     pool = tl.load(arena + L.H_POOL)
     tid = tl.atomic_add(ctl(arena, L.C_NEXT_ID), i64(1), sem="relaxed")
     slot = tid % pool
-    if tl.load(meta64(arena, L.M_DONE, slot), volatile=True) != tid - pool:
+    if uload(meta64(arena, L.M_DONE, slot)) != tid - pool:
         report_error(arena, E.ERR_POOL_FULL, 0, worker, pool, tid, 1)
         tid = i64(-1)
     else:
@@ -187,8 +203,8 @@ def push(arena, tid):
 def try_pop(arena):
     """Claim one ready task id, or -1 when the ring is empty."""
     head_p = ctl(arena, L.C_RING_HEAD)
-    head = tl.load(head_p, volatile=True)
-    tail = tl.load(ctl(arena, L.C_RING_TAIL), volatile=True)
+    head = uload(head_p)
+    tail = uload(ctl(arena, L.C_RING_TAIL))
     tid = i64(-1)
     if head < tail:
         if tl.atomic_cas(head_p, head, head + 1, sem="relaxed") == head:
@@ -256,7 +272,7 @@ def complete(arena, tid, status):
 def attach(arena, handle, cont, worker):
     """Run task `cont` once `handle` completes: link it on the handle's list, or push it now."""
     pool = tl.load(arena + L.H_POOL)
-    issued = tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
+    issued = uload(ctl(arena, L.C_NEXT_ID))
     if (handle < 0) | (handle >= issued):
         if handle >= issued:
             report_error(arena, E.ERR_BAD_HANDLE, 0, worker, 0, handle, 0)
@@ -265,7 +281,7 @@ def attach(arena, handle, cont, worker):
         slot = handle % pool
         linked = False
         while not linked:
-            done = tl.load(meta64(arena, L.M_DONE, slot), volatile=True) >= handle
+            done = uload(meta64(arena, L.M_DONE, slot)) >= handle
             old = tl.atomic_add(meta64(arena, L.M_THEN_HEAD, slot), i64(0), sem="acquire")
             if done | (old == -2 * handle - 3):
                 push(arena, cont)
@@ -281,7 +297,7 @@ def write_trace(arena, ctx, worker, t0, t1, opcode, ident):
     """Append one event to this worker's trace ring (start, end, opcode, worker, id)."""
     cap = tl.load(arena + L.H_TRACE_CAP)
     base = tl.load(p64(arena + L.H_TRACE_ADDR)).to(tl.pointer_type(tl.int32))
-    n = tl.load(ctx + L.X_TRACE)
+    n = tl.load(ctx + L.X_TRACE, volatile=True)
     ev = base + (worker * cap + n % cap) * L.TRACE_WORDS
     tl.store(p64(ev), t0)
     tl.store(p64(ev + 2), t1)
@@ -294,9 +310,9 @@ def write_trace(arena, ctx, worker, t0, t1, opcode, ident):
 @triton.jit
 def arg(d, j: tl.constexpr, pmask, params):
     """Argument slot j of descriptor d, read from the graph parameters when its mask bit is set."""
-    v = tl.load(p64(d + ARG_WORD) + j)
+    v = tl.load(p64(d + ARG_WORD) + j, volatile=True)     # pool slots are reused: bypass L1
     if (pmask >> j) & 1:
-        v = tl.load(params + (v & (MAX_PARAMS - 1)))
+        v = tl.load(params + (v & (MAX_PARAMS - 1)), volatile=True)   # rewritten by every request
     return v
 
 
@@ -321,3 +337,4 @@ def stage_waits(ctx, c0, t0, c1, t1):
     tl.store(ctx + L.X_WAIT + 1, c1)
     tl.store(p64(ctx + L.X_WAIT_TARGET), t0)
     tl.store(p64(ctx + L.X_WAIT_TARGET) + 1, t1)
+    tl.debug_barrier()      # thread 0 stored these; every warp of the body reads them

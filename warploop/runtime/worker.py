@@ -37,6 +37,7 @@ from warploop.runtime.sched import (
     p64,
     report_error,
     try_pop,
+    uload,
     write_trace,
 )
 
@@ -56,12 +57,13 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, TRACE: tl.const
     tl.store(p64(ctx + L.X_TASK), tid)
     tl.store(ctx + L.X_NODE, -1)
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
-    op = tl.load(d)
+    op = tl.load(d, volatile=True)
     # Dynamic descriptors carry no graph fields; anything else is a corrupt or foreign descriptor.
-    valid = ((tl.load(d + 2) == 0) & (tl.load(d + 3) == -1) & (tl.load(d + 4) == -1)
-             & (tl.load(d + 6) == -1))
+    valid = ((tl.load(d + 2, volatile=True) == 0) & (tl.load(d + 3, volatile=True) == -1)
+             & (tl.load(d + 4, volatile=True) == -1) & (tl.load(d + 6, volatile=True) == -1))
     t0 = clock(BACKEND)
     status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
+    tl.debug_barrier()      # the context words above (thread 0 stores) before the body reads them
     if valid:
         nowhere = p64(arena)
         status = DISPATCH(arena, ctx, d, op, 0, nowhere, nowhere, -1, i64(0), -1, i64(0), BACKEND)
@@ -77,20 +79,21 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, TRACE: tl.const
 def run_inst(arena, ctx, worker, d, counters, ncounters, params, epoch,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
     """Run one static-graph instruction: (its waits,) its body, then signal its counter."""
-    op = tl.load(d)
-    node = tl.load(d + 1)
-    pmask = tl.load(d + 2)
-    sig = tl.load(d + 3)
-    c0 = tl.load(d + 4)
-    n0 = tl.load(d + 5)
-    c1 = tl.load(d + 6)
-    n1 = tl.load(d + 7)
+    op = tl.load(d, volatile=True)
+    node = tl.load(d + 1, volatile=True)
+    pmask = tl.load(d + 2, volatile=True)
+    sig = tl.load(d + 3, volatile=True)
+    c0 = tl.load(d + 4, volatile=True)
+    n0 = tl.load(d + 5, volatile=True)
+    c1 = tl.load(d + 6, volatile=True)
+    n1 = tl.load(d + 7, volatile=True)
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
              & (pmask >= 0) & ((pmask >> MAX_ARGS) == 0))
     tl.store(ctx + L.X_NODE, node)
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
     t0 = clock(BACKEND)
     status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
+    tl.debug_barrier()      # the context words above (thread 0 stores) before the body reads them
     if valid:
         status = DISPATCH(arena, ctx, d, op, pmask, params, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
     if status == 0:
@@ -108,17 +111,18 @@ def run_inst(arena, ctx, worker, d, counters, ncounters, params, epoch,
 @triton.jit
 def graph_run_start(arena, ctx, worker):
     """Read the released run: (first instruction, end, instructions, counters, ncounters, params, epoch)."""
-    entry = graph_entry(arena, tl.load(ctl(arena, L.C_RUN_GID)).to(tl.int32))
-    epoch = tl.load(ctl(arena, L.C_RUN_EPOCH))
-    insts = tl.load(p64(entry + L.G_INSTS)).to(tl.pointer_type(tl.int32))
-    table = tl.load(p64(entry + L.G_WORKER_TABLE)).to(tl.pointer_type(tl.int32))
-    counters = tl.load(p64(entry + L.G_COUNTERS)).to(tl.pointer_type(tl.int64))
-    params = tl.load(p64(entry + L.G_PARAMS)).to(tl.pointer_type(tl.int64))
-    ncounters = tl.load(entry + L.G_NCOUNTERS)
-    first = tl.load(table + 2 * worker)
+    # Volatile: these words change between runs, and L1 is not coherent with the front or the host.
+    entry = graph_entry(arena, tl.load(ctl(arena, L.C_RUN_GID), volatile=True).to(tl.int32))
+    epoch = tl.load(ctl(arena, L.C_RUN_EPOCH), volatile=True)
+    insts = tl.load(p64(entry + L.G_INSTS), volatile=True).to(tl.pointer_type(tl.int32))
+    table = tl.load(p64(entry + L.G_WORKER_TABLE), volatile=True).to(tl.pointer_type(tl.int32))
+    counters = tl.load(p64(entry + L.G_COUNTERS), volatile=True).to(tl.pointer_type(tl.int64))
+    params = tl.load(p64(entry + L.G_PARAMS), volatile=True).to(tl.pointer_type(tl.int64))
+    ncounters = tl.load(entry + L.G_NCOUNTERS, volatile=True)
+    first = tl.load(table + 2 * worker, volatile=True)
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
-    return first, first + tl.load(table + 2 * worker + 1), insts, counters, ncounters, params, epoch
+    return first, first + tl.load(table + 2 * worker + 1, volatile=True), insts, counters, ncounters, params, epoch
 
 
 @triton.jit
@@ -144,9 +148,9 @@ def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, TRACE: tl.constexpr, B
 @triton.jit
 def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
     """One pass of a worker: a released graph run, else one ready task. Returns (alive, runs seen)."""
-    stop = tl.load(ctl(arena, L.C_STOP), volatile=True)
+    stop = uload(ctl(arena, L.C_STOP))
     alive = stop < ABORT
-    runs = tl.load(ctl(arena, L.C_RUN_SEQ), volatile=True)
+    runs = uload(ctl(arena, L.C_RUN_SEQ))
     if alive:
         if runs > seen:
             tl.atomic_add(ctl(arena, L.C_RUN_SEQ), i64(0), sem="acquire")
@@ -159,9 +163,8 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.cons
             else:
                 idle_pause(BACKEND)
             if (tid < 0) & (stop == DRAIN):
-                live = (tl.load(ctl(arena, L.C_NEXT_ID), volatile=True)
-                        - tl.load(ctl(arena, L.C_COMPLETED), volatile=True))
-                alive = (tl.load(ctl(arena, L.C_FRONT_DONE), volatile=True) == 0) | (live > 0)
+                live = uload(ctl(arena, L.C_NEXT_ID)) - uload(ctl(arena, L.C_COMPLETED))
+                alive = (uload(ctl(arena, L.C_FRONT_DONE)) == 0) | (live > 0)
     return alive, seen
 
 
