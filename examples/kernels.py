@@ -2,7 +2,7 @@
 
 Each is an ordinary Triton kernel (it still runs under Triton's JIT); `@warploop.export` records the
 signature and constexpr values to compile it with ahead of time. `warploop bench bundle` checks every
-one against torch (its cases live in warploop/bench/bundle.py, which must not import Triton).
+one against float64 references (its cases live in warploop/bench/bundle_child.py, which must not import Triton).
 """
 import triton
 import triton.language as tl
