@@ -8,14 +8,10 @@ import time
 import warploop
 from warploop.bench.runtime import hop_graph, submit_latency
 from warploop.bench.runtime_kernels import (
-    DOWN,
     HOP_TASKS,
-    MLP_TASKS,
-    UP,
+    MLP_VARIANTS,
     gemv_kernel,
     hop_kernel,
-    mlp_down,
-    mlp_up,
     noop,
     spawn_tree,
 )
@@ -178,17 +174,18 @@ def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
             "submit_p50_us": p50, "submit_p99_us": p99}
 
 
-def runtime_mlp(torch, w1, w2, x0, repeat: int) -> dict:
+def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str) -> dict:
+    up_task, down_task, up, down = MLP_VARIANTS[variant]
     layers = len(w1)
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     # 512 tiles per GEMV: 256 workers run exactly two each (balanced), about two per SM.
-    with warploop.Runtime(device="cuda", tasks=MLP_TASKS, workers=MLP_WORKERS) as rt:
+    with warploop.Runtime(device="cuda", tasks=[up_task, down_task], workers=MLP_WORKERS) as rt:
         g = rt.graph()
         prev = []
         for i in range(layers):
-            ups = [g.add(mlp_up, w1[i], xs[i], h, DIM, r, after=prev) for r in range(0, HIDDEN, UP["BN"])]
-            prev = [g.add(mlp_down, w2[i], h, xs[i + 1], HIDDEN, r, after=ups) for r in range(0, DIM, DOWN["BN"])]
+            ups = [g.add(up_task, w1[i], xs[i], h, DIM, r, after=prev) for r in range(0, HIDDEN, up["BN"])]
+            prev = [g.add(down_task, w2[i], h, xs[i + 1], HIDDEN, r, after=ups) for r in range(0, DIM, down["BN"])]
         t0 = time.perf_counter()
         g.run(timeout=30)
         first_run_s = time.perf_counter() - t0
@@ -198,9 +195,11 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int) -> dict:
             f = g.launch(repeat=repeat)
             f.result(timeout=30)
             per_run.append(f.device_ns / 1e3 / repeat)
+        replay_out = xs[-1].cpu().cuda()
         workers = rt.workers
-    return {"warploop_us": statistics.median(per_run), "warploop_out": out, "workers": workers,
-            "nodes": len(g), "counters": len(g.schedule.counter_sizes), "first_run_s": first_run_s}
+    return {"warploop_us": statistics.median(per_run), "warploop_out": out, "replay_out": replay_out,
+            "workers": workers, "nodes": len(g), "counters": len(g.schedule.counter_sizes),
+            "first_run_s": first_run_s, "tiles": {"up": up, "down": down}}
 
 
 def section(name: str, fn, *args, **kwargs) -> dict:
@@ -227,11 +226,20 @@ def gpu_figures(quick: bool, layers: int) -> dict:
     peers = section("hop peers", hop_peers, torch, n)
     mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick)
     hops = section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
-    wl = section("runtime mlp", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20)
+    variants = {name: section(f"runtime mlp {name}", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20,
+                              variant=name) for name in MLP_VARIANTS}
+    for v in variants.values():
+        if "warploop_out" in v:
+            v["rel_err_vs_fp32"] = rel_err(torch, v["warploop_out"], ref)
+            v["replay_matches_first_run"] = bool(torch.equal(v.pop("replay_out"), v["warploop_out"]))
+    # The figure is the fastest schedule whose output is right (the peer is also a best-of-configs).
+    good = [v for v in variants.values()
+            if v.get("rel_err_vs_fp32", float("inf")) < 0.05 and v.get("replay_matches_first_run")]
+    wl = min(good, key=lambda v: v["warploop_us"]) if good else {}
     floor_us = weight_bytes / (bw * 1e9) * 1e6
     stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
              "warploop_us": wl.get("warploop_us"), "cuda_graph_us": mlp.get("cuda_graph_us"),
-             "torch_eager_us": mlp.get("torch_eager_us"), "tiles": {"up": UP, "down": DOWN}}
+             "torch_eager_us": mlp.get("torch_eager_us"), "tiles": wl.get("tiles")}
     for name, key in (("warploop", "warploop_us"), ("cuda_graph", "cuda_graph_us"), ("torch_eager", "torch_eager_us")):
         if stack[key]:
             stack[f"{name}_pct_of_floor"] = 100 * floor_us / stack[key]
@@ -239,7 +247,8 @@ def gpu_figures(quick: bool, layers: int) -> dict:
         stack["speedup_vs_cuda_graph"] = stack["cuda_graph_us"] / stack["warploop_us"]
     outs = {"warploop": wl.get("warploop_out"), "cuda_graph": mlp.get("peer_out"), "torch_eager": mlp.get("eager_out")}
     stack["rel_err_vs_fp32"] = {k: rel_err(torch, v, ref) for k, v in outs.items() if v is not None}
-    stack.update({k: v for k, v in wl.items() if k in ("workers", "nodes", "counters", "first_run_s", "error")})
+    stack.update({k: v for k, v in wl.items() if k in ("workers", "nodes", "counters", "first_run_s")})
+    stack["variants"] = {name: {k: val for k, val in v.items() if k != "warploop_out"} for name, v in variants.items()}
     stack.update({k: v for k, v in mlp.items() if k in ("per_op_configs",)})
     if "error" in mlp:
         stack["peer_error"] = mlp["error"]

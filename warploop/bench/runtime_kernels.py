@@ -56,21 +56,39 @@ HOP_TASKS = [hop, tick, noop, spawn_ticks, spawn_tree]
 
 # -- the MLP stack: bf16 GEMV tiles ------------------------------------------------------------------
 @triton.jit
-def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr):
-    """y[row0:row0+BN] = act(w[row0:row0+BN, :] @ x) for row-major bf16 w with k columns (k % BK == 0).
+def dot_chunk(wt, x, cols):
+    return tl.sum(wt.to(tl.float32) * tl.load(x + cols).to(tl.float32)[None, :], axis=1)
 
-    With WAIT, the first weight chunk is issued before waiting for x (weights need no predecessor).
+
+@triton.jit
+def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
+              PIPE: tl.constexpr = False):
+    """y[row0:row0+BN] = act(w[row0:row0+BN, :] @ x) for row-major bf16 w, k columns, k % BK == 0.
+
+    With WAIT, weights are issued before waiting for x (they need no predecessor). PIPE keeps two
+    chunks in flight (k >= 2 BK): each chunk is issued before the one two behind it is reduced.
     """
     rows = row0 + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     tile = w + rows[:, None] * k + cols[None, :]
-    first = tl.load(tile, eviction_policy="evict_first")
-    if WAIT:
-        wl.wait(ctx)
-    acc = tl.sum(first.to(tl.float32) * tl.load(x + cols).to(tl.float32)[None, :], axis=1)
-    for k0 in range(BK, k, BK):
-        wt = tl.load(tile + k0, eviction_policy="evict_first")
-        acc += tl.sum(wt.to(tl.float32) * tl.load(x + k0 + cols).to(tl.float32)[None, :], axis=1)
+    a = tl.load(tile, eviction_policy="evict_first")
+    if PIPE:
+        b = tl.load(tile + BK, eviction_policy="evict_first")
+        if WAIT:
+            wl.wait(ctx)
+        acc = tl.zeros([BN], tl.float32)
+        for k0 in range(2 * BK, k, BK):
+            c = tl.load(tile + k0, eviction_policy="evict_first")
+            acc += dot_chunk(a, x + k0 - 2 * BK, cols)
+            a = b
+            b = c
+        acc += dot_chunk(a, x + k - 2 * BK, cols) + dot_chunk(b, x + k - BK, cols)
+    else:
+        if WAIT:
+            wl.wait(ctx)
+        acc = dot_chunk(a, x, cols)
+        for k0 in range(BK, k, BK):
+            acc += dot_chunk(tl.load(tile + k0, eviction_policy="evict_first"), x + k0, cols)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     tl.store(y + rows, acc.to(tl.bfloat16))
@@ -93,7 +111,25 @@ def mlp_down(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
     gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True)
 
 
-MLP_TASKS = [mlp_up, mlp_down]
+UP_PIPE = {"BN": 16, "BK": 256}  # the same tiles, half-size chunks, two in flight
+DOWN_PIPE = {"BN": 4, "BK": 1024}
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_PIPE, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_pipe(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
+    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, True)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_PIPE, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_pipe(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
+    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, True)
+
+
+# name -> (up task, down task, up tiles, down tiles); each variant is its own runtime
+MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN),
+                "pipelined": (mlp_up_pipe, mlp_down_pipe, UP_PIPE, DOWN_PIPE)}
 
 
 @triton.jit

@@ -28,6 +28,7 @@ from warploop.runtime.sched import (
     MAX_PARAMS,
     SLOT_DESC,
     SLOT_WORDS,
+    acquire,
     alloc_task,
     clock,
     ctl,
@@ -37,6 +38,7 @@ from warploop.runtime.sched import (
     p64,
     push,
     uload,
+    uload3,
 )
 
 
@@ -58,7 +60,7 @@ def release_run(arena, gid, runs):
 
 
 @triton.jit
-def graphs_step(arena, host, BACKEND: tl.constexpr):
+def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
     """Advance the graph state machine; returns True while a graph request is in flight.
 
     All its state grows monotonically (runs released, requests taken, run count at which the
@@ -66,11 +68,10 @@ def graphs_step(arena, host, BACKEND: tl.constexpr):
     """
     workers = tl.load(arena + L.H_WORKERS)
     runs = uload(ctl(arena, L.C_RUN_SEQ))
-    taken = uload(ctl(arena, L.C_GREQ_HEAD))
     reported = uload(ctl(arena, L.C_GREQ_DONE))
     busy = taken > reported
     if uload(ctl(arena, L.C_GRAPH_DONE)) == runs * workers:      # no run in flight
-        tl.atomic_add(ctl(arena, L.C_GRAPH_DONE), i64(0), sem="acquire")
+        acquire(ctl(arena, L.C_GRAPH_DONE))
         if runs < uload(ctl(arena, L.C_GREQ_END)):
             release_run(arena, uload(ctl(arena, L.C_RUN_GID)).to(tl.int32), runs)
         else:
@@ -81,7 +82,7 @@ def graphs_step(arena, host, BACKEND: tl.constexpr):
                 tl.debug_barrier()
                 tl.atomic_xchg(p64(host + L.HB_GRAPH_DONE), taken, sem="release", scope="sys")
             req = host + HOST_GREQ + (taken % GREQ_SLOTS) * GREQ_WORDS
-            busy = uload(req) == (taken + 1).to(tl.int32)
+            busy = req_seq == (taken + 1).to(tl.int32)
             if busy:
                 gid = tl.load(req + 1, volatile=True)
                 repeat = tl.load(req + 2, volatile=True)
@@ -100,14 +101,16 @@ def graphs_step(arena, host, BACKEND: tl.constexpr):
 def front_step(arena, BACKEND: tl.constexpr):
     """One round of host bridging. Returns False once the front may exit (draining, nothing left)."""
     host = host_block(arena)
-    stop = uload(host + L.HB_STOP)
     seen_stop = uload(ctl(arena, L.C_STOP))
+    head = uload(ctl(arena, L.C_SUBMIT_HEAD))
+    taken = uload(ctl(arena, L.C_GREQ_HEAD))
+    slot_off = HOST_SUBMIT + (head % tl.load(arena + L.H_SUBMIT)) * SLOT_WORDS
+    req_off = HOST_GREQ + (taken % GREQ_SLOTS) * GREQ_WORDS
+    stop, slot_seq, req_seq = uload3(host, L.HB_STOP, slot_off.to(tl.int32), req_off.to(tl.int32))
     if stop > seen_stop:
         tl.atomic_xchg(ctl(arena, L.C_STOP), i64(stop), sem="release")
-    nslots = tl.load(arena + L.H_SUBMIT)
-    head = uload(ctl(arena, L.C_SUBMIT_HEAD))
-    slot = host + HOST_SUBMIT + (head % nslots) * SLOT_WORDS
-    took = uload(slot) == (head + 1).to(tl.int32)
+    slot = host + slot_off
+    took = slot_seq == (head + 1).to(tl.int32)
     if took:
         words = tl.load(slot + SLOT_DESC + tl.arange(0, 32), volatile=True)
         tid = alloc_task(arena, i64(-1), head, -1)
@@ -116,13 +119,15 @@ def front_step(arena, BACKEND: tl.constexpr):
             push(arena, tid)
         tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
         tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
-    busy = graphs_step(arena, host, BACKEND)
+    busy = graphs_step(arena, host, taken, req_seq, BACKEND)
     tl.debug_barrier()      # this program's own state words: visible to all its warps next round
     # Exit on abort; when draining, only after a whole round that began with the stop word
     # already seen found nothing to take (bus reads may pass each other within one round).
+    # The front outlives the workers: only it copies the host's stop word, and a drain that
+    # never finishes must still be abortable.
     alive = seen_stop < ABORT
     if (seen_stop == DRAIN) & (not took) & (not busy):
-        alive = False
         tl.atomic_xchg(ctl(arena, L.C_FRONT_DONE), i64(1), sem="release")
+        alive = uload(ctl(arena, L.C_EXITED)) < tl.load(arena + L.H_WORKERS)
     return alive
 

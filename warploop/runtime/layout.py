@@ -33,8 +33,8 @@ H_PORTS_ADDR = 20    # int64: warploop.std port array (Runtime(ports=...)), 0 if
 # Control lines: each is one int64 at the start of its own line, at arena word CTL + LINE * index.
 (C_STOP, C_RING_HEAD, C_RING_TAIL, C_NEXT_ID, C_COMPLETED, C_RUN_SEQ, C_RUN_GID, C_RUN_EPOCH,
  C_GRAPH_DONE, C_SUBMIT_HEAD, C_GREQ_HEAD, C_GREQ_DONE, C_GREQ_END, C_FRONT_DONE, C_ERROR,
- C_GRAPH_T0) = range(16)
-N_CTL = 16
+ C_GRAPH_T0, C_EXITED) = range(17)
+N_CTL = 17
 
 # Context record of one worker (int32 words); `ctx` in task code points at the first word.
 CTX_WORDS = 16

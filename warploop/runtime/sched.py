@@ -40,6 +40,7 @@ COMPLETION_WORDS = tl.constexpr(L.COMPLETION_WORDS)
 HOST_GREQ = tl.constexpr(L.HostLayout().greq)
 HOST_SUBMIT = tl.constexpr(L.HostLayout().submit)
 UNIFORM = tl.constexpr(128)
+NEVER = tl.constexpr(-(2**62) - 7)   # a value no int64 control word ever holds
 
 
 @triton.jit
@@ -56,6 +57,32 @@ def uload(p):
     this way only ever grows, so the maximum is a value that really was there, and the newest.
     """
     return tl.max(tl.load(p + tl.zeros([UNIFORM], tl.int32), volatile=True), axis=0)
+
+
+@triton.jit
+def uload3(base, o0, o1, o2):
+    """uload of base[o0], base[o1], base[o2] in one round trip: all loads are issued together
+    (three uloads would each wait for the last, which costs three bus round trips on host memory)."""
+    k = tl.arange(0, 4)
+    offs = tl.where(k == 0, o0, tl.where(k == 1, o1, o2))
+    rep = tl.zeros([UNIFORM, 1], tl.int32)
+    block = tl.load(base + (offs[None, :] + rep), mask=(k < 3)[None, :] & (rep == 0), other=0, volatile=True)
+    m = tl.max(block, axis=0)
+    return (tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0),
+            tl.sum(tl.where(k == 2, m, 0), axis=0))
+
+
+@triton.jit
+def acquire(p):
+    """Read the int64 at p with acquire semantics, one value for the whole program.
+
+    A compare-and-swap with a value never stored: it writes nothing, and unlike
+    atomic_add(p, 0) (which the compiler folds away, acquire and all) it stays an atomic.
+    The barrier orders every warp's later loads after thread 0's acquire.
+    """
+    v = tl.atomic_cas(p, i64(NEVER), i64(NEVER), sem="acquire")
+    tl.debug_barrier()
+    return v
 
 
 @triton.jit
@@ -134,8 +161,7 @@ def wait_ge(arena, p, target, BACKEND: tl.constexpr):
         v = load_acquire(p, BACKEND)
         go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
     if BACKEND != "cuda":
-        tl.atomic_add(p, i64(0), sem="acquire")
-        tl.debug_barrier()      # thread 0 acquired; order every warp's loads after it
+        acquire(p)
     return v >= target
 
 
@@ -282,7 +308,7 @@ def attach(arena, handle, cont, worker):
         linked = False
         while not linked:
             done = uload(meta64(arena, L.M_DONE, slot)) >= handle
-            old = tl.atomic_add(meta64(arena, L.M_THEN_HEAD, slot), i64(0), sem="acquire")
+            old = acquire(meta64(arena, L.M_THEN_HEAD, slot))
             if done | (old == -2 * handle - 3):
                 push(arena, cont)
                 linked = True

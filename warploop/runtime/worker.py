@@ -27,6 +27,7 @@ from warploop.runtime.sched import (
     CTX_WORDS,
     DESC_WORDS,
     DRAIN,
+    acquire,
     clock,
     complete,
     ctl,
@@ -153,7 +154,7 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.cons
     runs = uload(ctl(arena, L.C_RUN_SEQ))
     if alive:
         if runs > seen:
-            tl.atomic_add(ctl(arena, L.C_RUN_SEQ), i64(0), sem="acquire")
+            acquire(ctl(arena, L.C_RUN_SEQ))
             run_graph(arena, ctx, worker, DISPATCH, TRACE, BACKEND)
             seen = runs
         else:
@@ -192,6 +193,8 @@ def resident_loop(arena, DISPATCH: tl.constexpr, INLINE: tl.constexpr, TRACE: tl
             front_on = front_step(arena, BACKEND)
         if worker_on:
             worker_on, seen = worker_step(arena, ctx, worker, seen, DISPATCH, TRACE, BACKEND)
+            if not worker_on:
+                tl.atomic_add(ctl(arena, L.C_EXITED), i64(1), sem="release")
         going = front_on | worker_on
     if worker >= 0:
         tl.store(ctx + L.X_STATE, L.S_EXITED)
