@@ -112,14 +112,14 @@ def test_dynamic_fan_out_and_bad_opcode():
 
 
 def test_close_after_a_hung_task_leaves_the_gpu_usable():
-    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    x, y = torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
     rt = warploop.Runtime(device="cuda", tasks=[self_join, bump])
     with pytest.raises(TimeoutError) as info:
         rt.submit(self_join, x).result(timeout=2)
     assert "joining" in str(info.value) and "self_join" in str(info.value)
-    rt.close(timeout=1)
+    rt.close(timeout=1)                                     # cannot drain: aborts the join
     torch.cuda.synchronize()                                # the resident kernel has ended
     assert float(torch.ones(1000, device="cuda").sum()) == 1000.0
     with warploop.Runtime(device="cuda", tasks=[bump]) as again:
-        again.submit(bump, x).result(timeout=10)
-    assert int(x.cpu()) == 1
+        again.submit(bump, y).result(timeout=10)
+    assert int(y.cpu()) == 1
