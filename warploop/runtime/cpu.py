@@ -23,6 +23,7 @@ from warploop.runtime import device, interp
 from warploop.runtime import layout as L
 from warploop.runtime.descriptor import DESC_WORDS, to_i32
 from warploop.runtime.errors import RuntimeFault
+from warploop.runtime.external import EXTERNAL_TICKET
 from warploop.runtime.status import read_error
 
 DEFAULT_WORKERS = 4
@@ -152,8 +153,19 @@ class CpuExecutor:
                 raise TimeoutError(f"timed out after {self.timeout:g} s waiting for {self.what}\n"
                                    f"{self.report()}".rstrip())
             if not self._step():
+                if self._awaiting_host():
+                    time.sleep(20e-6)   # another thread (the std server) will complete a handle
+                    continue
                 raise TimeoutError(f"waiting for {self.what}, but nothing can run: a task waits on work that "
                                    f"no free worker can do (deadlock)\n{self.report()}".rstrip())
+
+    def _awaiting_host(self) -> bool:
+        """True while an external handle (wl.external) is pending: the host completes it, so a
+        step that finds nothing to run is waiting for the host, not deadlocked."""
+        lay = self.layout
+        tickets = self.a64[lay.meta64(L.M_HOST_TICKET) // 2:][:lay.pool]
+        pending = self.a[lay.meta32(L.M_PENDING):][:lay.pool]
+        return bool(((tickets == EXTERNAL_TICKET) & (pending > 0)).any())
 
     def _join(self, ctx, handle) -> None:
         h = interp.scalar(handle)

@@ -1,4 +1,4 @@
-"""What task bodies call: spawn, join, then, wait, set_result, task_id, worker_id.
+"""What task bodies call: spawn, join, then, wait, set_result, task_id, worker_id, external.
 
     from warploop.runtime import device as wl
 
@@ -25,6 +25,7 @@ import triton.language as tl
 from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
+from warploop.runtime.external import EXTERNAL_TICKET, OP_EXTERNAL
 from warploop.runtime.sched import (
     ARG_WORD,
     CTX_BASE,
@@ -34,6 +35,7 @@ from warploop.runtime.sched import (
     ctl,
     desc_of,
     i64,
+    meta32,
     meta64,
     p64,
     push,
@@ -181,3 +183,28 @@ def set_result(ctx, value):
         arena = arena_of(ctx)
         tl.store(meta64(arena, L.M_RESULT, tid % tl.load(arena + L.H_POOL)), i64(value))
 
+@triton.jit
+def external(ctx):
+    """A handle that the host completes: `then`/`join` on it wait for rt.complete_external(h, status,
+    result), which the warploop.std server does for a call posted with then=h + 1. It is never
+    queued and has no parent (its status is data, read with `status`). -1 if the pool is full."""
+    arena = arena_of(ctx)
+    tid = alloc_task(arena, i64(-1), i64(EXTERNAL_TICKET), worker_id(ctx))
+    if tid >= 0:
+        write_header(desc_of(arena, tid % tl.load(arena + L.H_POOL)), OP_EXTERNAL)
+    return tid
+
+
+@triton.jit
+def result(ctx, handle):
+    """The int64 result of a completed handle: its set_result, or the host's for an external handle.
+    Read it in a continuation of `handle` (its slot is reused P tasks later)."""
+    arena = arena_of(ctx)
+    return tl.load(meta64(arena, L.M_RESULT, handle % tl.load(arena + L.H_POOL)), volatile=True)
+
+
+@triton.jit
+def status(ctx, handle):
+    """The status of a completed handle: 0, a runtime error code, or the host's for an external handle."""
+    arena = arena_of(ctx)
+    return tl.load(meta32(arena, L.M_STATUS, handle % tl.load(arena + L.H_POOL)), volatile=True)

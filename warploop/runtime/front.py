@@ -5,7 +5,8 @@ Only the front reads the host block, so the bus sees one poller instead of one p
 
 1. copies the host's stop word into the arena (workers only ever read device memory);
 2. takes at most one submitted descriptor from the submit ring and makes it a ready task whose
-   completion is reported back to the host;
+   completion is reported back to the host (or, for an OP_EXTERNAL request, completes the
+   external handle it names: external.py);
 3. runs the graph state machine: when every worker has finished the last released run, it
    either releases the next repeat, or reports the finished request to the host and starts the
    next one, copying its parameters into the graph's device-side parameter block.
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from warploop.runtime import layout as L
+from warploop.runtime.external import is_request, resume_external
 from warploop.runtime.sched import (
     ABORT,
     DRAIN,
@@ -112,11 +114,15 @@ def front_step(arena, BACKEND: tl.constexpr):
     slot = host + slot_off
     took = slot_seq == (head + 1).to(tl.int32)
     if took:
-        words = tl.load(slot + SLOT_DESC + tl.arange(0, 32), volatile=True)
-        tid = alloc_task(arena, i64(-1), head, -1)
-        if tid >= 0:
-            tl.store(desc_of(arena, tid % tl.load(arena + L.H_POOL)) + tl.arange(0, 32), words)
-            push(arena, tid)
+        k = tl.arange(0, 32)
+        words = tl.load(slot + SLOT_DESC + k, volatile=True)
+        if is_request(words, k):      # the host completes an external handle (external.py)
+            resume_external(arena, host, head, words, k)
+        else:
+            tid = alloc_task(arena, i64(-1), head, -1)
+            if tid >= 0:
+                tl.store(desc_of(arena, tid % tl.load(arena + L.H_POOL)) + k, words)
+                push(arena, tid)
         tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
         tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
     busy = graphs_step(arena, host, taken, req_seq, BACKEND)

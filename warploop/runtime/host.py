@@ -13,12 +13,16 @@ abort), also after an exception or Ctrl-C inside a `with` block.
 """
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
 from warploop.runtime import layout as L
 from warploop.runtime import trace as trace_mod
 from warploop.runtime.descriptor import ARG_WORD, TaskDescriptor, to_i32
 from warploop.runtime.errors import RuntimeFault, TaskError, describe
+from warploop.runtime.external import OP_EXTERNAL
 from warploop.runtime.graph import Graph
 from warploop.runtime.status import RuntimeStatus, read_status
 from warploop.runtime.tasks import REGISTRY, ArgSpec, Task, lookup
@@ -89,7 +93,7 @@ class Runtime:
         if not chosen:
             raise ValueError("no tasks: decorate Triton functions with @warploop.task before starting a Runtime")
         self.tasks = {t.opcode: t for t in chosen}
-        self.names = {t.opcode: t.name for t in chosen}
+        self.names = {t.opcode: t.name for t in chosen} | {OP_EXTERNAL: "external"}
         self.timeout = timeout
         self.module = codegen.build(chosen)
         self._device_type = "cpu" if self.info.target.backend == "cpu" else "cuda"
@@ -114,6 +118,7 @@ class Runtime:
         self._graphs = 0
         self._closed = False
         self._headers = {}
+        self._post_lock = threading.Lock()     # submit and complete_external may come from any thread
 
     # -- context management ----------------------------------------------------------------------
     def __enter__(self) -> Runtime:
@@ -165,14 +170,45 @@ class Runtime:
         return self._post(desc.opcode, words[ARG_WORD:].view(np.int64), self.names.get(desc.opcode, "descriptor"),
                           header=words[:ARG_WORD])
 
-    def _post(self, opcode: int, slots, name: str, header: np.ndarray | None = None) -> Future:
-        """Write one descriptor into the next submit slot, sequence word last."""
-        ticket, nslots = self._ticket, self._hl.submit_slots
-        index = ticket % nslots
-        previous = self._futures[index]
-        if previous is not None and not previous._settled:
+    def complete_external(self, handle: int, status: int = 0, result: int = 0) -> Future:
+        """Complete the external handle `handle` (wl.external) with `status` and `result`, which its
+        continuations read with wl.status/wl.result. Safe from any thread (the std server calls it
+        from its own); it never runs the CPU executor, so it must not be the thread that drives it.
+        The returned Future fails with TaskError if `handle` was not a pending external handle."""
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
+        args = np.array([handle, status, result], dtype=np.int64)
+        return self._post(OP_EXTERNAL, args, "external", drive=False)
+
+    def _post(self, opcode: int, slots, name: str, header: np.ndarray | None = None,
+              drive: bool = True) -> Future:
+        """Write one descriptor into the next submit slot, sequence word last.
+
+        Submit and complete_external may come from different threads: a ticket is taken and its
+        slot written under a lock, but waiting for a slot to free up happens outside it, so a
+        thread that waits (and on the CPU runs the executor meanwhile) never blocks another.
+        """
+        while True:
+            with self._post_lock:
+                ticket = self._ticket
+                index = ticket % self._hl.submit_slots
+                previous = self._futures[index]
+                if previous is None or previous.done():
+                    future = self._futures[index] = Future(self, ticket, name)
+                    self._write_slot(index, ticket, opcode, slots, header)
+                    self._ticket = ticket + 1
+                    return future
             # The slot and its completion record are reused: collect the older result first.
-            self._wait(previous.done, None, f"submit slot {index} to free up")
+            if drive:
+                self._wait(previous.done, None, f"submit slot {index} to free up")
+            else:   # another thread drives the CPU executor (or the GPU runs): only watch
+                deadline = time.perf_counter() + self.timeout
+                while not previous.done():
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError(f"submit slot {index} did not free up in {self.timeout:g} s")
+                    time.sleep(20e-6)
+
+    def _write_slot(self, index: int, ticket: int, opcode: int, slots, header: np.ndarray | None) -> None:
         base = self._hl.submit + index * L.SUBMIT_SLOT_WORDS
         if header is None:
             header = self._headers.get(opcode)
@@ -182,9 +218,6 @@ class Runtime:
         first = (base + L.SLOT_DESC + ARG_WORD) // 2
         self._h64[first:first + len(slots)] = slots
         self._h[base] = to_i32(ticket + 1)        # last: the front takes the slot once it sees this
-        future = self._futures[index] = Future(self, ticket, name)
-        self._ticket = ticket + 1
-        return future
 
     def _settle(self, future: Future) -> None:
         rec = self._hl.completions + (future.ticket % self._hl.submit_slots) * L.COMPLETION_WORDS

@@ -5,8 +5,11 @@ gives each worker its own, so calls never wait for another caller. Scalars are i
 the wire (at most 7 per call); strings are ids from `warploop.std.intern` (formats, paths, function
 names). Synchronous calls return the host's reply; each has an `_async` form that posts and returns
 at once: `poll(port)` says whether the reply is in, `wait(port)` returns it, and a nonzero `then`
-token is handed to the host server's on_reply hook, which is how the runtime resumes a continuation.
-A port carries one call at a time: wait for (or be resumed by) the reply before posting again.
+token is handed to the host server's on_reply hook, which is how the runtime resumes a continuation:
+`then=token(h)` for an external handle `h = wl.external(ctx)` completes h with the reply, and
+`wl.then(ctx, h, task, ...)` runs task after it (HostCalls.bind; docs/std.md). A port carries one
+call at a time: a post with a `then` token waits for the port's previous reply; otherwise wait for
+the reply before posting again.
 
     @triton.jit
     def kernel(ports, data, FMT: tl.constexpr, SQUARE: tl.constexpr):
@@ -50,6 +53,7 @@ _FLAGS = tl.constexpr(int(Word.FLAGS))
 _THEN = tl.constexpr(int(Word.THEN))
 _PAYLOAD = tl.constexpr(int(Word.PAYLOAD))
 _POSTED = tl.constexpr(int(State.POSTED))
+_TAKEN = tl.constexpr(int(State.TAKEN))
 _DONE = tl.constexpr(int(State.DONE))
 _FSHIFT = tl.constexpr(FLOAT_MASK_SHIFT)
 _WANT_FLOAT = tl.constexpr(WANT_FLOAT_BIT)
@@ -164,10 +168,23 @@ def _all_warps_wait_for(port, answer):
 
 
 @triton.jit
+def _wait_idle(port):
+    # A call posted with a continuation is answered after its caller has moved on, maybe to another
+    # task on the same worker and port: a post waits until the port's previous call is answered.
+    # STATE only moves POSTED -> TAKEN -> DONE until this caller posts again, so warps agree.
+    state = tl.load(port + _STATE, volatile=True)
+    while (state == _POSTED) | (state == _TAKEN):
+        _relax()
+        state = tl.load(port + _STATE, volatile=True)
+
+
+@triton.jit
 def _post(port, opcode, call_id, flags, then, a0, a1, a2, a3, a4, a5, a6):
     # A program's warps are not in step, and only one thread writes the port. The barrier keeps
     # this post from overtaking a warp still reading the previous reply; waiting for the exchange's
     # answer below keeps any warp from polling before POSTED has replaced that reply's DONE.
+    if then != 0:
+        _wait_idle(port)
     tl.debug_barrier()
     flags = _put(port, 0, a0, flags)
     flags = _put(port, 1, a1, flags)
@@ -183,6 +200,13 @@ def _post(port, opcode, call_id, flags, then, a0, a1, a2, a3, a4, a5, a6):
     # Release at system scope: the host sees every word above before it sees POSTED.
     _all_warps_wait_for(port, tl.atomic_xchg(port + _STATE, _POSTED, sem="release", scope="sys"))
     _ring()
+
+
+@triton.jit
+def token(handle):
+    """The `then=` token of an async call whose reply completes runtime handle `handle`
+    (wl.external): its continuations read the reply with wl.result(ctx, handle) and wl.status."""
+    return handle + 1
 
 
 @triton.jit

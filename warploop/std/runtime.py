@@ -8,6 +8,9 @@
 
     # in a task:  p = std.task_port(ctx)      # this worker's port (slot 0)
     #             std.print(p, FMT, x)
+    #             h = wl.external(ctx)         # resumed by the reply, the worker moves on:
+    #             std.call_async(std.task_port(ctx, 1), SQUARE, x, then=std.token(h))
+    #             wl.then(ctx, h, on_square, h, out)   # on_square reads wl.result(ctx, h)
 
 The Runtime learns its worker count only once it has sized the resident kernel, but the port array
 must exist before (its address is in the kernel's arena header), so HostCalls allocates ports for
@@ -52,11 +55,14 @@ class HostCalls:
                                  functions=functions, out=out, pool_workers=pool_workers)
 
     def bind(self, runtime) -> None:
-        """Serve only the ports of `runtime`'s workers (its worker count is known once it started)."""
+        """Serve only the ports of `runtime`'s workers (its worker count is known once it started),
+        and resume its continuations: the reply to a call posted with then=std.token(h) completes
+        the external handle h (wl.external) with the reply's status and result."""
         if runtime.workers > self.max_workers:
             raise ValueError(f"the runtime has {runtime.workers} workers but ports exist for {self.max_workers}; "
                              f"pass HostCalls(max_workers={runtime.workers})")
         self.server.watch(runtime.workers * SLOTS_PER_WORKER)
+        self.server.on_reply = lambda port, then, status, result: runtime.complete_external(then - 1, status, result)
 
     def register_function(self, name: str, fn: Callable, *, inline: bool = False, vectorized: bool = False) -> int:
         """Make `fn` callable from tasks: std.call(port, <returned id>, ...)."""
