@@ -9,6 +9,9 @@
     plain_read_gbps            the same files, open().read() + copy to the GPU, in the same run
                                (plain_pinned_read_gbps: readinto a pinned buffer + copy, one thread)
 
+then_p50_us, then_p99_us (hostcall_then.py): the same no-op call posted by a runtime task with a
+continuation: post -> continuation start.
+
 Peer in the same run: `raw_roundtrip_us`, the bare single-word ring of shared/probes/feasibility2.py
 (one Python thread, no protocol), which is the floor for a Python-served call. Without a GPU the same
 kernels run in the Triton interpreter with small sizes, so the figures only show that it works.
@@ -33,6 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from warploop.bench.common import emit, header, result_path  # noqa: E402
+from warploop.bench.hostcall_then import measure_then  # noqa: E402
 from warploop.std import Buffers, FileTable, HostServer, allocate_ports, intern  # noqa: E402
 from warploop.std import device as std  # noqa: E402
 
@@ -285,6 +289,10 @@ def main(args) -> int:
     result.update(measure_files(gpu, mib << 20, 16 if gpu else 2, 3 if gpu else 1))
     result["file_read_ratio"] = result["file_read_gbps"] / result["plain_read_gbps"]
     result["raw_roundtrip_us"] = measure_raw_ring(5000) if gpu else None
+    try:   # needs a resident runtime as well: a failure here must not lose the figures above
+        result.update(measure_then(gpu, 2000 if gpu else 10))
+    except Exception as e:
+        result["then_error"] = repr(e)
     if args.json:
         emit(result, result_path("hostcall") if args.save else None)
     else:

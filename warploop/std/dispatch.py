@@ -22,6 +22,7 @@ from warploop.std import handlers as H
 from warploop.std.protocol import (
     ARGC_MASK,
     FLOAT_MASK_SHIFT,
+    PAYLOAD_WORDS,
     WANT_FLOAT_BIT,
     Opcode,
     State,
@@ -42,12 +43,15 @@ ReplyHook = Callable[[int, int, int, int], None]
 _STATE, _RESULT, _STATUS, _SEQ, _OPCODE, _CALL_ID, _WORKER, _FLAGS, _THEN, _PAYLOAD = (int(w) for w in Word)
 _POSTED, _TAKEN, _DONE = int(State.POSTED), int(State.TAKEN), int(State.DONE)
 _PRINT, _CALL, _READ, _WRITE = int(Opcode.PRINT), int(Opcode.CALL), int(Opcode.READ), int(Opcode.WRITE)
+_FLOAT_MASK = (1 << PAYLOAD_WORDS) - 1
 
 
 def _decode_args(row: list[int]) -> list:
     flags = row[_FLAGS]
-    mask = flags >> FLOAT_MASK_SHIFT
     payload = row[_PAYLOAD:_PAYLOAD + (flags & ARGC_MASK)]
+    mask = flags >> FLOAT_MASK_SHIFT & _FLOAT_MASK
+    if not mask:   # no float argument (a no-op call has none at all): the words as they are
+        return payload
     return [word_to_float(w) if mask >> i & 1 else w for i, w in enumerate(payload)]
 
 
@@ -78,22 +82,48 @@ class Dispatcher:
 
     def serve_once(self) -> int:
         """One pass: take and answer (or hand to the pool) every posted request; how many."""
-        posted = np.flatnonzero(self._state == _POSTED)
-        if posted.size == 0:
+        # Every state is 0-3, so in the little-endian bytes of the STATE words a 0x01 byte is the
+        # low byte of a POSTED word and nothing else: one strided copy and a memchr find whether
+        # anything, and whether exactly one thing, is posted (a numpy compare costs ~10x more).
+        snap = self._state.tobytes()
+        first = snap.find(b"\x01")
+        if first < 0:
             return 0
         w = self._words
-        if posted.size == 1:   # the common case of a waiting caller: scalar reads and writes only
-            port = int(posted[0])
+        if first & 7 == 0 and snap.find(b"\x01", first + 8) < 0:   # a lone request: scalar path
+            port = first >> 3
             row = w[port].tolist()
+            if row[_OPCODE] == _CALL:
+                fn = self.handlers.functions.get(row[_CALL_ID])
+                if fn is not None and fn.inline and not fn.vectorized:
+                    self._call_inline(port, row, fn)
+                    return 1
             if not (row[_OPCODE] == _CALL and row[_CALL_ID] in self.handlers.vectorized_ids):
                 w[port, _STATE] = _TAKEN
                 self._serve_rows([port], [row])
                 return 1
+        posted = np.flatnonzero(np.frombuffer(snap, dtype=np.int64) == _POSTED)
+        if posted.size == 0:
+            return 0
         block = w[posted]
         w[posted, _STATE] = _TAKEN
         rest = self._serve_vectorized(posted, block)
         self._serve_rows(posted[rest].tolist(), block[rest].tolist())
         return len(posted)
+
+    def _call_inline(self, port: int, row: list[int], fn: H.HostFunction) -> None:
+        """A lone call to an inline function, answered straight away: the round-trip latency path
+        (no TAKEN store, lists or hand-offs; the same statuses as handlers.run)."""
+        try:
+            try:
+                value = fn.fn(*_decode_args(row))
+            except StdError:
+                raise
+            except Exception as e:
+                raise StdError(Status.CALLBACK_ERROR, f"host function raised {type(e).__name__}: {e}") from e
+            self._reply_one(port, row, 0, _encode(value, row[_FLAGS]))
+        except StdError as e:
+            self._reply_one(port, row, *self._fail(port, row, e))
 
     def _serve_rows(self, ports: list[int], rows: list[list[int]]) -> None:
         done: list[tuple[int, list[int], int, int]] = []   # (port, row, status, result word)
@@ -189,10 +219,9 @@ class Dispatcher:
         w[port, _RESULT] = result
         w[port, _STATUS] = int(status)
         w[port, _SEQ] = row[_SEQ] + 1
-        self._fence()
-        w[port, _STATE] = _DONE
-        with self._count_lock:
+        with self._count_lock:   # also the fence (_fence) that puts the words above before DONE
             self.served += 1
+        w[port, _STATE] = _DONE
         if self.on_reply is not None and row[_THEN]:
             self._resume(port, row[_THEN], int(status), result)
 

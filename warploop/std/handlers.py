@@ -55,6 +55,8 @@ def format_line(call_id: int, args: list) -> str:
 
 def check_int64(value) -> int:
     """A host function's return value as an int64 word, or StdError(CALLBACK_ERROR)."""
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:
+        return value
     if value is None:
         return 0
     try:
