@@ -25,6 +25,7 @@ FMT = intern("then %d")
 PATH_R = intern("in.bin")
 PATH_W = intern("out.bin")
 STRIDE = 4      # per record: result, status, times resumed, host time when the continuation ran
+RECORD = tl.constexpr(STRIDE)   # the same, for device code
 FAILING = 5     # the host function raises for this argument
 
 DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else ["cpu"]
@@ -33,7 +34,7 @@ DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_availab
 @warploop.task(signature={"out": "*i64", "h": "i64", "i": "i32"})
 @triton.jit
 def record(ctx, out, h, i):
-    rec = out + i * STRIDE
+    rec = out + i * RECORD
     tl.store(rec + 0, wl.result(ctx, h))
     tl.store(rec + 1, wl.status(ctx, h).to(tl.int64))
     tl.atomic_add(rec + 2, 1)
@@ -187,3 +188,19 @@ def test_completing_a_handle_twice_or_a_task_is_refused():
         with pytest.raises(TaskError):
             rt.complete_external(10**6, 0, 5).result(timeout=10)   # never issued
     assert out[2 * STRIDE:2 * STRIDE + 3].tolist() == [4, 0, 1]
+
+
+def test_resident_kernel_with_continuations_compiles_for_cuda():
+    """No GPU needed: what the interpreter accepts but the compiler refuses (a global that is not a
+    constexpr, say) fails here, not on the device."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from warploop.runtime import codegen
+    from warploop.runtime.tasks import lookup
+
+    module = codegen.build([lookup(t) for t in (caller, record)])
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert "atom.global.sys.release.exch.b64" in ptx      # posts to a port

@@ -24,8 +24,8 @@ import triton.language as tl
 
 from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
+from warploop.runtime import external as X
 from warploop.runtime import layout as L
-from warploop.runtime.external import EXTERNAL_TICKET, OP_EXTERNAL
 from warploop.runtime.sched import (
     ARG_WORD,
     CTX_BASE,
@@ -49,6 +49,8 @@ ERR_BAD_HANDLE = tl.constexpr(E.ERR_BAD_HANDLE)
 K_PTR = tl.constexpr(D.K_PTR)
 K_FP32 = tl.constexpr(D.K_FP32)
 K_NONE = tl.constexpr(D.K_NONE)
+EXTERNAL_TICKET = tl.constexpr(X.EXTERNAL_TICKET)
+OP_EXTERNAL = tl.constexpr(X.OP_EXTERNAL)
 
 
 @triton.jit
