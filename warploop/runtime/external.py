@@ -1,7 +1,7 @@
 """External handles: task handles that the host completes, so a host event can resume a continuation.
 
     h = wl.external(ctx)                     # a pending task slot that is never queued
-    std.call_async(port, FN, x, then=h + 1)  # any event the host will answer
+    std.call_async(port, FN, x, then=std.token(h))   # any event the host will answer
     wl.then(ctx, h, on_reply, h, out)        # runs once the host completed h
     # host: rt.complete_external(h, status, result)   (the std server does this for then= tokens)
 
@@ -11,7 +11,8 @@ descriptor says OP_EXTERNAL. Nothing pushes it: it completes when the host posts
 descriptor (args: handle, status, result) through the ordinary submit ring, which the front
 takes like a submission and hands to `resume_external` instead of allocating a task. So the only
 device program that reads host memory is still the front, and completion runs the ordinary
-`complete()`: continuations are pushed, done[slot] is published.
+`complete()`: continuations are pushed, done[slot] is published. The request takes a submit slot
+but no completion record, so posting it waits only for the front, never for a task to finish.
 
 The handle has no parent: its status (the host's, e.g. a std Status) is data for the
 continuation (`wl.status(ctx, h)`), not a failure of the task that made it. Structured completion
@@ -22,19 +23,7 @@ import triton.language as tl
 
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
-from warploop.runtime.sched import (
-    ARG_WORD,
-    COMPLETION_WORDS,
-    HOST_SUBMIT,
-    SLOT_WORDS,
-    complete,
-    ctl,
-    i64,
-    meta64,
-    p64,
-    report_error,
-    uload,
-)
+from warploop.runtime.sched import ARG_WORD, complete, ctl, meta64, report_error, uload
 
 OP_EXTERNAL = 1          # descriptor opcode of an external handle, and of the host's request completing one
 EXTERNAL_TICKET = -2     # M_HOST_TICKET of an external handle (-1: not host-submitted, >= 0: a submit ticket)
@@ -58,10 +47,11 @@ def is_request(words, k):
 
 
 @triton.jit
-def resume_external(arena, host, ticket, words, k):
-    """The front took submit `ticket`, an OP_EXTERNAL request: complete its handle with its status
-    and result, and report the request itself done (status ERR_BAD_HANDLE if the handle is not a
-    pending external handle: never issued, not external, or completed already)."""
+def resume_external(arena, words, k):
+    """The front took an OP_EXTERNAL request: complete its handle with its status and result, or
+    log ERR_BAD_HANDLE (not fatal) if the handle is not a pending external handle: never issued,
+    an ordinary task, or completed already. The request has no completion record: the host needs
+    none, and so never waits for one (host.py, complete_external)."""
     handle = _word64(words, k, ARG_WORD)
     status = tl.sum(tl.where(k == ARG_WORD + 2, words, 0), axis=0)
     result = _word64(words, k, ARG_WORD + 4)
@@ -72,16 +62,8 @@ def resume_external(arena, host, ticket, words, k):
     # fixed), so uload gives every warp the same answer.
     ok = ok & (uload(meta64(arena, L.M_DONE, slot)) == handle - pool)
     ok = ok & (uload(meta64(arena, L.M_HOST_TICKET, slot)) == _TICKET)
-    code = 0
     if ok:
         tl.store(meta64(arena, L.M_RESULT, slot), result)
         complete(arena, handle, status)
     else:
         report_error(arena, _BAD_HANDLE, _OP, -1, 0, handle, 0)
-        code = _BAD_HANDLE
-    nslots = tl.load(arena + L.H_SUBMIT)
-    rec = host + HOST_SUBMIT + nslots * SLOT_WORDS + (ticket % nslots) * COMPLETION_WORDS
-    tl.store(rec + 1, code)
-    tl.store(p64(rec + 2), i64(0))
-    tl.debug_barrier()
-    tl.atomic_xchg(rec, (ticket + 1).to(tl.int32), sem="release", scope="sys")

@@ -117,7 +117,7 @@ def front_step(arena, BACKEND: tl.constexpr):
         k = tl.arange(0, 32)
         words = tl.load(slot + SLOT_DESC + k, volatile=True)
         if is_request(words, k):      # the host completes an external handle (external.py)
-            resume_external(arena, host, head, words, k)
+            resume_external(arena, words, k)
         else:
             tid = alloc_task(arena, i64(-1), head, -1)
             if tid >= 0:

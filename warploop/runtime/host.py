@@ -170,40 +170,50 @@ class Runtime:
         return self._post(desc.opcode, words[ARG_WORD:].view(np.int64), self.names.get(desc.opcode, "descriptor"),
                           header=words[:ARG_WORD])
 
-    def complete_external(self, handle: int, status: int = 0, result: int = 0) -> Future:
+    def complete_external(self, handle: int, status: int = 0, result: int = 0) -> None:
         """Complete the external handle `handle` (wl.external) with `status` and `result`, which its
         continuations read with wl.status/wl.result. Safe from any thread (the std server calls it
         from its own); it never runs the CPU executor, so it must not be the thread that drives it.
-        The returned Future fails with TaskError if `handle` was not a pending external handle."""
+
+        The request takes a submit slot but no completion record, so it waits only for the front
+        to take that slot's previous descriptor, never for a task: a ring full of tasks that wait
+        on host replies still lets their replies through. A bad handle (never issued, not
+        external, completed already) is refused on the device: ERR_BAD_HANDLE in status().error.
+        """
         if self._closed:
             raise RuntimeError("this Runtime is closed")
-        args = np.array([handle, status, result], dtype=np.int64)
-        return self._post(OP_EXTERNAL, args, "external", drive=False)
+        self._post(OP_EXTERNAL, np.array([handle, status, result], dtype=np.int64), "external", task=False)
 
     def _post(self, opcode: int, slots, name: str, header: np.ndarray | None = None,
-              drive: bool = True) -> Future:
-        """Write one descriptor into the next submit slot, sequence word last.
+              task: bool = True) -> Future | None:
+        """Write one descriptor into the next submit slot, sequence word last; a task's Future.
 
+        Ticket t uses submit slot t % S once the front has taken ticket t - S from it, and a task
+        also needs completion record t % S, free once the last task that used it is collected.
         Submit and complete_external may come from different threads: a ticket is taken and its
-        slot written under a lock, but waiting for a slot to free up happens outside it, so a
-        thread that waits (and on the CPU runs the executor meanwhile) never blocks another.
+        slot written under a lock, but waiting happens outside it, so a thread that waits (and on
+        the CPU runs the executor meanwhile) never blocks another.
         """
+        nslots = self._hl.submit_slots
         while True:
             with self._post_lock:
                 ticket = self._ticket
-                index = ticket % self._hl.submit_slots
-                previous = self._futures[index]
-                if previous is None or previous.done():
-                    future = self._futures[index] = Future(self, ticket, name)
+                index = ticket % nslots
+                previous = self._futures[index] if task else None
+                ready = lambda t=ticket, p=previous: (self._h64[L.HB_SUBMIT_HEAD // 2] > t - nslots
+                                                      and (p is None or p.done()))
+                if ready():
+                    future = None
+                    if task:
+                        future = self._futures[index] = Future(self, ticket, name)
                     self._write_slot(index, ticket, opcode, slots, header)
                     self._ticket = ticket + 1
                     return future
-            # The slot and its completion record are reused: collect the older result first.
-            if drive:
-                self._wait(previous.done, None, f"submit slot {index} to free up")
+            if task:
+                self._wait(ready, None, f"submit slot {index} to free up")
             else:   # another thread drives the CPU executor (or the GPU runs): only watch
                 deadline = time.perf_counter() + self.timeout
-                while not previous.done():
+                while not ready():
                     if time.perf_counter() > deadline:
                         raise TimeoutError(f"submit slot {index} did not free up in {self.timeout:g} s")
                     time.sleep(20e-6)
