@@ -10,7 +10,7 @@ import triton.language as tl
 import warploop
 from warploop.runtime import layout as L
 from warploop.runtime.descriptor import DESC_WORDS, MAX_ARGS, TaskDescriptor, bits_fp32, fp32_bits, join64, split64
-from warploop.runtime.tasks import REGISTRY, lookup, opcode_for
+from warploop.runtime.tasks import REGISTRY, ArgSpec, encode_value, lookup, opcode_for
 
 
 @warploop.task(signature={"x": "*fp32", "n": "i32", "s": "fp32", "big": "i64"})
@@ -92,6 +92,19 @@ def test_task_registration_records_layout():
         t.encode((x, 2**31, 1.0, 0))
     with pytest.raises(TypeError, match="takes 4 arguments"):
         t.encode((x,))
+
+
+def test_alignment_hint_is_checked_on_the_host():
+    w, k = ArgSpec("w", "*bf16:16"), ArgSpec("k", "i32:16")
+    assert (w.base, w.aligned, w.kind) == ("*bf16", True, ArgSpec("v", "*bf16").kind)
+    assert encode_value(w, 4096) == 4096 and encode_value(k, 2048) == 2048
+    with pytest.raises(ValueError, match="multiple of 16"):
+        encode_value(w, 4098)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        encode_value(k, 24)
+    for bad in ("*bf16:8", "fp32:16", "*bf17:16"):
+        with pytest.raises(ValueError):
+            ArgSpec("a", bad)
 
 
 def test_task_registration_errors_name_the_fix():

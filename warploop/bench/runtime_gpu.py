@@ -10,6 +10,7 @@ from warploop.bench.runtime import hop_graph, submit_latency
 from warploop.bench.runtime_kernels import (
     HOP_TASKS,
     MLP_VARIANTS,
+    TILE_BYTES,
     gemv_kernel,
     hop_kernel,
     noop,
@@ -167,25 +168,52 @@ def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
         f = wide.launch(repeat=repeat)
         f.result(timeout=30)
         graph_tasks_per_s = len(wide) * repeat / (f.device_ns / 1e9)
-        p50, p99 = submit_latency(rt, noop, (), rounds)
+        p50, p99, host_us = submit_latency(rt, noop, (), rounds)
         workers = rt.workers
     return {"dependent_hop_us": statistics.median(per_hop), "hop_chain_ok": chain_ok, "hop_runtime_workers": workers,
             "tasks_per_s": (fan * each + fan + 1) / elapsed, "tasks_ok": dyn_ok, "graph_tasks_per_s": graph_tasks_per_s,
-            "submit_p50_us": p50, "submit_p99_us": p99}
+            "submit_p50_us": p50, "submit_p99_us": p99, "submit_host_p50_us": host_us}
 
 
-def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str) -> dict:
-    up_task, down_task, up, down = MLP_VARIANTS[variant]
+def mlp_nodes(w1, w2, xs, h, up: dict, down: dict, distance) -> list[tuple]:
+    """(GEMV index, up?, args, worker, prefetch (address, bytes)) per node, in recording order.
+
+    Tile t of a GEMV runs on worker t % MLP_WORKERS (two tiles each), so every worker's
+    instruction list is known here and a node can name the tile its worker runs `distance` later.
+    """
+    nodes = []
+    for i in range(len(w1)):
+        nodes += [(2 * i, True, (w1[i], xs[i], h, DIM, r), t % MLP_WORKERS)
+                  for t, r in enumerate(range(0, HIDDEN, up["BN"]))]
+        nodes += [(2 * i + 1, False, (w2[i], h, xs[i + 1], HIDDEN, r), t % MLP_WORKERS)
+                  for t, r in enumerate(range(0, DIM, down["BN"]))]
+    per_worker: dict[int, list[int]] = {}
+    for n, (_, _, _, worker) in enumerate(nodes):
+        per_worker.setdefault(worker, []).append(n)
+    prefetch = [(0, 0)] * len(nodes)
+    if distance is not None:
+        for order in per_worker.values():
+            for j, n in enumerate(order[:len(order) - distance]):
+                w, _, _, k, r = nodes[order[j + distance]][2]
+                prefetch[n] = (w.data_ptr() + r * k * w.element_size(), TILE_BYTES)
+    return [(*node, pf) for node, pf in zip(nodes, prefetch, strict=True)]
+
+
+def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True) -> dict:
+    """The stack as one static graph. deps=False drops every edge (a diagnostic: the output is
+    wrong, the time is the tile bodies and the worker loop without any GEMV boundary)."""
+    up_task, down_task, up, down, distance = MLP_VARIANTS[variant]
     layers = len(w1)
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     # 512 tiles per GEMV: 256 workers run exactly two each (balanced), about two per SM.
     with warploop.Runtime(device="cuda", tasks=[up_task, down_task], workers=MLP_WORKERS) as rt:
         g = rt.graph()
-        prev = []
-        for i in range(layers):
-            ups = [g.add(up_task, w1[i], xs[i], h, DIM, r, after=prev) for r in range(0, HIDDEN, up["BN"])]
-            prev = [g.add(down_task, w2[i], h, xs[i + 1], HIDDEN, r, after=ups) for r in range(0, DIM, down["BN"])]
+        prev, cur, at = [], [], 0
+        for gemv, is_up, args, worker, pf in mlp_nodes(w1, w2, xs, h, up, down, distance):
+            if gemv != at:
+                prev, cur, at = cur, [], gemv
+            cur.append(g.add(up_task if is_up else down_task, *args, *pf, after=prev if deps else (), worker=worker))
         t0 = time.perf_counter()
         g.run(timeout=30)
         first_run_s = time.perf_counter() - t0
@@ -199,7 +227,8 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str) -> dict:
         workers = rt.workers
     return {"warploop_us": statistics.median(per_run), "warploop_out": out, "replay_out": replay_out,
             "workers": workers, "nodes": len(g), "counters": len(g.schedule.counter_sizes),
-            "first_run_s": first_run_s, "tiles": {"up": up, "down": down}}
+            "first_run_s": first_run_s, "tiles": {"up": up, "down": down}, "prefetch_distance": distance,
+            "per_gemv_us": statistics.median(per_run) / (2 * layers)}
 
 
 def section(name: str, fn, *args, **kwargs) -> dict:
@@ -215,7 +244,8 @@ def section(name: str, fn, *args, **kwargs) -> dict:
     return out
 
 
-def gpu_figures(quick: bool, layers: int) -> dict:
+def gpu_figures(quick: bool, layers: int, only: str | None = None) -> dict:
+    """All figures; only="hops" or "mlp" runs that half (a partial run: not for bench/results)."""
     import torch
     layers = 2 if quick else layers
     n = 200 if quick else 2000
@@ -223,11 +253,16 @@ def gpu_figures(quick: bool, layers: int) -> dict:
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     bw = copy_gbs(torch)
     ref = reference(torch, w1, w2, x0)
-    peers = section("hop peers", hop_peers, torch, n)
-    mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick)
-    hops = section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
+    skip = {"skipped": f"--only {only}"}
+    peers = section("hop peers", hop_peers, torch, n) if only != "mlp" else skip
+    mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick) if only != "hops" else skip
+    hops = (section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
+            if only != "mlp" else skip)
     variants = {name: section(f"runtime mlp {name}", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20,
-                              variant=name) for name in MLP_VARIANTS}
+                              variant=name) for name in (MLP_VARIANTS if only != "hops" else ())}
+    # Attribution: the same tiles with no GEMV boundaries (wrong output; never the figure).
+    no_deps = (section("runtime mlp without dependencies (diagnostic)", runtime_mlp, torch, w1, w2, x0,
+                       repeat=3 if quick else 20, variant="single_pf2", deps=False) if only != "hops" else skip)
     for v in variants.values():
         if "warploop_out" in v:
             v["rel_err_vs_fp32"] = rel_err(torch, v["warploop_out"], ref)
@@ -250,6 +285,7 @@ def gpu_figures(quick: bool, layers: int) -> dict:
     stack.update({k: v for k, v in wl.items() if k in ("workers", "nodes", "counters", "first_run_s")})
     stack["variants"] = {name: {k: val for k, val in v.items() if k != "warploop_out"} for name, v in variants.items()}
     stack.update({k: v for k, v in mlp.items() if k in ("per_op_configs",)})
+    stack["no_dependencies_diagnostic_us"] = no_deps.get("warploop_us")
     if "error" in mlp:
         stack["peer_error"] = mlp["error"]
     out = {"hops": n, **peers, **hops, "mlp_stack": stack}

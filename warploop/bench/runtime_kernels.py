@@ -61,8 +61,23 @@ def dot_chunk(wt, x, cols):
 
 
 @triton.jit
+def prefetch_l2(p, nbytes, LINES: tl.constexpr, BACKEND: tl.constexpr):
+    """Ask L2 for [p, p + nbytes), nbytes <= LINES * 128: fire and forget, no registers held.
+
+    A worker names a tile it will read later (its next instructions'), so HBM streams weights
+    while the worker waits at a GEMV boundary. CUDA only (prefetch.global.L2); a no-op elsewhere.
+    """
+    if BACKEND == "cuda":
+        if nbytes > 0:
+            lines = tl.minimum(tl.arange(0, LINES) * 128, nbytes - 1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                      [p.to(tl.pointer_type(tl.int8), bitcast=True) + lines],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
-              PIPE: tl.constexpr = False):
+              PIPE: tl.constexpr = False, BACKEND: tl.constexpr = wl.PORTABLE):
     """y[row0:row0+BN] = act(w[row0:row0+BN, :] @ x) for row-major bf16 w, k columns, k % BK == 0.
 
     With WAIT, weights are issued before waiting for x (they need no predecessor). PIPE keeps two
@@ -75,7 +90,7 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
     if PIPE:
         b = tl.load(tile + BK, eviction_policy="evict_first")
         if WAIT:
-            wl.wait(ctx)
+            wl.wait(ctx, BACKEND)
         acc = tl.zeros([BN], tl.float32)
         for k0 in range(2 * BK, k, BK):
             c = tl.load(tile + k0, eviction_policy="evict_first")
@@ -85,7 +100,7 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
         acc += dot_chunk(a, x + k - 2 * BK, cols) + dot_chunk(b, x + k - BK, cols)
     else:
         if WAIT:
-            wl.wait(ctx)
+            wl.wait(ctx, BACKEND)
         acc = dot_chunk(a, x, cols)
         for k0 in range(BK, k, BK):
             acc += dot_chunk(tl.load(tile + k0, eviction_policy="evict_first"), x + k0, cols)
@@ -96,19 +111,25 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
 
 UP = {"BN": 16, "BK": 512}       # 2048 -> 8192: 512 tiles of 16 rows
 DOWN = {"BN": 4, "BK": 2048}     # 8192 -> 2048: 512 tiles of 4 rows
-MLP_SIG = {"w": "*bf16", "x": "*bf16", "y": "*bf16", "k": "i32", "row0": "i32"}
+TILE_BYTES = 16 * 2048 * 2       # both tiles are 64 KB of contiguous rows
+PF_LINES = tl.constexpr(TILE_BYTES // 128)
+# pf, pf_n: a tile to prefetch into L2 before waiting (pf_n = 0: none); the bench picks it.
+# ":16": aligned rows, so weight and activation loads are 16 bytes wide (as in the per-op kernel).
+MLP_SIG = {"w": "*bf16:16", "x": "*bf16:16", "y": "*bf16", "k": "i32:16", "row0": "i32", "pf": "*bf16", "pf_n": "i32"}
 
 
 @warploop.task(signature=MLP_SIG, constexprs=UP, waits=True, cost=1.0)
 @triton.jit
-def mlp_up(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
-    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True)
+def mlp_up(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, False, BACKEND)
 
 
 @warploop.task(signature=MLP_SIG, constexprs=DOWN, waits=True, cost=1.0)
 @triton.jit
-def mlp_down(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
-    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True)
+def mlp_down(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, False, BACKEND)
 
 
 UP_PIPE = {"BN": 16, "BK": 256}  # the same tiles, half-size chunks, two in flight
@@ -117,19 +138,25 @@ DOWN_PIPE = {"BN": 4, "BK": 1024}
 
 @warploop.task(signature=MLP_SIG, constexprs=UP_PIPE, waits=True, cost=1.0)
 @triton.jit
-def mlp_up_pipe(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
-    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, True)
+def mlp_up_pipe(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, True, BACKEND)
 
 
 @warploop.task(signature=MLP_SIG, constexprs=DOWN_PIPE, waits=True, cost=1.0)
 @triton.jit
-def mlp_down_pipe(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr):
-    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, True)
+def mlp_down_pipe(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, True, BACKEND)
 
 
-# name -> (up task, down task, up tiles, down tiles); each variant is its own runtime
-MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN),
-                "pipelined": (mlp_up_pipe, mlp_down_pipe, UP_PIPE, DOWN_PIPE)}
+# name -> (up task, down task, up tiles, down tiles, prefetch distance): each is its own runtime.
+# Distance d: a node prefetches the tile of the instruction d places later on its worker (None: no
+# prefetch). Each worker runs two tiles per GEMV, so d = 2 is the same tile slot one GEMV ahead.
+MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
+                "single_pf1": (mlp_up, mlp_down, UP, DOWN, 1),
+                "single_pf2": (mlp_up, mlp_down, UP, DOWN, 2),
+                "pipelined_pf2": (mlp_up_pipe, mlp_down_pipe, UP_PIPE, DOWN_PIPE, 2)}
 
 
 @triton.jit

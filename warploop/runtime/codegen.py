@@ -62,14 +62,18 @@ def cpu_graph_inst(arena, worker, index, last):
 
 
 def decode_expr(j: int, type_str: str) -> str:
+    base, _, hint = type_str.partition(":")
     raw = f"S.arg(d, {j}, pmask, params)"
-    if type_str.startswith("*"):
-        return f"{raw}.to(tl.pointer_type(tl.{POINTEE[type_str[1:]]}))"
-    if type_str == "i32":
-        return f"{raw}.to(tl.int32)"
-    if type_str == "fp32":
-        return f"{raw}.to(tl.int32).to(tl.float32, bitcast=True)"
-    return raw
+    if base.startswith("*"):
+        expr = f"{raw}.to(tl.pointer_type(tl.{POINTEE[base[1:]]}))"
+    elif base == "i32":
+        expr = f"{raw}.to(tl.int32)"
+    elif base == "fp32":
+        expr = f"{raw}.to(tl.int32).to(tl.float32, bitcast=True)"
+    else:
+        expr = raw
+    # The hint the host checked (tasks.ArgSpec): lets the compiler emit wide, aligned loads.
+    return f"tl.multiple_of({expr}, {hint})" if hint else expr
 
 
 def body_name(t: Task) -> str:
@@ -90,6 +94,8 @@ def branch(t: Task) -> list[str]:
     for p in t.params:
         if p == "ctx" and t.takes_ctx:
             call.append("ctx")
+        elif p == "BACKEND" and p not in t.constexprs:
+            call.append("BACKEND")
         elif p in values:
             call.append(values[p])
         else:

@@ -51,6 +51,7 @@ K_FP32 = tl.constexpr(D.K_FP32)
 K_NONE = tl.constexpr(D.K_NONE)
 EXTERNAL_TICKET = tl.constexpr(X.EXTERNAL_TICKET)
 OP_EXTERNAL = tl.constexpr(X.OP_EXTERNAL)
+PORTABLE = tl.constexpr("portable")   # a default for BACKEND: a plain str default is not a constexpr in Triton
 
 
 @triton.jit
@@ -146,8 +147,11 @@ def then(ctx, handle, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0
 
 
 @triton.jit
-def join(ctx, handle):
-    """Wait, holding this worker, until `handle` completes (or the runtime is aborted)."""
+def join(ctx, handle, BACKEND: tl.constexpr = PORTABLE):
+    """Wait, holding this worker, until `handle` completes (or the runtime is aborted).
+
+    Pass the task's `BACKEND` parameter where it has one: on CUDA one thread then polls.
+    """
     arena = arena_of(ctx)
     issued = uload(ctl(arena, L.C_NEXT_ID))
     if (handle < 0) | (handle >= issued):
@@ -155,16 +159,17 @@ def join(ctx, handle):
     else:
         tl.store(ctx + L.X_DETAIL, handle.to(tl.int32))
         tl.store(ctx + L.X_STATE, L.S_JOINING)
-        wait_ge(arena, meta64(arena, L.M_DONE, handle % tl.load(arena + L.H_POOL)), handle, "portable")
+        wait_ge(arena, meta64(arena, L.M_DONE, handle % tl.load(arena + L.H_POOL)), handle, BACKEND)
         tl.store(ctx + L.X_STATE, L.S_RUNNING)
 
 
 @triton.jit
-def wait(ctx):
+def wait(ctx, BACKEND: tl.constexpr = PORTABLE):
     """In a task registered with waits=True: wait here for the node's predecessors.
 
     Call it after issuing the loads that need no predecessor (weights), so they overlap the wait.
-    Outside a static graph it returns at once.
+    Outside a static graph it returns at once. Pass the task's `BACKEND` parameter: on CUDA one
+    thread then polls with ld.acquire; "portable" polls in every thread and acquires with a CAS.
     """
     arena = arena_of(ctx)
     counters = tl.load(p64(ctx + L.X_COUNTERS)).to(tl.pointer_type(tl.int64))
@@ -173,7 +178,7 @@ def wait(ctx):
         if c >= 0:
             tl.store(ctx + L.X_DETAIL, c)
             tl.store(ctx + L.X_STATE, L.S_WAITING)
-            wait_ge(arena, counters + c, tl.load(p64(ctx + L.X_WAIT_TARGET) + i), "portable")
+            wait_ge(arena, counters + c, tl.load(p64(ctx + L.X_WAIT_TARGET) + i), BACKEND)
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
 
 

@@ -134,17 +134,6 @@ def clock(BACKEND: tl.constexpr):
 
 
 @triton.jit
-def load_acquire(p, BACKEND: tl.constexpr):
-    """Poll load of an int64. On CUDA an ld.acquire (no read-modify-write traffic at L2)."""
-    if BACKEND == "cuda":
-        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [p],
-                                      dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        v = tl.load(p, volatile=True)
-    return v
-
-
-@triton.jit
 def idle_pause(BACKEND: tl.constexpr):
     """An idle worker's pause between polls, so thousands of pollers do not saturate L2 lines."""
     if BACKEND == "cuda":
@@ -152,17 +141,46 @@ def idle_pause(BACKEND: tl.constexpr):
                                   is_pure=False, pack=1)
 
 
+# Thread 0 spins on the counter with ld.acquire (one poller per program, not one per warp), then
+# every thread meets it at a barrier: the barrier orders the other threads' later loads after the
+# acquire. `barrier.sync` (not `bar.sync`, which is `.aligned`) because thread 0 diverges from its
+# warp. The stop word is read in the loop, so an abort ends the wait; it is issued before the
+# acquire (later loads may not pass an acquire), so each round is one round trip, not two.
+# Labels are local to `{ }`, so the block can be inlined many times.
+POLL_ONE_THREAD = tl.constexpr("""{
+.reg .pred %pw, %pd;
+.reg .b32 %tw;
+.reg .b64 %sw;
+mov.u32 %tw, %tid.x;
+mov.b64 $0, 0;
+setp.ne.u32 %pw, %tw, 0;
+@%pw bra WL_MEET;
+WL_POLL:
+ld.relaxed.gpu.global.b64 %sw, [$3];
+ld.acquire.gpu.global.b64 $0, [$1];
+setp.ge.s64 %pd, $0, $2;
+@%pd bra WL_MEET;
+setp.ge.s64 %pd, %sw, $4;
+@%pd bra WL_MEET;
+bra WL_POLL;
+WL_MEET:
+barrier.sync 0;
+}""")
+
+
 @triton.jit
 def wait_ge(arena, p, target, BACKEND: tl.constexpr):
-    """Spin until *p >= target (acquire) or the runtime is aborted; True when satisfied."""
-    v = load_acquire(p, BACKEND)
-    go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
-    while go:
-        v = load_acquire(p, BACKEND)
+    """Spin until *p >= target (acquire) or the runtime is aborted (callers check the stop word)."""
+    if BACKEND == "cuda":
+        tl.inline_asm_elementwise(POLL_ONE_THREAD, "=l,l,l,l,l", [p, i64(target), ctl(arena, L.C_STOP), i64(ABORT)],
+                                  dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        v = tl.load(p, volatile=True)
         go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
-    if BACKEND != "cuda":
+        while go:
+            v = tl.load(p, volatile=True)
+            go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
         acquire(p)
-    return v >= target
 
 
 @triton.jit

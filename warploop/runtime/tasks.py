@@ -5,7 +5,9 @@
     def scale(ctx, x, n, BLOCK: tl.constexpr): ...
 
 Parameters are matched by name: `ctx` (optional, first) receives the worker's context record,
-which the device library (spawn/join/then/wait) needs; every other parameter is either in
+which the device library (spawn/join/then/wait) needs; `BACKEND` (optional, a tl.constexpr)
+receives the resident kernel's backend ("cuda", "hip", "cpu"), for `wl.wait(ctx, BACKEND)` and
+backend-specific code such as inline assembly; every other parameter is either in
 `signature` (Triton type strings: `*fp32`, `*bf16`, ..., `i32`, `i64`, `fp32`) or in
 `constexprs`. The decorator returns the Triton function itself, with `opcode` and `kinds`
 attached so other task bodies can `wl.spawn(ctx, scale, ...)` it.
@@ -23,26 +25,45 @@ from collections.abc import Callable
 from warploop.runtime.descriptor import FIRST_TASK_OPCODE, K_FP32, K_INT, K_NONE, K_PTR, MAX_ARGS, MAX_OPCODE, fp32_bits
 
 SCALAR_TYPES = {"i32": K_INT, "i64": K_INT, "fp32": K_FP32}
+ALIGN = 16      # the divisibility a ":16" type suffix promises
 POINTEE_TYPES = ("fp32", "fp16", "bf16", "fp64", "i8", "u8", "i16", "i32", "i64", "u32", "u64")
 
 
 @dataclasses.dataclass(frozen=True)
 class ArgSpec:
+    """One argument. A `:16` suffix ("*bf16:16", "i32:16") is Triton's divisibility hint: the
+    value (a pointer's address) is a multiple of 16. Kernel arguments get it from Triton's
+    specialization; task arguments come from descriptor words, so without the hint the compiler
+    cannot prove alignment and splits wide loads into 2-byte ones. The host checks the promise."""
+
     name: str
     type: str
 
     def __post_init__(self) -> None:
-        if self.type.startswith("*"):
-            if self.type[1:] not in POINTEE_TYPES:
+        base, colon, hint = self.type.partition(":")
+        if colon and (hint != str(ALIGN) or base == "fp32"):
+            raise ValueError(f"argument {self.name!r}: bad hint in {self.type!r}; the only hint is ':{ALIGN}', "
+                             f"on a pointer or an integer (e.g. '*bf16:{ALIGN}', 'i32:{ALIGN}')")
+        if base.startswith("*"):
+            if base[1:] not in POINTEE_TYPES:
                 raise ValueError(f"argument {self.name!r}: unknown pointer type {self.type!r}; "
                                  f"use one of {', '.join('*' + t for t in POINTEE_TYPES)}")
-        elif self.type not in SCALAR_TYPES:
+        elif base not in SCALAR_TYPES:
             raise ValueError(f"argument {self.name!r}: unsupported type {self.type!r}; "
                              f"use a pointer (*fp32, *bf16, ...) or one of {', '.join(SCALAR_TYPES)}")
 
     @property
+    def base(self) -> str:
+        """The type without its hint."""
+        return self.type.partition(":")[0]
+
+    @property
+    def aligned(self) -> bool:
+        return self.type.endswith(f":{ALIGN}")
+
+    @property
     def kind(self) -> int:
-        return K_PTR if self.type.startswith("*") else SCALAR_TYPES[self.type]
+        return K_PTR if self.base.startswith("*") else SCALAR_TYPES[self.base]
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,6 +95,14 @@ REGISTRY: dict[int, Task] = {}
 
 
 def encode_value(spec: ArgSpec, value) -> int:
+    word = _encode(spec, value)
+    if spec.aligned and word % ALIGN:
+        raise ValueError(f"argument {spec.name!r} = {word:#x} is declared {spec.type}, a multiple of {ALIGN}, "
+                         f"but is not: pass an aligned tensor or value, or drop ':{ALIGN}' from its type")
+    return word
+
+
+def _encode(spec: ArgSpec, value) -> int:
     kind = spec.kind
     if kind == K_PTR:
         if hasattr(value, "data_ptr"):
@@ -85,7 +114,7 @@ def encode_value(spec: ArgSpec, value) -> int:
     if kind == K_FP32:
         return fp32_bits(float(value))
     value = int(value)
-    bits = 32 if spec.type == "i32" else 64
+    bits = 32 if spec.base == "i32" else 64
     if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
         raise OverflowError(f"argument {spec.name!r} = {value} does not fit {spec.type}")
     return value
@@ -115,7 +144,7 @@ def task(fn=None, *, signature: dict[str, str] | None = None, constexprs: dict |
         takes_ctx = bool(params) and params[0] == "ctx"
         name = f"{raw.__module__}.{raw.__qualname__}"
         for p in params[1 if takes_ctx else 0:]:
-            if p not in sig and p not in consts:
+            if p not in sig and p not in consts and p != "BACKEND":
                 raise TypeError(f"task {name}: parameter {p!r} needs a type in signature= or a value in constexprs=")
         unknown = (set(sig) | set(consts)) - set(params)
         if unknown:
