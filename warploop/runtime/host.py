@@ -200,15 +200,14 @@ class Runtime:
                 ticket = self._ticket
                 index = ticket % nslots
                 previous = self._futures[index] if task else None
-                ready = lambda t=ticket, p=previous: (self._h64[L.HB_SUBMIT_HEAD // 2] > t - nslots
-                                                      and (p is None or p.done()))
-                if ready():
+                if self._slot_free(ticket, previous):
                     future = None
                     if task:
                         future = self._futures[index] = Future(self, ticket, name)
                     self._write_slot(index, ticket, opcode, slots, header)
                     self._ticket = ticket + 1
                     return future
+            ready = lambda t=ticket, p=previous: self._slot_free(t, p)
             if task:
                 self._wait(ready, None, f"submit slot {index} to free up")
             else:   # another thread drives the CPU executor (or the GPU runs): only watch
@@ -217,6 +216,10 @@ class Runtime:
                     if time.perf_counter() > deadline:
                         raise TimeoutError(f"submit slot {index} did not free up in {self.timeout:g} s")
                     time.sleep(20e-6)
+
+    def _slot_free(self, ticket: int, previous: Future | None) -> bool:
+        taken = self._h64[L.HB_SUBMIT_HEAD // 2] > ticket - self._hl.submit_slots
+        return taken and (previous is None or previous.done())
 
     def _write_slot(self, index: int, ticket: int, opcode: int, slots, header: np.ndarray | None) -> None:
         base = self._hl.submit + index * L.SUBMIT_SLOT_WORDS
