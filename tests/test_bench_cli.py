@@ -1,0 +1,33 @@
+"""`warploop bench runtime|hostcall --json` run without a GPU and print their contract keys."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CONTRACT = {
+    "runtime": {"dependent_hop_us", "cuda_graph_node_us", "triton_launch_us", "tasks_per_s",
+                "submit_p50_us", "submit_p99_us", "mlp_stack"},
+    "hostcall": {"call_p50_us", "call_p99_us", "calls_per_s", "print_lines_per_s", "print_lost",
+                 "file_read_gbps", "plain_read_gbps"},
+}
+
+
+@pytest.mark.parametrize("bench", sorted(CONTRACT))
+def test_bench_runs_on_the_cpu_with_contract_keys(bench):
+    env = {**os.environ, "WARPLOOP_DEVICE": "cpu"}
+    out = subprocess.run([sys.executable, "-m", "warploop.cli", "bench", bench, "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out.stdout)
+    assert CONTRACT[bench] <= set(data)
+    assert {"device", "date", "versions"} <= set(data)
+    assert data["device"] == "cpu"
+    if bench == "runtime":
+        assert set(data["mlp_stack"]) == {"warploop_us", "cuda_graph_us", "torch_eager_us", "floor_us"}
+        assert data["cuda_graph_node_us"] is None          # GPU-only keys are null on the CPU
+        assert data["dependent_hop_us"] > 0 and data["tasks_per_s"] > 0
+    else:
+        assert data["print_lost"] == 0
+        assert data["call_p50_us"] > 0 and data["calls_per_s"] > 0
