@@ -7,11 +7,13 @@ import time
 
 import warploop
 from warploop.bench.runtime import hop_graph, submit_latency
+from warploop.bench.runtime_clocks import ClockSampler
 from warploop.bench.runtime_kernels import (
     HOP_TASKS,
     MLP_VARIANTS,
     TILE_BYTES,
     gemv_kernel,
+    gemv_kernel_unrolled,
     hop_kernel,
     noop,
     spawn_tree,
@@ -19,6 +21,7 @@ from warploop.bench.runtime_kernels import (
 
 DIM, HIDDEN = 2048, 8192
 MLP_WORKERS = 256
+CLOCKS = ClockSampler()         # started by gpu_figures; each section reports the clocks it saw
 
 
 def events_us(torch, fn, reps: int = 1, trials: int = 7) -> float:
@@ -89,14 +92,19 @@ def rel_err(torch, out, ref) -> float:
     return float((out - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
 
 
+def gemv_launcher(w, x, y, k, silu: bool, bn: int, bk: int, warps: int, unrolled: bool):
+    """One per-op GEMV launch; unrolled: the resident kernel's unrolled body (compile-time k)."""
+    if unrolled:
+        return lambda: gemv_kernel_unrolled[(w.shape[0] // bn,)](w, x, y, k, bn, bk, k, silu, num_warps=warps)
+    return lambda: gemv_kernel[(w.shape[0] // bn,)](w, x, y, k, bn, bk, silu, num_warps=warps)
+
+
 def best_config(torch, w, x, y, k, silu: bool, configs) -> tuple:
     best = None
-    for bn, bk, warps in configs:
-        fn = lambda bn=bn, bk=bk, warps=warps: gemv_kernel[(w.shape[0] // bn,)](w, x, y, k, bn, bk, silu,
-                                                                              num_warps=warps)
-        us = events_us(torch, fn, reps=10, trials=3)
+    for cfg in configs:
+        us = events_us(torch, gemv_launcher(w, x, y, k, silu, *cfg), reps=10, trials=3)
         if best is None or us < best[0]:
-            best = (us, bn, bk, warps)
+            best = (us, *cfg)
     return best
 
 
@@ -104,15 +112,18 @@ def mlp_peers(torch, w1, w2, x0, quick: bool) -> dict:
     layers = len(w1)
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.empty(DIM, dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
-    up_cfgs = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (32, 512, 8)][: 2 if quick else 4]
-    down_cfgs = [(8, 1024, 4), (4, 2048, 4), (16, 512, 4), (8, 2048, 8)][: 2 if quick else 4]
+    # (BN, BK, warps, unrolled): the unrolled body is the runtime's new tile, offered to the peer too.
+    up_cfgs = [(16, 512, 4, True), (16, 512, 4, False), (32, 256, 4, False), (8, 1024, 4, False),
+               (32, 512, 8, False)][: 3 if quick else 5]
+    down_cfgs = [(4, 2048, 4, True), (8, 1024, 4, False), (4, 2048, 4, False), (16, 512, 4, False),
+                 (8, 2048, 8, False)][: 3 if quick else 5]
     up = best_config(torch, w1[0], x0, h, DIM, True, up_cfgs)
     down = best_config(torch, w2[0], h, xs[1], HIDDEN, False, down_cfgs)
 
     def per_op():
         for i in range(layers):
-            gemv_kernel[(HIDDEN // up[1],)](w1[i], xs[i], h, DIM, up[1], up[2], True, num_warps=up[3])
-            gemv_kernel[(DIM // down[1],)](w2[i], h, xs[i + 1], HIDDEN, down[1], down[2], False, num_warps=down[3])
+            gemv_launcher(w1[i], xs[i], h, DIM, True, *up[1:])()
+            gemv_launcher(w2[i], h, xs[i + 1], HIDDEN, False, *down[1:])()
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -136,8 +147,9 @@ def mlp_peers(torch, w1, w2, x0, quick: bool) -> dict:
     eager_out = eager()
     eager_us = events_us(torch, eager, reps=5)
     return {"cuda_graph_us": graph_us, "torch_eager_us": eager_us, "peer_out": peer_out, "eager_out": eager_out,
-            "per_op_configs": {"up": {"BN": up[1], "BK": up[2], "warps": up[3], "us": up[0]},
-                               "down": {"BN": down[1], "BK": down[2], "warps": down[3], "us": down[0]}}}
+            "per_op_configs": {"up": {"BN": up[1], "BK": up[2], "warps": up[3], "unrolled": up[4], "us": up[0]},
+                               "down": {"BN": down[1], "BK": down[2], "warps": down[3], "unrolled": down[4],
+                                        "us": down[0]}}}
 
 
 def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
@@ -228,18 +240,24 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True)
     return {"warploop_us": statistics.median(per_run), "warploop_out": out, "replay_out": replay_out,
             "workers": workers, "nodes": len(g), "counters": len(g.schedule.counter_sizes),
             "first_run_s": first_run_s, "tiles": {"up": up, "down": down}, "prefetch_distance": distance,
+            "variant": variant,
             "per_gemv_us": statistics.median(per_run) / (2 * layers)}
 
 
 def section(name: str, fn, *args, **kwargs) -> dict:
     """Run one part; on failure record the error (later parts still run) instead of losing the rest."""
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     try:
         out = fn(*args, **kwargs)
     except Exception as exc:  # a benchmark reports what broke; it does not hide it
         print(f"[bench runtime] {name}: FAILED {exc!r}"[:2000], file=sys.stderr, flush=True)
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    clocks = CLOCKS.window(t0_wall, time.time())
+    if clocks:
+        out["clocks"] = clocks
     shown = {k: v for k, v in out.items() if isinstance(v, (int, float, bool, str))}
+    if clocks:
+        shown["sm_mhz_median"] = clocks["sm_mhz_median"]
     print(f"[bench runtime] {name} ({time.perf_counter() - t0:.1f} s): {shown}", file=sys.stderr, flush=True)
     return out
 
@@ -247,6 +265,14 @@ def section(name: str, fn, *args, **kwargs) -> dict:
 def gpu_figures(quick: bool, layers: int, only: str | None = None) -> dict:
     """All figures; only="hops" or "mlp" runs that half (a partial run: not for bench/results)."""
     import torch
+    CLOCKS.start()
+    try:
+        return _gpu_figures(torch, quick, layers, only)
+    finally:
+        CLOCKS.stop()
+
+
+def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     layers = 2 if quick else layers
     n = 200 if quick else 2000
     w1, w2, x0 = mlp_weights(torch, layers)
@@ -256,13 +282,12 @@ def gpu_figures(quick: bool, layers: int, only: str | None = None) -> dict:
     skip = {"skipped": f"--only {only}"}
     peers = section("hop peers", hop_peers, torch, n) if only != "mlp" else skip
     mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick) if only != "hops" else skip
+    CLOCKS.pause(True)          # the sampler's subprocesses would compete with the submit loop's host thread
     hops = (section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
             if only != "mlp" else skip)
+    CLOCKS.pause(False)
     variants = {name: section(f"runtime mlp {name}", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20,
                               variant=name) for name in (MLP_VARIANTS if only != "hops" else ())}
-    # Attribution: the same tiles with no GEMV boundaries (wrong output; never the figure).
-    no_deps = (section("runtime mlp without dependencies (diagnostic)", runtime_mlp, torch, w1, w2, x0,
-                       repeat=3 if quick else 20, variant="single_pf2", deps=False) if only != "hops" else skip)
     for v in variants.values():
         if "warploop_out" in v:
             v["rel_err_vs_fp32"] = rel_err(torch, v["warploop_out"], ref)
@@ -271,6 +296,9 @@ def gpu_figures(quick: bool, layers: int, only: str | None = None) -> dict:
     good = [v for v in variants.values()
             if v.get("rel_err_vs_fp32", float("inf")) < 0.05 and v.get("replay_matches_first_run")]
     wl = min(good, key=lambda v: v["warploop_us"]) if good else {}
+    # Attribution: the best schedule's tiles with no GEMV boundaries (wrong output; never the figure).
+    no_deps = (section("runtime mlp without dependencies (diagnostic)", runtime_mlp, torch, w1, w2, x0,
+                       repeat=3 if quick else 20, variant=wl["variant"], deps=False) if wl else skip)
     floor_us = weight_bytes / (bw * 1e9) * 1e6
     stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
              "warploop_us": wl.get("warploop_us"), "cuda_graph_us": mlp.get("cuda_graph_us"),
@@ -286,9 +314,15 @@ def gpu_figures(quick: bool, layers: int, only: str | None = None) -> dict:
     stack["variants"] = {name: {k: val for k, val in v.items() if k != "warploop_out"} for name, v in variants.items()}
     stack.update({k: v for k, v in mlp.items() if k in ("per_op_configs",)})
     stack["no_dependencies_diagnostic_us"] = no_deps.get("warploop_us")
+    stack["no_dependencies_diagnostic_variant"] = no_deps.get("variant")
+    stack["variant"] = wl.get("variant")
+    stack["clocks"] = {"peers": mlp.get("clocks"), "no_dependencies": no_deps.get("clocks"),
+                       "sampler_error": CLOCKS.error}
     if "error" in mlp:
         stack["peer_error"] = mlp["error"]
-    out = {"hops": n, **peers, **hops, "mlp_stack": stack}
+    hops.pop("clocks", None)    # not sampled (paused)
+    hop_peer_clocks = peers.pop("clocks", None)
+    out = {"hops": n, **peers, **hops, "mlp_stack": stack, "clocks": {"hop_peers": hop_peer_clocks}}
     if hops.get("dependent_hop_us") and peers.get("cuda_graph_node_us"):
         out["hop_speedup_vs_cuda_graph"] = peers["cuda_graph_node_us"] / hops["dependent_hop_us"]
     return out

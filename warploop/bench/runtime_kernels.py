@@ -109,6 +109,45 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
     tl.store(y + rows, acc.to(tl.bfloat16))
 
 
+@triton.jit
+def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                       AHEAD: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
+                       BACKEND: tl.constexpr = wl.PORTABLE):
+    """gemv_rows for a compile-time width K (k == K): the chunk loop is unrolled and products
+    accumulate in a [BN, BK] fp32 block, reduced once per tile. With no reduction (a cross-warp
+    barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1 or 2)
+    (1, 2 or all 4) are issued before the wait for x, the rest where the compiler schedules them.
+    """
+    rows = row0 + tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    tile = w + rows[:, None] * k + cols[None, :]
+    tl.static_assert(AHEAD == 1 or AHEAD == 2 or (AHEAD == 4 and K == 4 * BK))
+    a = tl.load(tile, eviction_policy="evict_first")
+    if AHEAD >= 2:
+        b = tl.load(tile + BK, eviction_policy="evict_first")
+    if AHEAD == 4:
+        c = tl.load(tile + 2 * BK, eviction_policy="evict_first")
+        d = tl.load(tile + 3 * BK, eviction_policy="evict_first")
+    if WAIT:
+        wl.wait(ctx, BACKEND)
+    acc = a.to(tl.float32) * tl.load(x + cols).to(tl.float32)[None, :]
+    for i in tl.static_range(1, K // BK):
+        if i < AHEAD:
+            if i == 1:
+                chunk = b
+            elif i == 2:
+                chunk = c
+            else:
+                chunk = d
+        else:
+            chunk = tl.load(tile + i * BK, eviction_policy="evict_first")
+        acc += chunk.to(tl.float32) * tl.load(x + i * BK + cols).to(tl.float32)[None, :]
+    out = tl.sum(acc, axis=1)
+    if SILU:
+        out = out * tl.sigmoid(out)
+    tl.store(y + rows, out.to(tl.bfloat16))
+
+
 UP = {"BN": 16, "BK": 512}       # 2048 -> 8192: 512 tiles of 16 rows
 DOWN = {"BN": 4, "BK": 2048}     # 8192 -> 2048: 512 tiles of 4 rows
 TILE_BYTES = 16 * 2048 * 2       # both tiles are 64 KB of contiguous rows
@@ -150,16 +189,66 @@ def mlp_down_pipe(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.cons
     gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, True, BACKEND)
 
 
+# The same tiles, unrolled, one reduction per tile; AHEAD chunks of the tile issued before the wait.
+UP_A2 = {"BN": 16, "BK": 512, "K": 2048, "AHEAD": 2}
+DOWN_A2 = {"BN": 4, "BK": 2048, "K": 8192, "AHEAD": 2}
+UP_A4 = {**UP_A2, "AHEAD": 4}        # the whole 64 KB tile in registers while waiting
+DOWN_A4 = {**DOWN_A2, "AHEAD": 4}
+
+
+@triton.jit
+def mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                 AHEAD: tl.constexpr, SILU: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, SILU, ctx, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_A2, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_a2(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_A2, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_a2(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_A4, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_a4(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_A4, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_a4(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
+
+
 # name -> (up task, down task, up tiles, down tiles, prefetch distance): each is its own runtime.
 # Distance d: a node prefetches the tile of the instruction d places later on its worker (None: no
 # prefetch). Each worker runs two tiles per GEMV, so d = 2 is the same tile slot one GEMV ahead.
+# The prefetch and pipelined variants of the earlier runs (no gain over "single") are kept as tasks
+# but not timed, to save device time; "single" is the previous figure's schedule, for comparison.
 MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
-                "single_pf1": (mlp_up, mlp_down, UP, DOWN, 1),
-                "single_pf2": (mlp_up, mlp_down, UP, DOWN, 2),
-                "pipelined_pf2": (mlp_up_pipe, mlp_down_pipe, UP_PIPE, DOWN_PIPE, 2)}
+                "unrolled_ahead2": (mlp_up_a2, mlp_down_a2, UP_A2, DOWN_A2, None),
+                "unrolled_ahead4": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, None),
+                "unrolled_ahead4_pf1": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, 1)}
 
 
 @triton.jit
 def gemv_kernel(w, x, y, k, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr):
     """The per-op peer: one program per BN rows."""
     gemv_rows(w, x, y, k, tl.program_id(0) * BN, BN, BK, SILU, 0, False)
+
+
+@triton.jit
+def gemv_kernel_unrolled(w, x, y, k, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr, SILU: tl.constexpr):
+    """The per-op peer with the unrolled body (one reduction per tile), so the peer has it too."""
+    gemv_rows_unrolled(w, x, y, k, tl.program_id(0) * BN, BN, BK, K, 1, SILU, 0, False)
