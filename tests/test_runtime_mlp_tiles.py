@@ -8,28 +8,39 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import warploop
-from warploop.bench.runtime_kernels import mlp_down, mlp_down_a2, mlp_down_a4, mlp_up, mlp_up_a2, mlp_up_a4
+from warploop.bench.runtime_kernels import (
+    mlp_down,
+    mlp_down_a2,
+    mlp_down_a4,
+    mlp_down_w,
+    mlp_up,
+    mlp_up_a2,
+    mlp_up_a4,
+    mlp_up_w,
+)
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
-PAIRS = [(mlp_up, mlp_down), (mlp_up_a2, mlp_down_a2), (mlp_up_a4, mlp_down_a4)]
+PAIRS = [(mlp_up, mlp_down), (mlp_up_a2, mlp_down_a2), (mlp_up_a4, mlp_down_a4), (mlp_up_w, mlp_down_w)]
 
 
 def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
     g = torch.Generator().manual_seed(1234)
     w1, x = torch.randn(32, 2048, generator=g).bfloat16(), torch.randn(2048, generator=g).bfloat16()
-    w2, h = torch.randn(4, 8192, generator=g).bfloat16(), torch.randn(8192, generator=g).bfloat16()
+    w2, h = torch.randn(8, 8192, generator=g).bfloat16(), torch.randn(8192, generator=g).bfloat16()
     ref_up = torch.nn.functional.silu(w1.float() @ x.float())
     ref_down = w2.float() @ h.float()
     outs = []
     with warploop.Runtime(device="cpu", tasks=[t for pair in PAIRS for t in pair], workers=2) as rt:
         for up, down in PAIRS:
             y1 = torch.full((32,), float("nan")).bfloat16()       # poisoned: every row must be written
-            y2 = torch.full((4,), float("nan")).bfloat16()
+            y2 = torch.full((8,), float("nan")).bfloat16()
             graph = rt.graph()
-            for row0 in (0, 16):
+            bn_up, bn_down = lookup(up).constexprs["BN"], lookup(down).constexprs["BN"]
+            for row0 in range(0, 32, bn_up):
                 graph.add(up, w1, x, y1, 2048, row0, w1, 0)
-            graph.add(down, w2, h, y2, 8192, 0, w2, 0)
+            for row0 in range(0, 8, bn_down):
+                graph.add(down, w2, h, y2, 8192, row0, w2, 0)
             graph.run(timeout=120)
             outs.append((y1.float(), y2.float()))
     for y1, y2 in outs:
@@ -43,11 +54,15 @@ def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
 
 def test_ahead4_tile_loads_all_its_weights_before_the_wait():
     """cuda:90 PTX: 32 sixteen-byte weight loads (a 16x2048 bf16 tile over 128 threads) directly
-    before the counter wait, so a worker streams its next tile while it waits at a GEMV boundary."""
+    before the counter wait, so a worker streams its next tile while it waits at a GEMV boundary;
+    and x is read in the tile's layout, with no barrier between chunks."""
     module = codegen.build([lookup(mlp_up_a4), lookup(mlp_down_a4)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
+    # x arrives in the tile's own layout: no per-chunk conversion through shared memory.
+    assert not re.search(r"convert_layout .*tensor<(512|2048)xbf16", ttgir)
     marks = "".join("L" if "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in line else "W"
                     for line in ptx.splitlines()
                     if "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in line or "bra WL_MEET" in line)
