@@ -7,9 +7,10 @@
    scale, as one static graph).
 3. Host submit -> result round trip of a no-op task: p50 and p99.
 4. The MLP stack: 16 layers of [GEMV 2048->8192 + SiLU, GEMV 8192->2048], bf16, batch 1, as one
-   static graph (the faster correct one of two tile schedules) vs a CUDA graph of the same per-op
-   Triton kernels (best of a few tile configs) vs torch eager; each against the floor, weight bytes
-   over the measured device-to-device copy rate.
+   static graph (the fastest correct of a few tile schedules, runtime_kernels.MLP_VARIANTS) vs a
+   CUDA graph of the same per-op Triton kernels (the best of a few tile configs, each timed in a
+   CUDA graph) vs torch eager; each against the floor, weight bytes over the measured
+   device-to-device copy rate. SM clocks are sampled during each section.
 
 Peers run before any runtime opens (the resident kernel holds SMs until close). Without a GPU the
 CPU executor's figures are reported and the GPU-only keys are null.

@@ -77,33 +77,21 @@ def prefetch_l2(p, nbytes, LINES: tl.constexpr, BACKEND: tl.constexpr):
 
 @triton.jit
 def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
-              PIPE: tl.constexpr = False, BACKEND: tl.constexpr = wl.PORTABLE):
+              BACKEND: tl.constexpr = wl.PORTABLE):
     """y[row0:row0+BN] = act(w[row0:row0+BN, :] @ x) for row-major bf16 w, k columns, k % BK == 0.
 
-    With WAIT, weights are issued before waiting for x (they need no predecessor). PIPE keeps two
-    chunks in flight (k >= 2 BK): each chunk is issued before the one two behind it is reduced.
+    With WAIT, the first chunk of weights is issued before waiting for x (it needs no predecessor).
+    Each chunk is reduced across the tile (the round-1 body; gemv_rows_unrolled reduces once).
     """
     rows = row0 + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     tile = w + rows[:, None] * k + cols[None, :]
     a = tl.load(tile, eviction_policy="evict_first")
-    if PIPE:
-        b = tl.load(tile + BK, eviction_policy="evict_first")
-        if WAIT:
-            wl.wait(ctx, BACKEND)
-        acc = tl.zeros([BN], tl.float32)
-        for k0 in range(2 * BK, k, BK):
-            c = tl.load(tile + k0, eviction_policy="evict_first")
-            acc += dot_chunk(a, x + k0 - 2 * BK, cols)
-            a = b
-            b = c
-        acc += dot_chunk(a, x + k - 2 * BK, cols) + dot_chunk(b, x + k - BK, cols)
-    else:
-        if WAIT:
-            wl.wait(ctx, BACKEND)
-        acc = dot_chunk(a, x, cols)
-        for k0 in range(BK, k, BK):
-            acc += dot_chunk(tl.load(tile + k0, eviction_policy="evict_first"), x + k0, cols)
+    if WAIT:
+        wl.wait(ctx, BACKEND)
+    acc = dot_chunk(a, x, cols)
+    for k0 in range(BK, k, BK):
+        acc += dot_chunk(tl.load(tile + k0, eviction_policy="evict_first"), x + k0, cols)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     tl.store(y + rows, acc.to(tl.bfloat16))
@@ -165,32 +153,14 @@ MLP_SIG = {"w": "*bf16:16", "x": "*bf16:16", "y": "*bf16", "k": "i32:16", "row0"
 @triton.jit
 def mlp_up(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
-    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, False, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, BACKEND)
 
 
 @warploop.task(signature=MLP_SIG, constexprs=DOWN, waits=True, cost=1.0)
 @triton.jit
 def mlp_down(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
-    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, False, BACKEND)
-
-
-UP_PIPE = {"BN": 16, "BK": 256}  # the same tiles, half-size chunks, two in flight
-DOWN_PIPE = {"BN": 4, "BK": 1024}
-
-
-@warploop.task(signature=MLP_SIG, constexprs=UP_PIPE, waits=True, cost=1.0)
-@triton.jit
-def mlp_up_pipe(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
-    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
-    gemv_rows(w, x, y, k, row0, BN, BK, True, ctx, True, True, BACKEND)
-
-
-@warploop.task(signature=MLP_SIG, constexprs=DOWN_PIPE, waits=True, cost=1.0)
-@triton.jit
-def mlp_down_pipe(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
-    prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
-    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, True, BACKEND)
+    gemv_rows(w, x, y, k, row0, BN, BK, False, ctx, True, BACKEND)
 
 
 # The same tiles, unrolled, one reduction per tile; AHEAD chunks of the tile issued before the wait.
@@ -258,9 +228,9 @@ def mlp_down_w(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constex
 
 # name -> (up task, down task, up tiles, down tiles, prefetch distance): each is its own runtime.
 # Distance d: a node prefetches the tile of the instruction d places later on its worker (None: no
-# prefetch). Each worker runs two tiles per GEMV, so d = 2 is the same tile slot one GEMV ahead.
-# The prefetch and pipelined variants of the earlier runs (no gain over "single") are kept as tasks
-# but not timed, to save device time; "single" is the previous figure's schedule, for comparison.
+# prefetch). With 512 tiles per GEMV each worker runs two, so d = 2 is the same slot one GEMV ahead.
+# "single" is the round-1 figure's schedule, re-measured for comparison. Round 1's L2-prefetch and
+# two-chunks-in-flight variants (no gain over it) are not timed; the prefetch arguments stay (pf_n = 0).
 MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "unrolled_ahead2": (mlp_up_a2, mlp_down_a2, UP_A2, DOWN_A2, None),
                 "unrolled_ahead4": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, None),
