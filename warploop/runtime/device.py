@@ -190,6 +190,7 @@ def set_result(ctx, value):
         arena = arena_of(ctx)
         tl.store(meta64(arena, L.M_RESULT, tid % tl.load(arena + L.H_POOL)), i64(value))
 
+
 @triton.jit
 def external(ctx):
     """A handle that the host completes: `then`/`join` on it wait for rt.complete_external(h, status,
