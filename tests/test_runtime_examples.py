@@ -1,29 +1,15 @@
 """The runtime examples (tutorials that are tests) on the CPU executor, against torch."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from example_loader import load_example
 
 import warploop
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def examples():
-    return {name: load(name) for name in ("parallel_sort", "tree_reduce", "mlp_graph")}
+    return {name: load_example(name) for name in ("parallel_sort", "tree_reduce", "mlp_graph")}
 
 
 def test_parallel_sort_matches_torch(examples):

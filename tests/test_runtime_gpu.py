@@ -3,15 +3,13 @@
 Inputs are made before a runtime opens: the resident kernel may hold every SM, so other kernels
 (torch's random number generator, for one) could wait behind it.
 """
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import triton
 import triton.language as tl
+from example_loader import load_example
 
 import warploop
 from warploop.runtime import device as wl
@@ -19,18 +17,6 @@ from warploop.runtime.descriptor import TaskDescriptor
 from warploop.runtime.errors import TaskError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @warploop.task(signature={"x": "*i32"})
@@ -54,7 +40,7 @@ def fan_out(ctx, x, n):
 
 
 def run_examples(device: str, data: dict) -> dict:
-    ps, tr, mg = load("parallel_sort"), load("tree_reduce"), load("mlp_graph")
+    ps, tr, mg = load_example("parallel_sort"), load_example("tree_reduce"), load_example("mlp_graph")
     d = {k: v.to(device) for k, v in data.items()}
     out = {}
     with warploop.Runtime(device=device, tasks=ps.TASKS + tr.TASKS + mg.TASKS, workers=4) as rt:
@@ -83,7 +69,7 @@ def test_examples_match_the_cpu_executor():
 
 
 def test_graph_chain_across_all_workers_and_trace(tmp_path):
-    mg = load("mlp_graph")
+    mg = load_example("mlp_graph")
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
     with warploop.Runtime(device="cuda", tasks=[bump, *mg.TASKS], trace=True) as rt:
         g = rt.graph()

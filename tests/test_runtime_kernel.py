@@ -1,12 +1,10 @@
 """The generated resident kernel itself: it compiles for GPU targets without a GPU, and its loop
 (front + worker in one program) runs in the interpreter, agreeing with the CPU executor."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import triton
+from example_loader import load_example
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -14,21 +12,9 @@ import warploop
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_generated_source_dispatches_every_task():
-    tr = load("tree_reduce")
+    tr = load_example("tree_reduce")
     tasks = [lookup(t) for t in tr.TASKS]
     src = codegen.generate(tasks)
     for t in tasks:
@@ -41,7 +27,7 @@ def test_generated_source_dispatches_every_task():
 @pytest.mark.parametrize("target, backend", [(GPUTarget("cuda", 90, 32), "cuda"),
                                              (GPUTarget("hip", "gfx942", 64), "hip")])
 def test_resident_kernel_compiles_for_gpu_targets(target, backend):
-    mg = load("mlp_graph")
+    mg = load_example("mlp_graph")
     module = codegen.build([lookup(t) for t in mg.TASKS])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": backend == "cuda", "BACKEND": backend})
@@ -72,7 +58,7 @@ def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
 
 
 def test_resident_loop_in_the_interpreter_matches_the_executor():
-    tr, mg = load("tree_reduce"), load("mlp_graph")
+    tr, mg = load_example("tree_reduce"), load_example("mlp_graph")
     x = torch.randn(1500)
     dim, hidden = 24, 40
     w1, w2 = torch.randn(hidden, dim), torch.randn(dim, hidden)
