@@ -109,3 +109,16 @@ def test_close_after_a_hung_task_leaves_the_gpu_usable():
     with warploop.Runtime(device="cuda", tasks=[bump]) as again:
         again.submit(bump, y).result(timeout=10)
     assert int(y.cpu()) == 1
+
+
+def test_flag_synchronised_mlp_stack_matches_fp32_and_replays_bit_for_bit():
+    """The MLP bench's per-tile flag variant (no graph edges: tiles wait on each other's flags, and
+    each prefetches its next tile into L2), two layers: right against fp32, and replays (the flags
+    count runs) give the same bits."""
+    from warploop.bench import runtime_gpu as rg
+    w1, w2, x0 = rg.mlp_weights(torch, 2)
+    ref = rg.reference(torch, w1, w2, x0)
+    out = rg.runtime_mlp(torch, w1, w2, x0, repeat=3, variant="worker_tile_flags_pf1")
+    assert out["sync"] == "flags"
+    assert rg.rel_err(torch, out["warploop_out"], ref) < 0.05
+    assert torch.equal(out["replay_out"], out["warploop_out"])

@@ -12,10 +12,12 @@ from warploop.bench.runtime_kernels import (
     mlp_down,
     mlp_down_a2,
     mlp_down_a4,
+    mlp_down_f,
     mlp_down_w,
     mlp_up,
     mlp_up_a2,
     mlp_up_a4,
+    mlp_up_f,
     mlp_up_w,
 )
 from warploop.runtime import codegen
@@ -50,6 +52,33 @@ def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
     for y1, y2 in outs[1:]:
         assert torch.allclose(y1, outs[0][0], rtol=2e-2, atol=2e-2)
         assert torch.allclose(y2, outs[0][1], rtol=2e-2, atol=2e-2)
+
+
+def test_flag_tiles_wait_for_this_runs_flags_and_count_runs_on_the_cpu():
+    """The per-tile flag variant: each tile waits for the previous GEMV's 256 flags to reach this
+    run's number (its own flag + 1), computes the same tile, and stores its flag + 1. The graph
+    edge only orders the CPU executor; the flags the test presets stand in for the other tiles."""
+    g = torch.Generator().manual_seed(99)
+    w1, x = torch.randn(32, 2048, generator=g).bfloat16(), torch.randn(2048, generator=g).bfloat16()
+    w2 = torch.randn(8, 8192, generator=g).bfloat16()
+    flags = torch.zeros(3, 256, dtype=torch.int32)      # [previous GEMV, up, down] x tiles
+    h = torch.zeros(8192).bfloat16()
+    h_ref = torch.nn.functional.silu(w1.float() @ x.float())
+    with warploop.Runtime(device="cpu", tasks=[mlp_up_f, mlp_down_f], workers=2) as rt:
+        graph = rt.graph()
+        up = graph.add(mlp_up_f, w1, x, h, 2048, 0, w1, 0, flags[1], 1)
+        y = torch.full((8,), float("nan")).bfloat16()
+        graph.add(mlp_down_f, w2, h, y, 8192, 0, w2, 0, flags[2], 1, after=[up])
+        for run in (1, 2):
+            flags[0, :] = run           # the previous GEMV's tiles, done for this run
+            flags[1, 1:] = run          # the up tiles this graph does not hold
+            y.fill_(float("nan"))
+            graph.run(timeout=120)
+            assert flags[1, 0] == run and flags[2, 0] == run
+            assert not flags[2, 1:].any()
+    y_ref = w2[:, :32].float() @ h[:32].float()       # rows of h beyond the one up tile stay zero
+    assert float((h[:32].float() - h_ref).norm() / h_ref.norm()) < 1e-2
+    assert float((y.float() - y_ref).norm() / y_ref.norm()) < 1e-2
 
 
 def test_ahead4_tile_loads_all_its_weights_before_the_wait():

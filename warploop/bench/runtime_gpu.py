@@ -9,9 +9,9 @@ import warploop
 from warploop.bench.runtime import hop_graph, submit_latency
 from warploop.bench.runtime_clocks import ClockSampler
 from warploop.bench.runtime_kernels import (
+    FLAG_VARIANTS,
     HOP_TASKS,
     MLP_VARIANTS,
-    TILE_BYTES,
     gemv_kernel,
     gemv_kernel_unrolled,
     hop_kernel,
@@ -218,16 +218,20 @@ def mlp_nodes(w1, w2, xs, h, up: dict, down: dict, distance) -> list[tuple]:
     if distance is not None:
         for order in per_worker.values():
             for j, n in enumerate(order[:len(order) - distance]):
-                w, _, _, k, r = nodes[order[j + distance]][2]
-                prefetch[n] = (w.data_ptr() + r * k * w.element_size(), TILE_BYTES)
+                _, is_up, (w, _, _, k, r), _ = nodes[order[j + distance]]
+                rows = up["BN"] if is_up else down["BN"]
+                prefetch[n] = (w.data_ptr() + r * k * w.element_size(), rows * k * w.element_size())
     return [(*node, pf) for node, pf in zip(nodes, prefetch, strict=True)]
 
 
 def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True) -> dict:
     """The stack as one static graph. deps=False drops every edge (a diagnostic: the output is
-    wrong, the time is the tile bodies and the worker loop without any GEMV boundary)."""
+    wrong, the time is the tile bodies and the worker loop without any GEMV boundary). A flag
+    variant (FLAG_VARIANTS) has no edges either: its tiles wait on per-tile flags themselves."""
     up_task, down_task, up, down, distance = MLP_VARIANTS[variant]
+    flagged = variant in FLAG_VARIANTS
     layers = len(w1)
+    flags = torch.zeros(2 * layers, MLP_WORKERS, dtype=torch.int32, device="cuda") if flagged else None
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     # 512 (or 256) tiles per GEMV: 256 workers run exactly two (one) each, about two workers per SM.
@@ -237,7 +241,9 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True)
         for gemv, is_up, args, worker, pf in mlp_nodes(w1, w2, xs, h, up, down, distance):
             if gemv != at:
                 prev, cur, at = cur, [], gemv
-            cur.append(g.add(up_task if is_up else down_task, *args, *pf, after=prev if deps else (), worker=worker))
+            extra = (flags[gemv], int(gemv > 0)) if flagged else ()
+            cur.append(g.add(up_task if is_up else down_task, *args, *pf, *extra,
+                             after=prev if deps and not flagged else (), worker=worker))
         t0 = time.perf_counter()
         g.run(timeout=30)
         first_run_s = time.perf_counter() - t0
@@ -252,7 +258,7 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True)
     return {"warploop_us": statistics.median(per_run), "warploop_out": out, "replay_out": replay_out,
             "workers": workers, "nodes": len(g), "counters": len(g.schedule.counter_sizes),
             "first_run_s": first_run_s, "tiles": {"up": up, "down": down}, "prefetch_distance": distance,
-            "variant": variant,
+            "variant": variant, "sync": "flags" if flagged else "counters",
             "per_gemv_us": statistics.median(per_run) / (2 * layers)}
 
 
@@ -310,7 +316,8 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     wl = min(good, key=lambda v: v["warploop_us"]) if good else {}
     # Attribution: the best schedule's tiles with no GEMV boundaries (wrong output; never the figure).
     no_deps = (section("runtime mlp without dependencies (diagnostic)", runtime_mlp, torch, w1, w2, x0,
-                       repeat=3 if quick else 20, variant=wl["variant"], deps=False) if wl else skip)
+                       repeat=3 if quick else 20, variant=FLAG_VARIANTS.get(wl["variant"], wl["variant"]), deps=False)
+              if wl else skip)
     floor_us = weight_bytes / (bw * 1e9) * 1e6
     stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
              "warploop_us": wl.get("warploop_us"), "cuda_graph_us": mlp.get("cuda_graph_us"),

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 import warploop
+from warploop.bench.runtime_flags import signal_flag, wait_flags
 from warploop.runtime import device as wl
 
 
@@ -100,11 +101,14 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
 @triton.jit
 def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
                        AHEAD: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
-                       BACKEND: tl.constexpr = wl.PORTABLE):
+                       BACKEND: tl.constexpr = wl.PORTABLE, flags=0, after=0, TILES: tl.constexpr = 0):
     """gemv_rows for a compile-time width K (k == K): the chunk loop is unrolled and products
     accumulate in a [BN, BK] fp32 block, reduced once per tile. With no reduction (a cross-warp
-    barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1 or 2)
-    (1, 2 or all 4) are issued before the wait for x, the rest where the compiler schedules them.
+    barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1, 2 or
+    all 4) are issued before the wait for x, the rest where the compiler schedules them.
+
+    WAIT: 0 none, 1 the graph's counters (wl.wait), 2 per-tile flags (runtime_flags.py): wait for
+    the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag.
     """
     rows = row0 + tl.arange(0, BN)
     cols = tl.arange(0, BK)
@@ -116,8 +120,11 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     if AHEAD == 4:
         c = tl.load(tile + 2 * BK, eviction_policy="evict_first")
         d = tl.load(tile + 3 * BK, eviction_policy="evict_first")
-    if WAIT:
+    if WAIT == 1:
         wl.wait(ctx, BACKEND)
+    if WAIT == 2:
+        if after != 0:
+            wait_flags(wl.arena_of(ctx), flags, row0 // BN, TILES, BACKEND)
     # x is loaded through a [BN, BK] pointer block with row stride 0: the tile's own layout, so the
     # product needs no layout conversion (a 1-D load of x is converted through shared memory with
     # a barrier per chunk); the repeated addresses fold to one load.
@@ -138,6 +145,8 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     if SILU:
         out = out * tl.sigmoid(out)
     tl.store(y + rows, out.to(tl.bfloat16))
+    if WAIT == 2:
+        signal_flag(flags, row0 // BN, BACKEND)
 
 
 UP = {"BN": 16, "BK": 512}       # 2048 -> 8192: 512 tiles of 16 rows
@@ -174,7 +183,7 @@ DOWN_A4 = {**DOWN_A2, "AHEAD": 4}
 def mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
                  AHEAD: tl.constexpr, SILU: tl.constexpr, BACKEND: tl.constexpr):
     prefetch_l2(pf, pf_n, PF_LINES, BACKEND)
-    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, SILU, ctx, True, BACKEND)
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, SILU, ctx, 1, BACKEND)
 
 
 @warploop.task(signature=MLP_SIG, constexprs=UP_A2, waits=True, cost=1.0)
@@ -226,15 +235,48 @@ def mlp_down_w(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constex
     mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
 
 
+# The worker tiles again, synchronised by per-tile flags (runtime_flags.py) instead of graph edges:
+# the graph is recorded without dependencies and each tile waits for, then signals, its flags.
+# flags: this GEMV's row of a [GEMVs, TILES] int32 array; after: 0 for a run's first GEMV, else 1.
+# pf, pf_n as in MLP_SIG, up to a whole 128 KB worker tile: fetched into L2 (no registers held)
+# while the worker waits, so after the wait the tile's other chunks come from L2, not HBM.
+FLAG_SIG = {**MLP_SIG, "flags": "*i32", "after": "i32"}
+UP_F = {**UP_W, "TILES": 256}        # the previous GEMV's tiles: 2048 / 8 (down) and 8192 / 32 (up)
+DOWN_F = {**DOWN_W, "TILES": 256}
+PF_LINES_W = tl.constexpr(32 * 2048 * 2 // 128)
+
+
+@warploop.task(signature=FLAG_SIG, constexprs=UP_F, cost=1.0)
+@triton.jit
+def mlp_up_f(ctx, w, x, y, k, row0, pf, pf_n, flags, after, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+             AHEAD: tl.constexpr, TILES: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES_W, BACKEND)
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 2, BACKEND, flags, after, TILES)
+
+
+@warploop.task(signature=FLAG_SIG, constexprs=DOWN_F, cost=1.0)
+@triton.jit
+def mlp_down_f(ctx, w, x, y, k, row0, pf, pf_n, flags, after, BN: tl.constexpr, BK: tl.constexpr,
+               K: tl.constexpr, AHEAD: tl.constexpr, TILES: tl.constexpr, BACKEND: tl.constexpr):
+    prefetch_l2(pf, pf_n, PF_LINES_W, BACKEND)
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 2, BACKEND, flags, after, TILES)
+
+
 # name -> (up task, down task, up tiles, down tiles, prefetch distance): each is its own runtime.
 # Distance d: a node prefetches the tile of the instruction d places later on its worker (None: no
-# prefetch). With 512 tiles per GEMV each worker runs two, so d = 2 is the same slot one GEMV ahead.
+# prefetch; 0: its own tile, fetched into L2 while it waits). With 512 tiles per GEMV each worker runs
+# two, so d = 2 is the same slot one GEMV ahead; with worker tiles, d = 1 is.
 # "single" is the round-1 figure's schedule, re-measured for comparison. Round 1's L2-prefetch and
 # two-chunks-in-flight variants (no gain over it) are not timed; the prefetch arguments stay (pf_n = 0).
 MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "unrolled_ahead2": (mlp_up_a2, mlp_down_a2, UP_A2, DOWN_A2, None),
                 "unrolled_ahead4": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, None),
-                "worker_tile_ahead2": (mlp_up_w, mlp_down_w, UP_W, DOWN_W, None)}
+                "worker_tile_ahead2": (mlp_up_w, mlp_down_w, UP_W, DOWN_W, None),
+                "worker_tile_flags": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, None),
+                "worker_tile_flags_pf0": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 0),
+                "worker_tile_flags_pf1": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 1)}
+# Variants synchronised by flags -> the counter variant of the same tiles (for the diagnostic).
+FLAG_VARIANTS = {name: "worker_tile_ahead2" for name in MLP_VARIANTS if name.startswith("worker_tile_flags")}
 
 
 @triton.jit
@@ -246,4 +288,4 @@ def gemv_kernel(w, x, y, k, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constex
 @triton.jit
 def gemv_kernel_unrolled(w, x, y, k, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr, SILU: tl.constexpr):
     """The per-op peer with the unrolled body (one reduction per tile), so the peer has it too."""
-    gemv_rows_unrolled(w, x, y, k, tl.program_id(0) * BN, BN, BK, K, 1, SILU, 0, False)
+    gemv_rows_unrolled(w, x, y, k, tl.program_id(0) * BN, BN, BK, K, 1, SILU, 0, 0)
