@@ -9,6 +9,9 @@ in parallel (1 KB, 8 lines, two flags per thread) and meet in one reduction.
 Flag values count runs: tile t's flag holds r - 1 when run r starts (only that tile writes it, and
 the run boundary orders the writes), so run r waits for the previous GEMV's flags >= r and then
 stores r. No reset between replays. The first GEMV of a run waits for nothing (the run boundary).
+
+Measured on an H200 (BENCHMARKS.md, Runtime, round 3): 10% slower than the counters. Every waiter
+pays 256 acquires (each with an L1 invalidation) per poll round, more than the atomics it saves.
 """
 import triton
 import triton.language as tl
