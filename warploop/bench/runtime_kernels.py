@@ -10,6 +10,7 @@ import triton.language as tl
 import warploop
 from warploop.bench.runtime_flags import signal_flag, wait_flags
 from warploop.runtime import device as wl
+from warploop.runtime.sched import wait_ge
 
 
 # -- dependent hops and tiny tasks ----------------------------------------------------------------
@@ -101,15 +102,20 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
 @triton.jit
 def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
                        AHEAD: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
-                       BACKEND: tl.constexpr = wl.PORTABLE, flags=0, after=0, TILES: tl.constexpr = 0):
+                       BACKEND: tl.constexpr = wl.PORTABLE, flags=0, after=0, TILES: tl.constexpr = 0,
+                       stamps=0, STAMP: tl.constexpr = False):
     """gemv_rows for a compile-time width K (k == K): the chunk loop is unrolled and products
     accumulate in a [BN, BK] fp32 block, reduced once per tile. With no reduction (a cross-warp
     barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1, 2 or
     all 4) are issued before the wait for x, the rest where the compiler schedules them.
 
     WAIT: 0 none, 1 the graph's counters (wl.wait), 2 per-tile flags (runtime_flags.py): wait for
-    the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag.
+    the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag; 3 a plain
+    counter (runtime_mlp_probe.py): wait for *flags >= after (after > 0), then add 1 to flags[TILES].
+    STAMP: write (entry, wait done, end) on the global timer and the SM id to stamps[0:4] (CUDA).
     """
+    if STAMP:
+        t_in = tl.extra.cuda.globaltimer()
     rows = row0 + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     tile = w + rows[:, None] * k + cols[None, :]
@@ -125,6 +131,11 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     if WAIT == 2:
         if after != 0:
             wait_flags(wl.arena_of(ctx), flags, row0 // BN, TILES, BACKEND)
+    if WAIT == 3:
+        if after > 0:
+            wait_ge(ctx, flags, after, BACKEND)
+    if STAMP:
+        t_wait = tl.extra.cuda.globaltimer()
     # x is loaded through a [BN, BK] pointer block with row stride 0: the tile's own layout, so the
     # product needs no layout conversion (a 1-D load of x is converted through shared memory with
     # a barrier per chunk); the repeated addresses fold to one load.
@@ -147,6 +158,14 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     tl.store(y + rows, out.to(tl.bfloat16))
     if WAIT == 2:
         signal_flag(flags, row0 // BN, BACKEND)
+    if WAIT == 3:
+        tl.debug_barrier()
+        tl.atomic_add(flags + TILES, 1, sem="release")
+    if STAMP:
+        t_end = tl.extra.cuda.globaltimer()
+        smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+        k4 = tl.arange(0, 4)
+        tl.store(stamps + k4, tl.where(k4 == 0, t_in, tl.where(k4 == 1, t_wait, tl.where(k4 == 2, t_end, smid))))
 
 
 UP = {"BN": 16, "BK": 512}       # 2048 -> 8192: 512 tiles of 16 rows
