@@ -77,6 +77,27 @@ def prefetch_l2(p, nbytes, LINES: tl.constexpr, BACKEND: tl.constexpr):
                                       dtype=tl.int32, is_pure=False, pack=1)
 
 
+# One thread per 16 KB piece asks for it with Hopper's bulk L2 prefetch: 8 instructions for a 128 KB
+# tile where line prefetches take 1024. $1: address (16-byte aligned), $2: bytes (a multiple of 16).
+PF_BULK = tl.constexpr("""{
+.reg .pred %pp;
+setp.gt.s32 %pp, $2, 0;
+@%pp cp.async.bulk.prefetch.L2.global [$1], $2;
+mov.u32 $0, 0;
+}""")
+PIECE = tl.constexpr(16384)
+
+
+@triton.jit
+def prefetch_bulk(p, nbytes, PIECES: tl.constexpr, BACKEND: tl.constexpr):
+    """Ask L2 for [p, p + nbytes), nbytes <= PIECES * 16 KB, 16-byte aligned (sm_90: bulk prefetch)."""
+    if BACKEND == "cuda":
+        k = tl.arange(0, PIECES)
+        size = tl.minimum(tl.maximum(nbytes - k * PIECE, 0), PIECE)
+        tl.inline_asm_elementwise(PF_BULK, "=r,l,r", [p.to(tl.pointer_type(tl.int8), bitcast=True) + k * PIECE, size],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
               BACKEND: tl.constexpr = wl.PORTABLE):
@@ -103,7 +124,7 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
 def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
                        AHEAD: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
                        BACKEND: tl.constexpr = wl.PORTABLE, flags=0, after=0, TILES: tl.constexpr = 0,
-                       stamps=0, STAMP: tl.constexpr = False):
+                       stamps=0, STAMP: tl.constexpr = False, pf=0, pf_n=0, PF_END: tl.constexpr = 0):
     """gemv_rows for a compile-time width K (k == K): the chunk loop is unrolled and products
     accumulate in a [BN, BK] fp32 block, reduced once per tile. With no reduction (a cross-warp
     barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1, 2 or
@@ -113,6 +134,8 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag; 3 a plain
     counter (runtime_mlp_probe.py): wait for *flags >= after (after > 0), then add 1 to flags[TILES].
     STAMP: write (entry, wait done, end) on the global timer and the SM id to stamps[0:4] (CUDA).
+    PF_END: once the tile is summed, ask L2 for [pf, pf + pf_n) (the worker's next tile), so HBM
+    streams it through the signal, the worker loop and the next wait: 1 line prefetches, 2 bulk.
     """
     if STAMP:
         t_in = tl.extra.cuda.globaltimer()
@@ -153,6 +176,10 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
             chunk = tl.load(tile + i * BK, eviction_policy="evict_first")
         acc += chunk.to(tl.float32) * tl.load(xrow + i * BK).to(tl.float32)
     out = tl.sum(acc, axis=1)
+    if PF_END == 1:
+        prefetch_l2(pf, pf_n, BN * K * 2 // 128, BACKEND)
+    if PF_END == 2:
+        prefetch_bulk(pf, pf_n, (BN * K * 2 + PIECE - 1) // PIECE, BACKEND)
     if SILU:
         out = out * tl.sigmoid(out)
     tl.store(y + rows, out.to(tl.bfloat16))
@@ -254,6 +281,26 @@ def mlp_down_w(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constex
     mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
 
 
+# The worker tiles with the next tile requested into L2 at the end of each (PF_END): pf, pf_n name the
+# worker's next instruction's tile (prefetch distance 1), so HBM keeps streaming across the boundary.
+UP_WE = {**UP_W, "PF_END": 2}
+DOWN_WE = {**DOWN_W, "PF_END": 2}
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_WE, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_we(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, PF_END: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 1, BACKEND, pf=pf, pf_n=pf_n, PF_END=PF_END)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_WE, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_we(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, PF_END: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, pf=pf, pf_n=pf_n, PF_END=PF_END)
+
+
 # The worker tiles again, synchronised by per-tile flags (runtime_flags.py) instead of graph edges:
 # the graph is recorded without dependencies and each tile waits for, then signals, its flags.
 # flags: this GEMV's row of a [GEMVs, TILES] int32 array; after: 0 for a run's first GEMV, else 1.
@@ -291,6 +338,7 @@ MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "unrolled_ahead2": (mlp_up_a2, mlp_down_a2, UP_A2, DOWN_A2, None),
                 "unrolled_ahead4": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, None),
                 "worker_tile_ahead2": (mlp_up_w, mlp_down_w, UP_W, DOWN_W, None),
+                "worker_tile_pf_end": (mlp_up_we, mlp_down_we, UP_WE, DOWN_WE, 1),
                 "worker_tile_flags": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, None),
                 "worker_tile_flags_pf0": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 0),
                 "worker_tile_flags_pf1": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 1)}

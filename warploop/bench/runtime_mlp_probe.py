@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import warploop
-from warploop.bench.runtime_kernels import DOWN_W, MLP_SIG, UP_W, gemv_rows_unrolled
+from warploop.bench.runtime_kernels import DOWN_W, DOWN_WE, MLP_SIG, UP_W, UP_WE, gemv_rows_unrolled
 from warploop.runtime import layout as L
 
 TILES = tl.constexpr(256)
@@ -46,12 +46,31 @@ def mlp_down_stamped(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexpr, 
     gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, stamps=stamps, STAMP=True)
 
 
+@warploop.task(signature=STAMP_SIG, constexprs=UP_WE, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_stamped_pf(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexpr, BK: tl.constexpr,
+                      K: tl.constexpr, AHEAD: tl.constexpr, PF_END: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 1, BACKEND, stamps=stamps, STAMP=True,
+                       pf=pf, pf_n=pf_n, PF_END=PF_END)
+
+
+@warploop.task(signature=STAMP_SIG, constexprs=DOWN_WE, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_stamped_pf(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexpr, BK: tl.constexpr,
+                        K: tl.constexpr, AHEAD: tl.constexpr, PF_END: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, stamps=stamps, STAMP=True,
+                       pf=pf, pf_n=pf_n, PF_END=PF_END)
+
+
 @triton.jit
 def mlp_persistent(wtab, xtab, ytab, counters, stop_arena, stamps, epoch, NG: tl.constexpr, SYNC: tl.constexpr,
-                   AHEAD: tl.constexpr):
-    """Program t: tile t of GEMV 0..NG-1 (even: up, 32 rows; odd: down, 8 rows), stamped."""
+                   AHEAD: tl.constexpr, PF: tl.constexpr):
+    """Program t: tile t of GEMV 0..NG-1 (even: up, 32 rows; odd: down, 8 rows), stamped; PF as PF_END."""
     t = tl.program_id(0)
     for g in range(NG):
+        nxt = tl.minimum(g + 1, NG - 1)
+        pf = tl.load(wtab + nxt).to(tl.pointer_type(tl.bfloat16)) + t * 65536     # its 128 KB tile there
+        pf_n = tl.where(g + 1 < NG, 131072, 0)
         w = tl.multiple_of(tl.load(wtab + g).to(tl.pointer_type(tl.bfloat16)), 16)
         x = tl.multiple_of(tl.load(xtab + g).to(tl.pointer_type(tl.bfloat16)), 16)
         y = tl.load(ytab + g).to(tl.pointer_type(tl.bfloat16))
@@ -62,10 +81,10 @@ def mlp_persistent(wtab, xtab, ytab, counters, stop_arena, stamps, epoch, NG: tl
         st = stamps + (g * TILES + t) * 4
         if g % 2 == 0:
             gemv_rows_unrolled(w, x, y, 2048, t * 32, 32, 256, 2048, AHEAD, True, stop_arena, 3, "cuda",
-                               flags, target, 1, st, True)
+                               flags, target, 1, st, True, pf, pf_n, PF)
         else:
             gemv_rows_unrolled(w, x, y, 8192, t * 8, 8, 1024, 8192, AHEAD, False, stop_arena, 3, "cuda",
-                               flags, target, 1, st, True)
+                               flags, target, 1, st, True, pf, pf_n, PF)
 
 
 def boundaries(st, ng: int) -> dict:
@@ -95,7 +114,7 @@ def boundaries(st, ng: int) -> dict:
             "sms_used": int((counts > 0).sum())}
 
 
-def persistent(torch, w1, w2, x0, sync: bool, ahead: int, reps: int = 7) -> dict:
+def persistent(torch, w1, w2, x0, sync: bool, ahead: int, pf: int = 0, reps: int = 7) -> dict:
     from warploop.bench.runtime_gpu import DIM, HIDDEN
     layers = len(w1)
     ng = 2 * layers
@@ -115,7 +134,7 @@ def persistent(torch, w1, w2, x0, sync: bool, ahead: int, reps: int = 7) -> dict
 
     def launch():
         epoch[0] += 1
-        mlp_persistent[(TILES,)](wtab, xtab, ytab, counters, arena, stamps, epoch[0], ng, sync, ahead,
+        mlp_persistent[(TILES,)](wtab, xtab, ytab, counters, arena, stamps, epoch[0], ng, sync, ahead, pf,
                                  num_warps=4, launch_cooperative_grid=True)
 
     launch()
@@ -128,19 +147,21 @@ def persistent(torch, w1, w2, x0, sync: bool, ahead: int, reps: int = 7) -> dict
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e3)
-    out = {"us": statistics.median(times), "sync": sync, "ahead": ahead, "out": xs[-1].clone(),
+    out = {"us": statistics.median(times), "sync": sync, "ahead": ahead, "pf": pf, "out": xs[-1].clone(),
            **boundaries(stamps.cpu().numpy(), ng)}
     return out
 
 
-def runtime_stamped(torch, w1, w2, x0, deps: bool, repeat: int = 10) -> dict:
+def runtime_stamped(torch, w1, w2, x0, deps: bool, pf: bool = False, repeat: int = 10) -> dict:
     from warploop.bench.runtime_gpu import DIM, HIDDEN, MLP_WORKERS
     layers = len(w1)
     ng = 2 * layers
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.empty(DIM, dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     stamps = torch.zeros(ng, TILES, 4, dtype=torch.int64, device="cuda")
-    with warploop.Runtime(device="cuda", tasks=[mlp_up_stamped, mlp_down_stamped], workers=MLP_WORKERS) as rt:
+    up_t, down_t = (mlp_up_stamped_pf, mlp_down_stamped_pf) if pf else (mlp_up_stamped, mlp_down_stamped)
+    ws = [w for pair in zip(w1, w2, strict=True) for w in pair]
+    with warploop.Runtime(device="cuda", tasks=[up_t, down_t], workers=MLP_WORKERS) as rt:
         g = rt.graph()
         prev, cur = [], []
         for i in range(ng):
@@ -149,8 +170,11 @@ def runtime_stamped(torch, w1, w2, x0, deps: bool, repeat: int = 10) -> dict:
                               else (w2[i // 2], h, xs[i // 2 + 1], HIDDEN, DOWN_W["BN"]))
             prev, cur = cur, []
             for t in range(TILES):
-                cur.append(g.add(mlp_up_stamped if up else mlp_down_stamped, w, x, y, k, t * bn, w, 0,
-                                 stamps[i, t], after=prev if deps else (), worker=t % MLP_WORKERS))
+                # pf: this worker's tile of the next GEMV (its next instruction), 128 KB
+                nxt = ws[min(i + 1, ng - 1)]
+                cur.append(g.add(up_t if up else down_t, w, x, y, k, t * bn, nxt[t * nxt.shape[0] // TILES:],
+                                 131072 if pf and i + 1 < ng else 0, stamps[i, t], after=prev if deps else (),
+                                 worker=t % MLP_WORKERS))
         g.run(timeout=30)
         per_run = []
         for _ in range(5):
@@ -159,7 +183,7 @@ def runtime_stamped(torch, w1, w2, x0, deps: bool, repeat: int = 10) -> dict:
             per_run.append(f.device_ns / 1e3 / repeat)
         st = stamps.cpu().numpy()       # the last run's stamps
         out = xs[-1].cpu().cuda()
-    return {"us": statistics.median(per_run), "deps": deps, "out": out, **boundaries(st, ng)}
+    return {"us": statistics.median(per_run), "deps": deps, "pf": pf, "out": out, **boundaries(st, ng)}
 
 
 def main() -> None:
@@ -178,12 +202,14 @@ def main() -> None:
     result = {**header("runtime_mlp_probe"), "floor_us": weight_bytes / (bw * 1e9) * 1e6, "copy_gbs": bw}
     runs = {}
     for name, fn, kw in (("persistent_sync", persistent, {"sync": True, "ahead": 2}),
-                         ("persistent_nosync", persistent, {"sync": False, "ahead": 2}),
+                         ("persistent_sync_pf_lines", persistent, {"sync": True, "ahead": 2, "pf": 1}),
+                         ("persistent_sync_pf_bulk", persistent, {"sync": True, "ahead": 2, "pf": 2}),
                          ("persistent_sync_ahead4", persistent, {"sync": True, "ahead": 4}),
+                         ("persistent_sync_ahead4_pf_bulk", persistent, {"sync": True, "ahead": 4, "pf": 2}),
+                         ("persistent_nosync_pf_bulk", persistent, {"sync": False, "ahead": 2, "pf": 2}),
                          ("runtime_deps", runtime_stamped, {"deps": True}),
-                         ("runtime_nodeps", runtime_stamped, {"deps": False}),
-                         ("runtime_deps_again", runtime_stamped, {"deps": True}),
-                         ("persistent_sync_again", persistent, {"sync": True, "ahead": 2})):
+                         ("runtime_deps_pf_bulk", runtime_stamped, {"deps": True, "pf": True}),
+                         ("runtime_nodeps_pf_bulk", runtime_stamped, {"deps": False, "pf": True})):
         t0 = time.perf_counter()
         try:
             r = fn(torch, w1, w2, x0, **kw)
