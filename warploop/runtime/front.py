@@ -33,12 +33,15 @@ from warploop.runtime.sched import (
     acquire,
     alloc_task,
     clock,
+    clock_after,
     ctl,
     desc_of,
     host_block,
     i64,
     p64,
     push,
+    stamping,
+    stamps,
     uload,
     uload3,
 )
@@ -103,6 +106,10 @@ def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
 def front_step(arena, BACKEND: tl.constexpr):
     """One round of host bridging. Returns False once the front may exit (draining, nothing left)."""
     host = host_block(arena)
+    if BACKEND == "cuda":
+        on = stamping(arena)
+        last_round = tl.load(stamps(arena) + L.ST_ROUND, volatile=True)
+        t_poll = clock(BACKEND)
     seen_stop = uload(ctl(arena, L.C_STOP))
     head = uload(ctl(arena, L.C_SUBMIT_HEAD))
     taken = uload(ctl(arena, L.C_GREQ_HEAD))
@@ -114,18 +121,31 @@ def front_step(arena, BACKEND: tl.constexpr):
     slot = host + slot_off
     took = slot_seq == (head + 1).to(tl.int32)
     if took:
+        if BACKEND == "cuda":
+            t_seen = clock_after(slot_seq, BACKEND)
         k = tl.arange(0, 32)
         words = tl.load(slot + SLOT_DESC + k, volatile=True)
-        if is_request(words, k):      # the host completes an external handle (external.py)
+        request = is_request(words, k)
+        if BACKEND == "cuda":
+            t_desc = clock_after(request.to(tl.int64), BACKEND)
+        if request:      # the host completes an external handle (external.py)
             resume_external(arena, words, k)
         else:
             tid = alloc_task(arena, i64(-1), head, -1)
             if tid >= 0:
                 tl.store(desc_of(arena, tid % tl.load(arena + L.H_POOL)) + k, words)
                 push(arena, tid)
+        if BACKEND == "cuda":
+            st = stamps(arena)
+            ks = tl.arange(0, 8)
+            row = tl.where(ks == 0, last_round, tl.where(ks == 1, t_poll, tl.where(ks == 2, t_seen, tl.where(
+                ks == 3, t_desc, tl.where(ks == 4, clock(BACKEND), head)))))
+            tl.store(st + L.ST_PREV_ROUND + ks, row, mask=on & (ks < 6))
         tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
         tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
     busy = graphs_step(arena, host, taken, req_seq, BACKEND)
+    if BACKEND == "cuda":
+        tl.store(stamps(arena) + L.ST_ROUND, t_poll, mask=on)
     tl.debug_barrier()      # this program's own state words: visible to all its warps next round
     # Exit on abort; when draining, only after a whole round that began with the stop word
     # already seen found nothing to take (bus reads may pass each other within one round).

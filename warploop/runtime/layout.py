@@ -71,6 +71,17 @@ E_CODE, E_OPCODE, E_WORKER, E_DETAIL, E_TASK, E_FATAL = 0, 1, 2, 3, 4, 6   # E_T
 
 TRACE_WORDS = 8      # per event: start ns, end ns (int64), opcode, worker, id (int64)
 
+# Submit stamps: GPU global-timer readings along the last host submission's path, for
+# warploop/bench/runtime_submit.py. They live in the spare words of the C_SUBMIT_HEAD control line
+# (its control word takes two of 32). The host turns them on by writing 1 to STAMP_ON; off, each
+# costs the device a store it masks away and one load per front round or pop issued with others.
+STAMP_ON = 2         # int32 word of the C_SUBMIT_HEAD line: 0 off, 1 on
+STAMP_BASE = 4       # int32 word of the first int64 stamp
+(ST_ROUND, ST_PREV_ROUND, ST_POLL, ST_SEEN, ST_DESC, ST_PUSHED, ST_TAKEN_TICKET, ST_POPPED, ST_BODY_DONE,
+ ST_NOTIFY, ST_NOTIFIED, ST_DONE_TICKET) = range(12)
+STAMP_NAMES = ("round", "prev_round", "poll", "seen", "desc", "pushed", "taken_ticket", "popped", "body_done",
+               "notify", "notified", "done_ticket")
+
 
 @dataclasses.dataclass(frozen=True)
 class ArenaLayout:

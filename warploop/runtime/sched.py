@@ -41,6 +41,7 @@ HOST_GREQ = tl.constexpr(L.HostLayout().greq)
 HOST_SUBMIT = tl.constexpr(L.HostLayout().submit)
 UNIFORM = tl.constexpr(128)
 NEVER = tl.constexpr(-(2**62) - 7)   # a value no int64 control word ever holds
+NO_STAMPS = tl.constexpr("none")     # the BACKEND default of functions that stamp (try_pop, complete)
 
 
 @triton.jit
@@ -131,6 +132,31 @@ def clock(BACKEND: tl.constexpr):
     else:
         t = tl.zeros([], tl.int64)
     return t
+
+
+@triton.jit
+def clock_after(x, BACKEND: tl.constexpr):
+    """clock(), read only once `x` has arrived: a plain timer read may issue while a load or atomic
+    whose arrival it should time is still in flight (the read is predicated on x)."""
+    if BACKEND == "cuda":
+        t = tl.inline_asm_elementwise(
+            "{ .reg .pred %pz; setp.eq.s64 %pz, $1, -9223372036854775807; @%pz mov.u64 $0, 0; "
+            "@!%pz mov.u64 $0, %globaltimer; }", "=l,l", [x.to(tl.int64)], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.zeros([], tl.int64)
+    return t
+
+
+@triton.jit
+def stamps(arena):
+    """The submit stamps (layout.STAMP_*): int64 words in the spare part of the C_SUBMIT_HEAD line."""
+    return p64(arena + CTL + LINE * L.C_SUBMIT_HEAD + L.STAMP_BASE)
+
+
+@triton.jit
+def stamping(arena):
+    """Whether the host turned the submit stamps on (a load to issue early, used only as a mask)."""
+    return tl.load(arena + CTL + LINE * L.C_SUBMIT_HEAD + L.STAMP_ON, volatile=True) != 0
 
 
 @triton.jit
@@ -244,8 +270,10 @@ def push(arena, tid):
 
 
 @triton.jit
-def try_pop(arena):
-    """Claim one ready task id, or -1 when the ring is empty."""
+def try_pop(arena, BACKEND: tl.constexpr = NO_STAMPS):
+    """Claim one ready task id, or -1 when the ring is empty. With BACKEND, a pop is stamped."""
+    if BACKEND == "cuda":
+        on = stamping(arena)
     head_p = ctl(arena, L.C_RING_HEAD)
     head = uload(head_p)
     tail = uload(ctl(arena, L.C_RING_TAIL))
@@ -260,28 +288,41 @@ def try_pop(arena):
                 v = tl.atomic_xchg(entry, i64(0), sem="acquire")
                 go = (v == 0) & (not stopped(arena))
             tid = v - 1
+            if BACKEND == "cuda":
+                tl.store(stamps(arena) + L.ST_POPPED, clock_after(v, BACKEND), mask=on)
     return tid
 
 
 @triton.jit
-def notify_host(arena, ticket, slot):
+def notify_host(arena, ticket, slot, BACKEND: tl.constexpr = NO_STAMPS):
     """Write the completion record of a host-submitted task into the host block."""
+    if BACKEND == "cuda":
+        on = stamping(arena)
+        t0 = clock(BACKEND)
     host = host_block(arena)
     nslots = tl.load(arena + L.H_SUBMIT)
     rec = host + HOST_SUBMIT + nslots * SLOT_WORDS + (ticket % nslots) * COMPLETION_WORDS
     tl.store(rec + 1, tl.load(meta32(arena, L.M_STATUS, slot), volatile=True))
     tl.store(p64(rec + 2), tl.load(meta64(arena, L.M_RESULT, slot), volatile=True))
     tl.debug_barrier()
-    tl.atomic_xchg(rec, (ticket + 1).to(tl.int32), sem="release", scope="sys")
+    old = tl.atomic_xchg(rec, (ticket + 1).to(tl.int32), sem="release", scope="sys")
+    if BACKEND == "cuda":
+        st = stamps(arena)
+        tl.store(st + L.ST_NOTIFY, t0, mask=on)
+        tl.store(st + L.ST_NOTIFIED, clock_after(old, BACKEND), mask=on)
+        tl.store(st + L.ST_DONE_TICKET, ticket, mask=on)
 
 
 @triton.jit
-def complete(arena, tid, status):
+def complete(arena, tid, status, BACKEND: tl.constexpr = NO_STAMPS):
     """The body of task `tid` returned: finish it, and its ancestors whose last child it was.
 
     Finishing a task enqueues its continuations, tells the host if it was submitted from there,
     publishes done[slot] (freeing the slot) and passes its status up to the parent.
     """
+    if BACKEND == "cuda":
+        on = stamping(arena)
+        body_done = clock(BACKEND)
     pool = tl.load(arena + L.H_POOL)
     slot = tid % pool
     if status != 0:
@@ -300,7 +341,7 @@ def complete(arena, tid, status):
             waiting = after
         ticket = tl.load(meta64(arena, L.M_HOST_TICKET, slot), volatile=True)
         if ticket >= 0:
-            notify_host(arena, ticket, slot)
+            notify_host(arena, ticket, slot, BACKEND)
         tl.atomic_xchg(meta64(arena, L.M_DONE, slot), cur, sem="release")
         tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="release")
         going = False
@@ -310,6 +351,8 @@ def complete(arena, tid, status):
                 tl.atomic_cas(meta32(arena, L.M_STATUS, pslot), 0, mine, sem="relaxed")
             going = tl.atomic_add(meta32(arena, L.M_PENDING, pslot), -1, sem="acq_rel") == 1
         cur = parent
+    if BACKEND == "cuda":
+        tl.store(stamps(arena) + L.ST_BODY_DONE, body_done, mask=on)
 
 
 @triton.jit
