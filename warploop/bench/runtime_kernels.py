@@ -283,8 +283,8 @@ def mlp_down_w(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constex
 
 # The worker tiles with the next tile requested into L2 at the end of each (PF_END): pf, pf_n name the
 # worker's next instruction's tile (prefetch distance 1), so HBM keeps streaming across the boundary.
-UP_WE = {**UP_W, "PF_END": 2}
-DOWN_WE = {**DOWN_W, "PF_END": 2}
+UP_WE = {**UP_W, "PF_END": 1}
+DOWN_WE = {**DOWN_W, "PF_END": 1}
 
 
 @warploop.task(signature=MLP_SIG, constexprs=UP_WE, waits=True, cost=1.0)

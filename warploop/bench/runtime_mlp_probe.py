@@ -201,15 +201,12 @@ def main() -> None:
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     result = {**header("runtime_mlp_probe"), "floor_us": weight_bytes / (bw * 1e9) * 1e6, "copy_gbs": bw}
     runs = {}
-    for name, fn, kw in (("persistent_sync", persistent, {"sync": True, "ahead": 2}),
-                         ("persistent_sync_pf_lines", persistent, {"sync": True, "ahead": 2, "pf": 1}),
-                         ("persistent_sync_pf_bulk", persistent, {"sync": True, "ahead": 2, "pf": 2}),
-                         ("persistent_sync_ahead4", persistent, {"sync": True, "ahead": 4}),
-                         ("persistent_sync_ahead4_pf_bulk", persistent, {"sync": True, "ahead": 4, "pf": 2}),
-                         ("persistent_nosync_pf_bulk", persistent, {"sync": False, "ahead": 2, "pf": 2}),
+    for name, fn, kw in (("persistent_sync_pf_lines", persistent, {"sync": True, "ahead": 2, "pf": 1}),
+                         ("persistent_sync_ahead4_pf_lines", persistent, {"sync": True, "ahead": 4, "pf": 1}),
                          ("runtime_deps", runtime_stamped, {"deps": True}),
-                         ("runtime_deps_pf_bulk", runtime_stamped, {"deps": True, "pf": True}),
-                         ("runtime_nodeps_pf_bulk", runtime_stamped, {"deps": False, "pf": True})):
+                         ("runtime_deps_pf_lines", runtime_stamped, {"deps": True, "pf": True}),
+                         ("runtime_nodeps", runtime_stamped, {"deps": False}),
+                         ("runtime_deps_again", runtime_stamped, {"deps": True})):
         t0 = time.perf_counter()
         try:
             r = fn(torch, w1, w2, x0, **kw)
