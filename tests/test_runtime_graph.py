@@ -118,3 +118,34 @@ def test_graph_api_errors(rt):
     g.run(p=0)
     with pytest.raises(RuntimeError, match="compiled"):
         g.add(bump, torch.zeros(1), 0, 1.0)
+
+
+def test_pipelined_worker_loop_runs_a_chain_with_parameters():
+    """The resident loop itself, in the interpreter: run_graph loads each instruction's words while
+    the one before runs, and decodes a parameter argument from them; replays see new values."""
+    with warploop.Runtime(device="cpu", tasks=[record, bump], workers=1) as rt:
+        x = torch.zeros(5)
+        g = rt.graph()
+        step = g.param("step", "fp32")
+        nodes = []
+        for i in range(5):
+            nodes.append(g.add(bump, x, i, step, after=nodes[-1:]))
+        run = g.launch(step=1.0)
+        rt._backend.run_resident_inline()
+        assert run.done() and x.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+        run = g.launch(repeat=2, step=0.5)
+        rt._backend.run_resident_inline()
+        assert run.done() and x.tolist() == [2.0, 2.5, 3.0, 3.5, 4.0]
+        assert g.schedule.counter_sizes == ()
+
+
+def test_hop_bench_chains_one_worker_by_default_and_every_worker_pinned():
+    from warploop.bench.runtime_hop import chain
+    from warploop.bench.runtime_kernels import HOP_TASKS
+    with warploop.Runtime(device="cpu", tasks=HOP_TASKS, workers=4) as rt:
+        for pinned, workers, counters in ((False, 1, 0), (True, 4, 11)):
+            x = torch.zeros(12, dtype=torch.int32)
+            g = chain(rt, x, 12, pinned)
+            g.run(repeat=2)
+            assert x.tolist() == [2 + i for i in range(12)]
+            assert len(set(g.schedule.worker_of)) == workers and len(g.schedule.counter_sizes) == counters

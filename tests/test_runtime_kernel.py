@@ -20,8 +20,8 @@ def test_generated_source_dispatches_every_task():
     for t in tasks:
         assert f"elif op == {t.opcode}:  # {t.name}" in src
     assert src == codegen.generate(list(reversed(tasks)))        # same set, same text, same cache entry
-    assert "S.arg(d, 1, pmask, params).to(tl.pointer_type(tl.float32))" in src
-    assert "S.arg(d, 2, pmask, params).to(tl.int32)" in src
+    assert "W.arg(a, 1, pmask, params).to(tl.pointer_type(tl.float32))" in src
+    assert "W.arg(a, 2, pmask, params).to(tl.int32)" in src
 
 
 @pytest.mark.parametrize("target, backend", [(GPUTarget("cuda", 90, 32), "cuda"),
@@ -46,7 +46,7 @@ def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
     L2 prefetches, and counter waits polled by one thread that the others meet at a barrier."""
     from warploop.bench.runtime_kernels import mlp_down, mlp_up
     module = codegen.build([lookup(mlp_up), lookup(mlp_down)])
-    assert "tl.multiple_of(S.arg(d, 0, pmask, params).to(tl.pointer_type(tl.bfloat16)), 16)" in codegen.generate(
+    assert "tl.multiple_of(W.arg(a, 0, pmask, params).to(tl.pointer_type(tl.bfloat16)), 16)" in codegen.generate(
         [lookup(mlp_up), lookup(mlp_down)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})

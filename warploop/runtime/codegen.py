@@ -1,10 +1,10 @@
 """Generate the resident kernel for a set of tasks.
 
 Triton has no function pointers, so the only task-specific code is an opcode switch, `dispatch`,
-that decodes each task's arguments from its descriptor and calls its body. The generated module
-also holds the kernels that run it: `resident` (the persistent kernel) and, for the CPU
-executor, `cpu_front`, `cpu_dynamic` and `cpu_graph_inst`. The rest (worker.py, sched.py,
-front.py) is ordinary source shared by every runtime.
+that decodes each task's arguments from the descriptor words the worker already loaded
+(worker.desc_words) and calls its body. The generated module also holds the kernels that run it:
+`resident` (the persistent kernel) and, for the CPU executor, `cpu_front`, `cpu_dynamic` and
+`cpu_graph_inst`. The rest (worker.py, sched.py, front.py) is ordinary source shared by every runtime.
 
 The source is written to the cache directory (Triton reads kernels' source from files) and
 imported with the task functions bound to the names it uses, so the same text is what the
@@ -34,13 +34,14 @@ from warploop.runtime import worker as W
 from warploop.runtime.front import front_step
 
 ERR_BAD_OPCODE = tl.constexpr({bad_opcode})
+NSLOTS = tl.constexpr({nslots})   # argument slots the widest task uses: the worker loads no more
 '''
 
 KERNELS = '''
 
 @triton.jit
 def resident(arena, INLINE: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    W.resident_loop(arena, dispatch, INLINE, TRACE, BACKEND)
+    W.resident_loop(arena, dispatch, NSLOTS, INLINE, TRACE, BACKEND)
 
 
 @triton.jit
@@ -52,18 +53,18 @@ def cpu_front(arena):
 def cpu_dynamic(arena, worker):
     tid = S.try_pop(arena)
     if tid >= 0:
-        W.run_dynamic(arena, W.ctx_of(arena, worker), worker, tid, dispatch, False, "cpu")
+        W.run_dynamic(arena, W.ctx_of(arena, worker), worker, tid, dispatch, NSLOTS, False, "cpu")
 
 
 @triton.jit
 def cpu_graph_inst(arena, worker, index, last):
-    W.graph_inst_step(arena, worker, index, last, dispatch)
+    W.graph_inst_step(arena, worker, index, last, dispatch, NSLOTS)
 '''
 
 
 def decode_expr(j: int, type_str: str) -> str:
     base, _, hint = type_str.partition(":")
-    raw = f"S.arg(d, {j}, pmask, params)"
+    raw = f"W.arg(a, {j}, pmask, params)"
     if base.startswith("*"):
         expr = f"{raw}.to(tl.pointer_type(tl.{POINTEE[base[1:]]}))"
     elif base == "i32":
@@ -89,7 +90,7 @@ def branch(t: Task) -> list[str]:
     if t.waits_inside:
         lines.append("        S.stage_waits(ctx, c0, t0, c1, t1)")
     else:
-        lines.append("        S.wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND)")
+        lines.append("        W.wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND)")
     call = []
     for p in t.params:
         if p == "ctx" and t.takes_ctx:
@@ -108,12 +109,14 @@ def generate(tasks: list[Task]) -> str:
     """Source text of the generated module for `tasks` (sorted by opcode: same set, same text)."""
     from warploop.runtime.errors import ERR_BAD_OPCODE
     tasks = sorted(tasks, key=lambda t: t.opcode)
-    lines = [PRELUDE.format(count=len(tasks), bad_opcode=ERR_BAD_OPCODE), "",
+    nslots = max((len(t.args) for t in tasks), default=0)
+    lines = [PRELUDE.format(count=len(tasks), bad_opcode=ERR_BAD_OPCODE, nslots=nslots), "",
              "@triton.jit",
-             "def dispatch(arena, ctx, d, op, pmask, params, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):",
+             "def dispatch(arena, ctx, op, pmask, params, a, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):",
+             '    """Run task `op` on argument slots `a` (loaded by the worker: worker.desc_words)."""',
              "    status = tl.full([], 0, tl.int32)",
              "    if op == 0:  # NOP: a join point the graph compiler inserts",
-             "        S.wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND)"]
+             "        W.wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND)"]
     for t in tasks:
         lines.extend(branch(t))
     lines += ["    else:", "        status = tl.full([], ERR_BAD_OPCODE, tl.int32)", "    return status"]

@@ -23,10 +23,12 @@ from warploop.runtime import layout as L
 from warploop.runtime.front import front_step, graph_entry
 from warploop.runtime.sched import (
     ABORT,
+    ARG_WORD,
     CTX_BASE,
     CTX_WORDS,
     DESC_WORDS,
     DRAIN,
+    MAX_PARAMS,
     acquire,
     clock,
     complete,
@@ -39,6 +41,7 @@ from warploop.runtime.sched import (
     report_error,
     try_pop,
     uload,
+    wait_ge,
     write_trace,
 )
 
@@ -52,22 +55,89 @@ def ctx_of(arena, worker):
 
 
 @triton.jit
-def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+def slot(a, j: tl.constexpr, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
+    """Argument slot j (int64) of a descriptor's slots `a`; 0 without a load past the task set's widest."""
+    if j < NSLOTS:
+        v = tl.load(a + j, mask=ok, other=0, volatile=VOLATILE)
+    else:
+        v = i64(0)
+    return v
+
+
+@triton.jit
+def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
+    """Descriptor d as ((8 header words), (12 argument slots)); nothing is read unless ok.
+
+    Every load is issued before any is used, so the whole descriptor (one 128-byte line) costs one
+    round trip, and the generated dispatch decodes arguments from registers. Volatile for pool
+    descriptors (slots are reused); plain for graph instructions, which never change while their
+    graph exists: the acquire that starts each run invalidates L1, so a plain load cannot see a
+    line left from a graph that used the same memory before.
+    """
+    h = (tl.load(d, mask=ok, other=0, volatile=VOLATILE), tl.load(d + 1, mask=ok, other=0, volatile=VOLATILE),
+         tl.load(d + 2, mask=ok, other=0, volatile=VOLATILE), tl.load(d + 3, mask=ok, other=0, volatile=VOLATILE),
+         tl.load(d + 4, mask=ok, other=0, volatile=VOLATILE), tl.load(d + 5, mask=ok, other=0, volatile=VOLATILE),
+         tl.load(d + 6, mask=ok, other=0, volatile=VOLATILE), tl.load(d + 7, mask=ok, other=0, volatile=VOLATILE))
+    a = p64(d + ARG_WORD)
+    args = (slot(a, 0, ok, NSLOTS, VOLATILE), slot(a, 1, ok, NSLOTS, VOLATILE), slot(a, 2, ok, NSLOTS, VOLATILE),
+            slot(a, 3, ok, NSLOTS, VOLATILE), slot(a, 4, ok, NSLOTS, VOLATILE), slot(a, 5, ok, NSLOTS, VOLATILE),
+            slot(a, 6, ok, NSLOTS, VOLATILE), slot(a, 7, ok, NSLOTS, VOLATILE), slot(a, 8, ok, NSLOTS, VOLATILE),
+            slot(a, 9, ok, NSLOTS, VOLATILE), slot(a, 10, ok, NSLOTS, VOLATILE), slot(a, 11, ok, NSLOTS, VOLATILE))
+    return h, args
+
+
+@triton.jit
+def inst_words(insts, i, end, NSLOTS: tl.constexpr):
+    """Instruction i of a graph's list (all zeros, nothing read, once i reaches end)."""
+    return desc_words(insts + i * DESC_WORDS, i < end, NSLOTS, False)
+
+
+@triton.jit
+def arg(a, j: tl.constexpr, pmask, params):
+    """Argument j, from the slots the worker loaded, or from the graph parameters when its mask bit is
+    set. A plain load: the front writes the parameters before it releases the run, and a worker's
+    acquire of the run orders (and invalidates L1 for) every later load."""
+    v = a[j]
+    if (pmask >> j) & 1:
+        v = tl.load(params + (v & (MAX_PARAMS - 1)))
+    return v
+
+
+@triton.jit
+def wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):
+    """The runtime's wait before a body: counter c >= target for each wait in use. The context words
+    (for rt.status()) are written only around a wait that happens."""
+    if c0 >= 0:
+        tl.store(ctx + L.X_DETAIL, c0)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c0, t0, BACKEND)
+    if c1 >= 0:
+        tl.store(ctx + L.X_DETAIL, c1)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c1, t1, BACKEND)
+    if (c0 >= 0) | (c1 >= 0):
+        tl.store(ctx + L.X_STATE, L.S_RUNNING)
+
+
+@triton.jit
+def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, TRACE: tl.constexpr,
+                BACKEND: tl.constexpr):
     """Run dynamic task `tid` (already claimed from the ring) and complete it."""
     d = desc_of(arena, tid % tl.load(arena + L.H_POOL))
     tl.store(p64(ctx + L.X_TASK), tid)
     tl.store(ctx + L.X_NODE, -1)
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
-    op = tl.load(d, volatile=True)
+    h, args = desc_words(d, True, NSLOTS, True)
+    op = h[0]
     # Dynamic descriptors carry no graph fields; anything else is a corrupt or foreign descriptor.
-    valid = ((tl.load(d + 2, volatile=True) == 0) & (tl.load(d + 3, volatile=True) == -1)
-             & (tl.load(d + 4, volatile=True) == -1) & (tl.load(d + 6, volatile=True) == -1))
-    t0 = clock(BACKEND)
+    valid = (h[2] == 0) & (h[3] == -1) & (h[4] == -1) & (h[6] == -1)
+    if TRACE:
+        t0 = clock(BACKEND)
     status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
     tl.debug_barrier()      # the context words above (thread 0 stores) before the body reads them
     if valid:
         nowhere = p64(arena)
-        status = DISPATCH(arena, ctx, d, op, 0, nowhere, nowhere, -1, i64(0), -1, i64(0), BACKEND)
+        status = DISPATCH(arena, ctx, op, 0, nowhere, args, nowhere, -1, i64(0), -1, i64(0), BACKEND)
     if TRACE:
         write_trace(arena, ctx, worker, t0, clock(BACKEND), op, tid)
     tl.store(ctx + L.X_STATE, L.S_IDLE)
@@ -77,26 +147,22 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, TRACE: tl.const
 
 
 @triton.jit
-def run_inst(arena, ctx, worker, d, counters, ncounters, params, epoch,
+def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    """Run one static-graph instruction: (its waits,) its body, then signal its counter."""
-    op = tl.load(d, volatile=True)
-    node = tl.load(d + 1, volatile=True)
-    pmask = tl.load(d + 2, volatile=True)
-    sig = tl.load(d + 3, volatile=True)
-    c0 = tl.load(d + 4, volatile=True)
-    n0 = tl.load(d + 5, volatile=True)
-    c1 = tl.load(d + 6, volatile=True)
-    n1 = tl.load(d + 7, volatile=True)
+    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal."""
+    h, args = words
+    op, node, pmask, sig, c0, n0, c1, n1 = h
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
              & (pmask >= 0) & ((pmask >> MAX_ARGS) == 0))
-    tl.store(ctx + L.X_NODE, node)
-    tl.store(ctx + L.X_STATE, L.S_RUNNING)
-    t0 = clock(BACKEND)
+    tl.store(ctx + L.X_NODE, node)      # for rt.status(): the node this worker is at
+    if TRACE:
+        t0 = clock(BACKEND)
     status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
-    tl.debug_barrier()      # the context words above (thread 0 stores) before the body reads them
+    # The previous instruction's stores (thread 0 stores scalars) before this body's loads: a node
+    # may read what the one before it on this worker wrote, with no counter in between.
+    tl.debug_barrier()
     if valid:
-        status = DISPATCH(arena, ctx, d, op, pmask, params, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
+        status = DISPATCH(arena, ctx, op, pmask, params, args, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
     if status == 0:
         if sig >= 0:
             tl.debug_barrier()
@@ -123,6 +189,7 @@ def graph_run_start(arena, ctx, worker):
     first = tl.load(table + 2 * worker, volatile=True)
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
+    tl.store(ctx + L.X_STATE, L.S_RUNNING)
     return first, first + tl.load(table + 2 * worker + 1, volatile=True), insts, counters, ncounters, params, epoch
 
 
@@ -134,12 +201,19 @@ def graph_run_end(arena, ctx):
 
 
 @triton.jit
-def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    """Run this worker's instruction list of the released graph run, in order."""
+def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, TRACE: tl.constexpr,
+              BACKEND: tl.constexpr):
+    """Run this worker's instruction list of the released graph run, in order.
+
+    Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
+    chain of nodes on one worker costs its bodies, not a descriptor round trip per node.
+    """
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
+    words = inst_words(insts, i, end, NSLOTS)
     while i < end:
-        status = run_inst(arena, ctx, worker, insts + i * DESC_WORDS, counters, ncounters, params, epoch,
-                          DISPATCH, TRACE, BACKEND)
+        ahead = inst_words(insts, i + 1, end, NSLOTS)
+        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
+        words = ahead
         i += 1
         if status != 0:
             i = end
@@ -147,7 +221,8 @@ def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, TRACE: tl.constexpr, B
 
 
 @triton.jit
-def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, TRACE: tl.constexpr,
+                BACKEND: tl.constexpr):
     """One pass of a worker: a released graph run, else one ready task. Returns (alive, runs seen)."""
     stop = uload(ctl(arena, L.C_STOP))
     alive = stop < ABORT
@@ -155,12 +230,12 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.cons
     if alive:
         if runs > seen:
             acquire(ctl(arena, L.C_RUN_SEQ))
-            run_graph(arena, ctx, worker, DISPATCH, TRACE, BACKEND)
+            run_graph(arena, ctx, worker, DISPATCH, NSLOTS, TRACE, BACKEND)
             seen = runs
         else:
             tid = try_pop(arena)
             if tid >= 0:
-                run_dynamic(arena, ctx, worker, tid, DISPATCH, TRACE, BACKEND)
+                run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, TRACE, BACKEND)
             else:
                 idle_pause(BACKEND)
             if (tid < 0) & (stop == DRAIN):
@@ -170,7 +245,7 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, TRACE: tl.cons
 
 
 @triton.jit
-def resident_loop(arena, DISPATCH: tl.constexpr, INLINE: tl.constexpr, TRACE: tl.constexpr,
+def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: tl.constexpr, TRACE: tl.constexpr,
                   BACKEND: tl.constexpr):
     """The whole life of one program of the resident kernel."""
     pid = tl.program_id(0)
@@ -192,7 +267,7 @@ def resident_loop(arena, DISPATCH: tl.constexpr, INLINE: tl.constexpr, TRACE: tl
         if front_on:
             front_on = front_step(arena, BACKEND)
         if worker_on:
-            worker_on, seen = worker_step(arena, ctx, worker, seen, DISPATCH, TRACE, BACKEND)
+            worker_on, seen = worker_step(arena, ctx, worker, seen, DISPATCH, NSLOTS, TRACE, BACKEND)
             if not worker_on:
                 tl.atomic_add(ctl(arena, L.C_EXITED), i64(1), sem="release")
         going = front_on | worker_on
@@ -203,12 +278,12 @@ def resident_loop(arena, DISPATCH: tl.constexpr, INLINE: tl.constexpr, TRACE: tl
 
 
 @triton.jit
-def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr):
+def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr):
     """CPU executor: run instruction `index` (-1: none) of the released run for `worker`."""
     ctx = ctx_of(arena, worker)
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
     if index >= 0:
-        run_inst(arena, ctx, worker, insts + index * DESC_WORDS, counters, ncounters, params, epoch,
-                 DISPATCH, False, "cpu")
+        run_inst(arena, ctx, worker, inst_words(insts, index, index + 1, NSLOTS), counters, ncounters, params,
+                 epoch, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
