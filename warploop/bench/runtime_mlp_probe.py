@@ -87,6 +87,38 @@ def mlp_persistent(wtab, xtab, ytab, counters, stop_arena, stamps, epoch, NG: tl
                                flags, target, 1, st, True, pf, pf_n, PF)
 
 
+@triton.jit
+def poller(src, n, out):
+    """A stand-in for the runtime's front: n rounds of 128 threads x 3 volatile loads of src (pinned
+    host memory or device memory), as front_step's uload3 does, summed so they are not dropped."""
+    k = tl.arange(0, 128)
+    acc = tl.zeros([128], tl.int32)
+    for _ in range(n):
+        acc += tl.load(src + k % 3, volatile=True)
+        acc += tl.max(acc, axis=0) & 1
+    tl.store(out + k, acc)
+
+
+def with_poller(torch, where: str, fn, *args, **kwargs) -> dict:
+    """fn(...) while one program polls `where` ("host": pinned host memory, "device") on a side stream."""
+    src = torch.zeros(64, dtype=torch.int32, pin_memory=True) if where == "host" else \
+        torch.zeros(64, dtype=torch.int32, device="cuda")
+    out = torch.zeros(128, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    poller[(1,)](src, 10, out, num_warps=4)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    poller[(1,)](src, 20000, out, num_warps=4)
+    torch.cuda.synchronize()
+    poll_us = (time.perf_counter() - t0) / 20000 * 1e6
+    with torch.cuda.stream(side):
+        poller[(1,)](src, int(40000 / poll_us * 10) if poll_us > 0 else 100000, out, num_warps=4)
+    r = fn(torch, *args, **kwargs)
+    torch.cuda.synchronize()
+    r["poll_round_us"] = poll_us
+    return r
+
+
 def boundaries(st, ng: int) -> dict:
     """Boundary anatomy from stamps [ng, TILES, 4] (numpy int64): medians over boundaries, in us."""
     import numpy as np
@@ -111,7 +143,8 @@ def boundaries(st, ng: int) -> dict:
             "worker_busy_max_over_median": float(per_worker.max() / np.median(per_worker)),
             "slowest_worker": slow, "slowest_worker_sm": int(sm[slow]),
             "sms_by_workers": {str(k): int(v) for k, v in zip(*levels, strict=True)},
-            "sms_used": int((counts > 0).sum())}
+            "sms_used": int((counts > 0).sum()),
+            "worker_busy_us": [round(float(b) / 1e3, 2) for b in per_worker], "worker_sm": [int(v) for v in sm]}
 
 
 def persistent(torch, w1, w2, x0, sync: bool, ahead: int, pf: int = 0, reps: int = 7) -> dict:
@@ -138,7 +171,7 @@ def persistent(torch, w1, w2, x0, sync: bool, ahead: int, pf: int = 0, reps: int
                                  num_warps=4, launch_cooperative_grid=True)
 
     launch()
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()   # not the side stream
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -201,12 +234,14 @@ def main() -> None:
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     result = {**header("runtime_mlp_probe"), "floor_us": weight_bytes / (bw * 1e9) * 1e6, "copy_gbs": bw}
     runs = {}
-    for name, fn, kw in (("persistent_sync_pf_lines", persistent, {"sync": True, "ahead": 2, "pf": 1}),
-                         ("persistent_sync_ahead4_pf_lines", persistent, {"sync": True, "ahead": 4, "pf": 1}),
+    pp = {"sync": True, "ahead": 2, "pf": 1}
+    for name, fn, kw in (("persistent_sync_pf_lines", persistent, pp),
+                         ("persistent_sync_pf_lines_host_poller", lambda t, *a, **k: with_poller(t, "host", persistent,
+                                                                                                 *a, **k), pp),
+                         ("persistent_sync_pf_lines_device_poller", lambda t, *a, **k: with_poller(
+                             t, "device", persistent, *a, **k), pp),
                          ("runtime_deps", runtime_stamped, {"deps": True}),
-                         ("runtime_deps_pf_lines", runtime_stamped, {"deps": True, "pf": True}),
-                         ("runtime_nodeps", runtime_stamped, {"deps": False}),
-                         ("runtime_deps_again", runtime_stamped, {"deps": True})):
+                         ("runtime_deps_pf_lines", runtime_stamped, {"deps": True, "pf": True})):
         t0 = time.perf_counter()
         try:
             r = fn(torch, w1, w2, x0, **kw)
