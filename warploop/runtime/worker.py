@@ -143,7 +143,7 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
     tl.store(ctx + L.X_STATE, L.S_IDLE)
     if status != 0:
         report_error(arena, status, op, worker, -1, tid, 0)
-    complete(arena, tid, status)
+    complete(arena, tid, status, BACKEND)
 
 
 @triton.jit
@@ -233,7 +233,7 @@ def worker_step(arena, ctx, worker, seen, DISPATCH: tl.constexpr, NSLOTS: tl.con
             run_graph(arena, ctx, worker, DISPATCH, NSLOTS, TRACE, BACKEND)
             seen = runs
         else:
-            tid = try_pop(arena)
+            tid = try_pop(arena, BACKEND)
             if tid >= 0:
                 run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, TRACE, BACKEND)
             else:
