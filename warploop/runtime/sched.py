@@ -63,11 +63,17 @@ def uload(p):
 @triton.jit
 def uload3(base, o0, o1, o2):
     """uload of base[o0], base[o1], base[o2] in one round trip: all loads are issued together
-    (three uloads would each wait for the last, which costs three bus round trips on host memory)."""
+    (three uloads would each wait for the last, which costs three bus round trips on host memory).
+
+    Only the thread holding row 0 loads (three bus reads a round, not 3 x 128); the reduction hands
+    its values to every thread. Measured on an H200: one program reading pinned host memory with
+    all its threads slowed an HBM-bound kernel beside it by 12% (BENCHMARKS.md, Runtime).
+    """
     k = tl.arange(0, 4)
     offs = tl.where(k == 0, o0, tl.where(k == 1, o1, o2))
-    rep = tl.zeros([UNIFORM, 1], tl.int32)
-    block = tl.load(base + (offs[None, :] + rep), mask=(k < 3)[None, :] & (rep == 0), other=0, volatile=True)
+    rows = tl.arange(0, UNIFORM)[:, None]
+    block = tl.load(base + (offs[None, :] + 0 * rows), mask=(k < 3)[None, :] & (rows == 0), other=-(2**31),
+                    volatile=True)
     m = tl.max(block, axis=0)
     return (tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0),
             tl.sum(tl.where(k == 2, m, 0), axis=0))
