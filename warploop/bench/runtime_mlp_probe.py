@@ -88,31 +88,32 @@ def mlp_persistent(wtab, xtab, ytab, counters, stop_arena, stamps, epoch, NG: tl
 
 
 @triton.jit
-def poller(src, n, out):
+def poller(src, n, out, ALL: tl.constexpr):
     """A stand-in for the runtime's front: n rounds of 128 threads x 3 volatile loads of src (pinned
     host memory or device memory), as front_step's uload3 does, summed so they are not dropped."""
     k = tl.arange(0, 128)
     acc = tl.zeros([128], tl.int32)
     for _ in range(n):
-        acc += tl.load(src + k % 3, volatile=True)
+        acc += tl.load(src + k % 3, mask=ALL | (k < 3), other=0, volatile=True)
         acc += tl.max(acc, axis=0) & 1
     tl.store(out + k, acc)
 
 
-def with_poller(torch, where: str, fn, *args, **kwargs) -> dict:
+def with_poller(torch, where: str, fn, *args, all_threads: bool = True, **kwargs) -> dict:
     """fn(...) while one program polls `where` ("host": pinned host memory, "device") on a side stream."""
     src = torch.zeros(64, dtype=torch.int32, pin_memory=True) if where == "host" else \
         torch.zeros(64, dtype=torch.int32, device="cuda")
     out = torch.zeros(128, dtype=torch.int32, device="cuda")
     side = torch.cuda.Stream()
-    poller[(1,)](src, 10, out, num_warps=4)
+    poller[(1,)](src, 10, out, all_threads, num_warps=4)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    poller[(1,)](src, 20000, out, num_warps=4)
+    poller[(1,)](src, 20000, out, all_threads, num_warps=4)
     torch.cuda.synchronize()
     poll_us = (time.perf_counter() - t0) / 20000 * 1e6
     with torch.cuda.stream(side):
-        poller[(1,)](src, int(40000 / poll_us * 10) if poll_us > 0 else 100000, out, num_warps=4)
+        poller[(1,)](src, int(40000 / poll_us * 10) if poll_us > 0 else 100000, out, all_threads,
+                       num_warps=4)
     r = fn(torch, *args, **kwargs)
     torch.cuda.synchronize()
     r["poll_round_us"] = poll_us
@@ -227,6 +228,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--runs", default="persistent_sync_pf_lines,runtime_deps,runtime_nodeps",
+                        help="comma-separated parts to run, in order")
     args = parser.parse_args()
     w1, w2, x0 = mlp_weights(torch, args.layers)
     ref = reference(torch, w1, w2, x0)
@@ -235,13 +238,15 @@ def main() -> None:
     result = {**header("runtime_mlp_probe"), "floor_us": weight_bytes / (bw * 1e9) * 1e6, "copy_gbs": bw}
     runs = {}
     pp = {"sync": True, "ahead": 2, "pf": 1}
-    for name, fn, kw in (("persistent_sync_pf_lines", persistent, pp),
-                         ("persistent_sync_pf_lines_host_poller", lambda t, *a, **k: with_poller(t, "host", persistent,
-                                                                                                 *a, **k), pp),
-                         ("persistent_sync_pf_lines_device_poller", lambda t, *a, **k: with_poller(
-                             t, "device", persistent, *a, **k), pp),
-                         ("runtime_deps", runtime_stamped, {"deps": True}),
-                         ("runtime_deps_pf_lines", runtime_stamped, {"deps": True, "pf": True})):
+    host = lambda one: (lambda t, *a, **k: with_poller(t, "host", persistent, *a, all_threads=not one, **k))
+    every = {"persistent_sync_pf_lines": (persistent, pp),
+             "persistent_host_poller_all_threads": (host(False), pp),
+             "persistent_host_poller_one_thread": (host(True), pp),
+             "runtime_deps": (runtime_stamped, {"deps": True}),
+             "runtime_nodeps": (runtime_stamped, {"deps": False}),
+             "runtime_deps_pf_lines": (runtime_stamped, {"deps": True, "pf": True})}
+    for name in args.runs.split(","):
+        fn, kw = every[name]
         t0 = time.perf_counter()
         try:
             r = fn(torch, w1, w2, x0, **kw)
