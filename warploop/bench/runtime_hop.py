@@ -14,6 +14,9 @@ and as Triton launches from Python. Floors, from single-purpose kernels in the s
 * `acquire_round_trip_ns`: the same chase with ld.acquire.gpu, the runtime's counter poll;
 * `signal_one_way_ns`: two programs ping-pong one counter with the runtime's own wait (sched.wait_ge)
   and signal (barrier, release atomic): a cross-worker hop with no body;
+* `signal_parts_ns`: the same ping-pong with the poll (acquire or relaxed loads) and the signal
+  (release or relaxed reduction) varied, so the cost of each ordering shows: relaxed/relaxed is
+  the bare transport of a value from one SM to another;
 * `handwritten_cross_hop_ns`: the same ping-pong whose hop also reads the partner's value and
   writes its own (the chain's body): the best a cross-worker hop of this body can be;
 * `inline_chain_hop_ns`: one program runs the whole chain, a barrier between steps: the best a
@@ -68,6 +71,39 @@ def ping_kernel(arena, counter, data, out, rounds, WITH_DATA: tl.constexpr):
         tl.store(out, t1 - t0)
 
 
+# Thread 0 polls (the others wait at the barrier), as sched.POLL_ONE_THREAD without the stop word.
+POLL_ASM = """{{ .reg .pred %pw, %pd; .reg .b32 %tw; mov.u32 %tw, %tid.x; mov.b64 $0, 0;
+setp.ne.u32 %pw, %tw, 0; @%pw bra WL_MEET;
+WL_POLL: ld.{sem}.gpu.global.b64 $0, [$1]; setp.ge.s64 %pd, $0, $2; @!%pd bra WL_POLL;
+WL_MEET: barrier.sync 0; }}"""
+POLL_ACQUIRE = tl.constexpr(POLL_ASM.format(sem="acquire"))
+POLL_RELAXED = tl.constexpr(POLL_ASM.format(sem="relaxed"))
+SIGNAL_ASM = """{{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0;
+@%p red.{sem}.gpu.global.add.u64 [$1], 1; mov.u32 $0, 0; }}"""
+SIGNAL_RELEASE = tl.constexpr(SIGNAL_ASM.format(sem="release"))
+SIGNAL_RELAXED = tl.constexpr(SIGNAL_ASM.format(sem="relaxed"))
+
+
+@triton.jit
+def ping_parts_kernel(counter, out, rounds, ACQUIRE: tl.constexpr, RELEASE: tl.constexpr):
+    """ping_kernel with the poll's and the signal's ordering chosen (inline PTX, thread 0)."""
+    pid = tl.program_id(0)
+    t0 = tl.extra.cuda.globaltimer()
+    for r in range(rounds):
+        want = i64(2 * r + pid)
+        if ACQUIRE:
+            tl.inline_asm_elementwise(POLL_ACQUIRE, "=l,l,l", [counter, want], dtype=tl.int64, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(POLL_RELAXED, "=l,l,l", [counter, want], dtype=tl.int64, is_pure=False, pack=1)
+        if RELEASE:
+            tl.inline_asm_elementwise(SIGNAL_RELEASE, "=r,l", [counter], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(SIGNAL_RELAXED, "=r,l", [counter], dtype=tl.int32, is_pure=False, pack=1)
+    t1 = tl.extra.cuda.globaltimer()
+    if pid == 0:
+        tl.store(out, t1 - t0)
+
+
 @triton.jit
 def inline_chain_kernel(x, n, out):
     """The hop chain's body, n times in one program: x[i] = x[i-1] + 1, a barrier between steps."""
@@ -109,6 +145,15 @@ def floors(torch, n: int) -> dict:
     fig["signal_one_way_ns"] = _median_ns(torch, lambda: ping(False), out, 2 * PING_ROUNDS)
     fig["handwritten_cross_hop_ns"] = _median_ns(torch, lambda: ping(True), out, 2 * PING_ROUNDS)
     fig["ping_ok"] = int(counter[0].item()) == 2 * PING_ROUNDS
+    parts = {}
+    for acquire in (True, False):
+        for release in (True, False):
+            def launch(a=acquire, r=release):
+                counter.zero_()
+                ping_parts_kernel[(2,)](counter, out, PING_ROUNDS, a, r, num_warps=1)
+            name = f"{'acquire' if acquire else 'relaxed'}_poll_{'release' if release else 'relaxed'}_signal"
+            parts[name] = _median_ns(torch, launch, out, 2 * PING_ROUNDS)
+    fig["signal_parts_ns"] = parts
     x = torch.zeros(n, dtype=torch.int32, device="cuda")
     fig["inline_chain_hop_ns"] = _median_ns(torch, lambda: inline_chain_kernel[(1,)](x, n, out, num_warps=1), out, n)
     return fig

@@ -47,6 +47,7 @@ from warploop.runtime.sched import (
 
 ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
 MAX_ARGS = tl.constexpr(D.MAX_ARGS)
+AHEAD = tl.constexpr(4)     # instructions prefetched ahead: an L2 round trip covers a few short bodies
 
 
 @triton.jit
@@ -90,6 +91,20 @@ def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
 def inst_words(insts, i, end, NSLOTS: tl.constexpr):
     """Instruction i of a graph's list (all zeros, nothing read, once i reaches end)."""
     return desc_words(insts + i * DESC_WORDS, i < end, NSLOTS, False)
+
+
+@triton.jit
+def prefetch_inst(insts, i, end, BACKEND: tl.constexpr):
+    """Ask L1 for instruction i's line (nothing once i reaches end): no register waits for it.
+
+    Loading the next instruction into registers instead would stall the body: ptxas tracks those
+    loads on the same scoreboard as the body's own, so the body's first load result waits for them.
+    """
+    if BACKEND == "cuda":
+        tl.inline_asm_elementwise(
+            "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
+            "setp.ne.and.b32 %p, $2, 0, %p; @%p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [insts + i * DESC_WORDS, (i < end).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -147,9 +162,13 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
 
 
 @triton.jit
-def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
+def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, insts, nxt, end,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal."""
+    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal.
+
+    Instruction `nxt` is prefetched again after the body: a counter wait's acquire invalidates L1,
+    and the refetch then overlaps this instruction's signal.
+    """
     h, args = words
     op, node, pmask, sig, c0, n0, c1, n1 = h
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
@@ -163,6 +182,7 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
     tl.debug_barrier()
     if valid:
         status = DISPATCH(arena, ctx, op, pmask, params, args, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
+    prefetch_inst(insts, nxt, end, BACKEND)
     if status == 0:
         if sig >= 0:
             tl.debug_barrier()
@@ -205,15 +225,17 @@ def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, 
               BACKEND: tl.constexpr):
     """Run this worker's instruction list of the released graph run, in order.
 
-    Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
-    chain of nodes on one worker costs its bodies, not a descriptor round trip per node.
+    Instructions are prefetched into L1 AHEAD ahead, so a chain of nodes on one worker costs its
+    bodies and an L1 hit per node, not a descriptor round trip (or two) to L2.
     """
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
-    words = inst_words(insts, i, end, NSLOTS)
+    for k in tl.static_range(1, AHEAD):
+        prefetch_inst(insts, i + k, end, BACKEND)
     while i < end:
-        ahead = inst_words(insts, i + 1, end, NSLOTS)
-        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
-        words = ahead
+        words = inst_words(insts, i, end, NSLOTS)
+        prefetch_inst(insts, i + AHEAD, end, BACKEND)
+        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, insts, i + 1, end,
+                          DISPATCH, TRACE, BACKEND)
         i += 1
         if status != 0:
             i = end
@@ -284,6 +306,6 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
     if index >= 0:
         run_inst(arena, ctx, worker, inst_words(insts, index, index + 1, NSLOTS), counters, ncounters, params,
-                 epoch, DISPATCH, False, "cpu")
+                 epoch, insts, index + 1, end, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
