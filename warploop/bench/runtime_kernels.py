@@ -99,6 +99,20 @@ def prefetch_bulk(p, nbytes, PIECES: tl.constexpr, BACKEND: tl.constexpr):
 
 
 @triton.jit
+def prefetch_rest(tile, k, BN: tl.constexpr, K: tl.constexpr, SKIP: tl.constexpr, ROWP: tl.constexpr,
+                  BACKEND: tl.constexpr):
+    """Ask L2 for columns [SKIP, K) of the BN bf16 rows at `tile` (row stride k): the part of a tile
+    its task does not load before waiting. ROWP: a power of two >= the lines per row asked for."""
+    if BACKEND == "cuda":
+        rest: tl.constexpr = (K - SKIP) * 2 // 128
+        line = tl.minimum(tl.arange(0, ROWP), rest - 1)[None, :]
+        rows = tl.arange(0, BN)[:, None]
+        p = tile.to(tl.pointer_type(tl.int8), bitcast=True) + rows * (2 * k) + SKIP * 2 + line * 128
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
               BACKEND: tl.constexpr = wl.PORTABLE):
     """y[row0:row0+BN] = act(w[row0:row0+BN, :] @ x) for row-major bf16 w, k columns, k % BK == 0.
@@ -124,11 +138,12 @@ def gemv_rows(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.con
 def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
                        AHEAD: tl.constexpr, SILU: tl.constexpr, ctx, WAIT: tl.constexpr,
                        BACKEND: tl.constexpr = wl.PORTABLE, flags=0, after=0, TILES: tl.constexpr = 0,
-                       stamps=0, STAMP: tl.constexpr = False, pf=0, pf_n=0, PF_END: tl.constexpr = 0):
+                       stamps=0, STAMP: tl.constexpr = False, pf=0, pf_n=0, PF_END: tl.constexpr = 0,
+                       PF_REST: tl.constexpr = 0):
     """gemv_rows for a compile-time width K (k == K): the chunk loop is unrolled and products
     accumulate in a [BN, BK] fp32 block, reduced once per tile. With no reduction (a cross-warp
-    barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1, 2 or
-    all 4) are issued before the wait for x, the rest where the compiler schedules them.
+    barrier) between chunks, every chunk's load can be in flight at once; AHEAD chunks (1 to 8)
+    are issued before the wait for x, the rest where the compiler schedules them.
 
     WAIT: 0 none, 1 the graph's counters (wl.wait), 2 per-tile flags (runtime_flags.py): wait for
     the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag; 3 a plain
@@ -136,19 +151,33 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     STAMP: write (entry, wait done, end) on the global timer and the SM id to stamps[0:4] (CUDA).
     PF_END: once the tile is summed, ask L2 for [pf, pf + pf_n) (the worker's next tile), so HBM
     streams it through the signal, the worker loop and the next wait: 1 line prefetches, 2 bulk.
+    (Measured slower: the signal's release fence waits for the prefetches.)
+    PF_REST: a power of two >= the lines per row beyond the AHEAD chunks, or 0: first ask L2 for the
+    chunks not loaded before the wait, so HBM streams the whole tile while the task waits.
     """
+    if PF_REST != 0:
+        prefetch_rest(w + row0 * k, k, BN, K, AHEAD * BK, PF_REST, BACKEND)
     if STAMP:
         t_in = tl.extra.cuda.globaltimer()
     rows = row0 + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     tile = w + rows[:, None] * k + cols[None, :]
-    tl.static_assert((AHEAD == 1 or AHEAD == 2 or AHEAD == 4) and K >= AHEAD * BK)
+    tl.static_assert(1 <= AHEAD and AHEAD <= 8 and K >= AHEAD * BK)
     a = tl.load(tile, eviction_policy="evict_first")
     if AHEAD >= 2:
         b = tl.load(tile + BK, eviction_policy="evict_first")
-    if AHEAD == 4:
+    if AHEAD >= 3:
         c = tl.load(tile + 2 * BK, eviction_policy="evict_first")
+    if AHEAD >= 4:
         d = tl.load(tile + 3 * BK, eviction_policy="evict_first")
+    if AHEAD >= 5:
+        e = tl.load(tile + 4 * BK, eviction_policy="evict_first")
+    if AHEAD >= 6:
+        f = tl.load(tile + 5 * BK, eviction_policy="evict_first")
+    if AHEAD >= 7:
+        g = tl.load(tile + 6 * BK, eviction_policy="evict_first")
+    if AHEAD >= 8:
+        h = tl.load(tile + 7 * BK, eviction_policy="evict_first")
     if WAIT == 1:
         wl.wait(ctx, BACKEND)
     if WAIT == 2:
@@ -170,8 +199,16 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
                 chunk = b
             elif i == 2:
                 chunk = c
-            else:
+            elif i == 3:
                 chunk = d
+            elif i == 4:
+                chunk = e
+            elif i == 5:
+                chunk = f
+            elif i == 6:
+                chunk = g
+            else:
+                chunk = h
         else:
             chunk = tl.load(tile + i * BK, eviction_policy="evict_first")
         acc += chunk.to(tl.float32) * tl.load(xrow + i * BK).to(tl.float32)
@@ -301,6 +338,77 @@ def mlp_down_we(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.conste
     gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, pf=pf, pf_n=pf_n, PF_END=PF_END)
 
 
+# The worker tiles, asking L2 for the chunks beyond AHEAD before the wait (PF_REST: lines per row
+# beyond them, rounded up to a power of two: 24 -> 32 up, 96 -> 128 down).
+UP_WR = {**UP_W, "PF_REST": 32}
+DOWN_WR = {**DOWN_W, "PF_REST": 128}
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_WR, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_wr(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, PF_REST: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 1, BACKEND, PF_REST=PF_REST)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_WR, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_wr(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, PF_REST: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, PF_REST=PF_REST)
+
+
+# The worker tiles in 8 KB chunks (BK 128 up, 512 down): a quarter of the accumulator registers of
+# 16 KB chunks, so more of the tile is in flight before the wait (AHEAD 4: 32 KB as before; 6: 48 KB;
+# 8: 64 KB, half the tile).
+UP_C4 = {"BN": 32, "BK": 128, "K": 2048, "AHEAD": 4}
+DOWN_C4 = {"BN": 8, "BK": 512, "K": 8192, "AHEAD": 4}
+UP_C6, DOWN_C6 = {**UP_C4, "AHEAD": 6}, {**DOWN_C4, "AHEAD": 6}
+UP_C8, DOWN_C8 = {**UP_C4, "AHEAD": 8}, {**DOWN_C4, "AHEAD": 8}
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_C4, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_c4(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_C4, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_c4(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_C6, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_c6(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_C6, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_c6(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_C8, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_c8(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+              AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_C8, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_c8(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+                AHEAD: tl.constexpr, BACKEND: tl.constexpr):
+    mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
+
+
 # The worker tiles again, synchronised by per-tile flags (runtime_flags.py) instead of graph edges:
 # the graph is recorded without dependencies and each tile waits for, then signals, its flags.
 # flags: this GEMV's row of a [GEMVs, TILES] int32 array; after: 0 for a run's first GEMV, else 1.
@@ -339,6 +447,10 @@ MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "unrolled_ahead4": (mlp_up_a4, mlp_down_a4, UP_A4, DOWN_A4, None),
                 "worker_tile_ahead2": (mlp_up_w, mlp_down_w, UP_W, DOWN_W, None),
                 "worker_tile_pf_end": (mlp_up_we, mlp_down_we, UP_WE, DOWN_WE, 1),
+                "worker_tile_pf_rest": (mlp_up_wr, mlp_down_wr, UP_WR, DOWN_WR, None),
+                "worker_tile_8k_ahead4": (mlp_up_c4, mlp_down_c4, UP_C4, DOWN_C4, None),
+                "worker_tile_8k_ahead6": (mlp_up_c6, mlp_down_c6, UP_C6, DOWN_C6, None),
+                "worker_tile_8k_ahead8": (mlp_up_c8, mlp_down_c8, UP_C8, DOWN_C8, None),
                 "worker_tile_flags": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, None),
                 "worker_tile_flags_pf0": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 0),
                 "worker_tile_flags_pf1": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 1)}

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import warploop
-from warploop.bench.runtime_kernels import DOWN_W, DOWN_WE, MLP_SIG, UP_W, UP_WE, gemv_rows_unrolled
+from warploop.bench.runtime_kernels import DOWN_W, DOWN_WE, DOWN_WR, MLP_SIG, UP_W, UP_WE, UP_WR, gemv_rows_unrolled
 from warploop.runtime import layout as L
 
 TILES = tl.constexpr(256)
@@ -60,6 +60,22 @@ def mlp_down_stamped_pf(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexp
                         K: tl.constexpr, AHEAD: tl.constexpr, PF_END: tl.constexpr, BACKEND: tl.constexpr):
     gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, stamps=stamps, STAMP=True,
                        pf=pf, pf_n=pf_n, PF_END=PF_END)
+
+
+@warploop.task(signature=STAMP_SIG, constexprs=UP_WR, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_stamped_rest(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexpr, BK: tl.constexpr,
+                        K: tl.constexpr, AHEAD: tl.constexpr, PF_REST: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 1, BACKEND, stamps=stamps, STAMP=True,
+                       PF_REST=PF_REST)
+
+
+@warploop.task(signature=STAMP_SIG, constexprs=DOWN_WR, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_stamped_rest(ctx, w, x, y, k, row0, pf, pf_n, stamps, BN: tl.constexpr, BK: tl.constexpr,
+                          K: tl.constexpr, AHEAD: tl.constexpr, PF_REST: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 1, BACKEND, stamps=stamps, STAMP=True,
+                       PF_REST=PF_REST)
 
 
 @triton.jit
@@ -186,14 +202,15 @@ def persistent(torch, w1, w2, x0, sync: bool, ahead: int, pf: int = 0, reps: int
     return out
 
 
-def runtime_stamped(torch, w1, w2, x0, deps: bool, pf: bool = False, repeat: int = 10) -> dict:
+def runtime_stamped(torch, w1, w2, x0, deps: bool, pf: bool = False, rest: bool = False, repeat: int = 10) -> dict:
     from warploop.bench.runtime_gpu import DIM, HIDDEN, MLP_WORKERS
     layers = len(w1)
     ng = 2 * layers
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.empty(DIM, dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     stamps = torch.zeros(ng, TILES, 4, dtype=torch.int64, device="cuda")
-    up_t, down_t = (mlp_up_stamped_pf, mlp_down_stamped_pf) if pf else (mlp_up_stamped, mlp_down_stamped)
+    up_t, down_t = ((mlp_up_stamped_pf, mlp_down_stamped_pf) if pf else (mlp_up_stamped_rest, mlp_down_stamped_rest)
+                    if rest else (mlp_up_stamped, mlp_down_stamped))
     ws = [w for pair in zip(w1, w2, strict=True) for w in pair]
     with warploop.Runtime(device="cuda", tasks=[up_t, down_t], workers=MLP_WORKERS) as rt:
         g = rt.graph()
@@ -217,7 +234,7 @@ def runtime_stamped(torch, w1, w2, x0, deps: bool, pf: bool = False, repeat: int
             per_run.append(f.device_ns / 1e3 / repeat)
         st = stamps.cpu().numpy()       # the last run's stamps
         out = xs[-1].cpu().cuda()
-    return {"us": statistics.median(per_run), "deps": deps, "pf": pf, "out": out, **boundaries(st, ng)}
+    return {"us": statistics.median(per_run), "deps": deps, "pf": pf, "rest": rest, "out": out, **boundaries(st, ng)}
 
 
 def main() -> None:
@@ -244,7 +261,8 @@ def main() -> None:
              "persistent_host_poller_one_thread": (host(True), pp),
              "runtime_deps": (runtime_stamped, {"deps": True}),
              "runtime_nodeps": (runtime_stamped, {"deps": False}),
-             "runtime_deps_pf_lines": (runtime_stamped, {"deps": True, "pf": True})}
+             "runtime_deps_pf_lines": (runtime_stamped, {"deps": True, "pf": True}),
+             "runtime_deps_pf_rest": (runtime_stamped, {"deps": True, "rest": True})}
     for name in args.runs.split(","):
         fn, kw = every[name]
         t0 = time.perf_counter()
