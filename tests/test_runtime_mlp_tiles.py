@@ -12,18 +12,23 @@ from warploop.bench.runtime_kernels import (
     mlp_down,
     mlp_down_a2,
     mlp_down_a4,
+    mlp_down_c4,
+    mlp_down_c6,
     mlp_down_f,
     mlp_down_w,
     mlp_up,
     mlp_up_a2,
     mlp_up_a4,
+    mlp_up_c4,
+    mlp_up_c6,
     mlp_up_f,
     mlp_up_w,
 )
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
-PAIRS = [(mlp_up, mlp_down), (mlp_up_a2, mlp_down_a2), (mlp_up_a4, mlp_down_a4), (mlp_up_w, mlp_down_w)]
+PAIRS = [(mlp_up, mlp_down), (mlp_up_a2, mlp_down_a2), (mlp_up_a4, mlp_down_a4), (mlp_up_w, mlp_down_w),
+         (mlp_up_c4, mlp_down_c4), (mlp_up_c6, mlp_down_c6)]
 
 
 def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():

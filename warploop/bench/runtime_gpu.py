@@ -6,11 +6,12 @@ import sys
 import time
 
 import warploop
-from warploop.bench.runtime import hop_graph, submit_latency
+from warploop.bench.runtime import submit_latency
 from warploop.bench.runtime_clocks import ClockSampler
 from warploop.bench.runtime_kernels import (
     FLAG_VARIANTS,
     HOP_TASKS,
+    MLP_BENCH,
     MLP_VARIANTS,
     gemv_kernel,
     gemv_kernel_unrolled,
@@ -164,20 +165,14 @@ def mlp_peers(torch, w1, w2, x0, quick: bool) -> dict:
                                         "us": down[0]}}}
 
 
-def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
+def runtime_tasks(torch, repeat: int, rounds: int) -> dict:
+    """Tiny tasks per second (spawned on the GPU, and as one static graph) and the host submit round
+    trip with its per-stage device breakdown (runtime_submit.py)."""
+    from warploop.bench.runtime_submit import submit_breakdown
     props = torch.cuda.get_device_properties(0)
-    x = torch.zeros(n, dtype=torch.int32, device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     with warploop.Runtime(device="cuda", tasks=HOP_TASKS, workers=props.multi_processor_count, worker_warps=1,
                           pool=1 << 18) as rt:
-        g = hop_graph(rt, x, n)
-        g.run(timeout=30)
-        per_hop = []
-        for _ in range(5):
-            f = g.launch(repeat=repeat)
-            f.result(timeout=30)
-            per_hop.append(f.device_ns / 1e3 / (repeat * n))
-        chain_ok = int(x[-1].cpu()) == 1 + 5 * repeat + n - 1
         fan, each = rt.workers, 1000
         rt.submit(spawn_tree, counter, fan, 10).result(timeout=30)
         counter_start = int(counter.cpu())
@@ -193,10 +188,10 @@ def runtime_hops(torch, n: int, repeat: int, rounds: int) -> dict:
         f.result(timeout=30)
         graph_tasks_per_s = len(wide) * repeat / (f.device_ns / 1e9)
         p50, p99, host_us = submit_latency(rt, noop, (), rounds)
-        workers = rt.workers
-    return {"dependent_hop_us": statistics.median(per_hop), "hop_chain_ok": chain_ok, "hop_runtime_workers": workers,
-            "tasks_per_s": (fan * each + fan + 1) / elapsed, "tasks_ok": dyn_ok, "graph_tasks_per_s": graph_tasks_per_s,
-            "submit_p50_us": p50, "submit_p99_us": p99, "submit_host_p50_us": host_us}
+        breakdown = submit_breakdown(rt, rounds=min(rounds, 1000), task=noop)
+    return {"tasks_per_s": (fan * each + fan + 1) / elapsed, "tasks_ok": dyn_ok, "graph_tasks_per_s": graph_tasks_per_s,
+            "submit_p50_us": p50, "submit_p99_us": p99, "submit_host_p50_us": host_us,
+            "submit_breakdown": breakdown}
 
 
 def mlp_nodes(w1, w2, xs, h, up: dict, down: dict, distance) -> list[tuple]:
@@ -297,15 +292,17 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     bw = copy_gbs(torch)
     ref = reference(torch, w1, w2, x0)
+    from warploop.bench.runtime_hop import hop_figures
     skip = {"skipped": f"--only {only}"}
-    peers = section("hop peers", hop_peers, torch, n) if only != "mlp" else skip
+    # Hops: the peers (CUDA graph, launches) and floors first, then both chains (runtime_hop.py).
+    peers = section("hops", hop_figures, torch, n, repeat=5 if quick else 20) if only != "mlp" else skip
     mlp = section("mlp peers", mlp_peers, torch, w1, w2, x0, quick) if only != "hops" else skip
     CLOCKS.pause(True)          # the sampler's subprocesses would compete with the submit loop's host thread
-    hops = (section("runtime hops", runtime_hops, torch, n, repeat=5 if quick else 20, rounds=200 if quick else 2000)
-            if only != "mlp" else skip)
+    hops = (section("runtime tasks and submit", runtime_tasks, torch, repeat=5 if quick else 20,
+                    rounds=200 if quick else 2000) if only != "mlp" else skip)
     CLOCKS.pause(False)
     variants = {name: section(f"runtime mlp {name}", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20,
-                              variant=name) for name in (MLP_VARIANTS if only != "hops" else ())}
+                              variant=name) for name in (MLP_BENCH if only != "hops" else ())}
     for v in variants.values():
         if "warploop_out" in v:
             v["rel_err_vs_fp32"] = rel_err(torch, v["warploop_out"], ref)
@@ -341,7 +338,7 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
         stack["peer_error"] = mlp["error"]
     hops.pop("clocks", None)    # not sampled (paused)
     hop_peer_clocks = peers.pop("clocks", None)
-    out = {"hops": n, **peers, **hops, "mlp_stack": stack, "clocks": {"hop_peers": hop_peer_clocks}}
+    out = {"hops": n, **peers, **hops, "mlp_stack": stack, "clocks": {"hops": hop_peer_clocks}}
     if hops.get("dependent_hop_us") and peers.get("cuda_graph_node_us"):
         out["hop_speedup_vs_cuda_graph"] = peers["cuda_graph_node_us"] / hops["dependent_hop_us"]
     return out

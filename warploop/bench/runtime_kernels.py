@@ -232,6 +232,44 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
         tl.store(stamps + k4, tl.where(k4 == 0, t_in, tl.where(k4 == 1, t_wait, tl.where(k4 == 2, t_end, smid))))
 
 
+@triton.jit
+def gemv_rows_pipelined(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr, AHEAD: tl.constexpr,
+                        STAGES: tl.constexpr, SILU: tl.constexpr, ctx, BACKEND: tl.constexpr = wl.PORTABLE):
+    """gemv_rows_unrolled's tile with the chunks after the wait streamed through shared memory.
+
+    AHEAD chunks are loaded into registers before the wait (as there); after it, the other chunks go
+    through a `tl.range(..., num_stages=STAGES)` loop that Triton software-pipelines with cp.async,
+    so STAGES - 1 chunks (weights and x) are in flight in shared memory, not registers. The
+    registered chunks are summed after the loop: the loop's first loads go out right after the wait.
+    """
+    rows = row0 + tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    tile = w + rows[:, None] * k + cols[None, :]
+    tl.static_assert(AHEAD == 1 or AHEAD == 2 or AHEAD == 4)
+    a = tl.load(tile, eviction_policy="evict_first")
+    if AHEAD >= 2:
+        b = tl.load(tile + BK, eviction_policy="evict_first")
+    if AHEAD >= 4:
+        c = tl.load(tile + 2 * BK, eviction_policy="evict_first")
+        d = tl.load(tile + 3 * BK, eviction_policy="evict_first")
+    wl.wait(ctx, BACKEND)
+    xrow = x + cols[None, :] + 0 * rows[:, None]
+    acc = tl.zeros([BN, BK], tl.float32)
+    for k0 in tl.range(AHEAD * BK, K, BK, num_stages=STAGES):
+        acc += (tl.load(tile + k0, eviction_policy="evict_first").to(tl.float32)
+                * tl.load(xrow + k0).to(tl.float32))
+    acc += a.to(tl.float32) * tl.load(xrow).to(tl.float32)
+    if AHEAD >= 2:
+        acc += b.to(tl.float32) * tl.load(xrow + BK).to(tl.float32)
+    if AHEAD >= 4:
+        acc += c.to(tl.float32) * tl.load(xrow + 2 * BK).to(tl.float32)
+        acc += d.to(tl.float32) * tl.load(xrow + 3 * BK).to(tl.float32)
+    out = tl.sum(acc, axis=1)
+    if SILU:
+        out = out * tl.sigmoid(out)
+    tl.store(y + rows, out.to(tl.bfloat16))
+
+
 UP = {"BN": 16, "BK": 512}       # 2048 -> 8192: 512 tiles of 16 rows
 DOWN = {"BN": 4, "BK": 2048}     # 8192 -> 2048: 512 tiles of 4 rows
 TILE_BYTES = 16 * 2048 * 2       # both tiles are 64 KB of contiguous rows
@@ -409,6 +447,25 @@ def mlp_down_c8(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.conste
     mlp_unrolled(ctx, w, x, y, k, row0, pf, pf_n, BN, BK, K, AHEAD, False, BACKEND)
 
 
+# The worker tiles with the chunks after the wait pipelined through shared memory (cp.async).
+UP_P = {"BN": 32, "BK": 128, "K": 2048, "AHEAD": 4, "STAGES": 4}
+DOWN_P = {"BN": 8, "BK": 512, "K": 8192, "AHEAD": 4, "STAGES": 4}
+
+
+@warploop.task(signature=MLP_SIG, constexprs=UP_P, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_p(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+             AHEAD: tl.constexpr, STAGES: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_pipelined(w, x, y, k, row0, BN, BK, K, AHEAD, STAGES, True, ctx, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_P, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_p(ctx, w, x, y, k, row0, pf, pf_n, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+               AHEAD: tl.constexpr, STAGES: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_pipelined(w, x, y, k, row0, BN, BK, K, AHEAD, STAGES, False, ctx, BACKEND)
+
+
 # The worker tiles again, synchronised by per-tile flags (runtime_flags.py) instead of graph edges:
 # the graph is recorded without dependencies and each tile waits for, then signals, its flags.
 # flags: this GEMV's row of a [GEMVs, TILES] int32 array; after: 0 for a run's first GEMV, else 1.
@@ -451,9 +508,14 @@ MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "worker_tile_8k_ahead4": (mlp_up_c4, mlp_down_c4, UP_C4, DOWN_C4, None),
                 "worker_tile_8k_ahead6": (mlp_up_c6, mlp_down_c6, UP_C6, DOWN_C6, None),
                 "worker_tile_8k_ahead8": (mlp_up_c8, mlp_down_c8, UP_C8, DOWN_C8, None),
+                "worker_tile_pipelined": (mlp_up_p, mlp_down_p, UP_P, DOWN_P, None),
                 "worker_tile_flags": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, None),
                 "worker_tile_flags_pf0": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 0),
                 "worker_tile_flags_pf1": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 1)}
+# The schedules `warploop bench runtime` times (each in its own runtime; the figure is the fastest
+# correct one). The others stay for the record: on an H200 (BENCHMARKS.md, Runtime) every one of them
+# measured slower than worker_tile_ahead2 once the front stopped polling the host with every thread.
+MLP_BENCH = ("worker_tile_ahead2", "worker_tile_8k_ahead4", "worker_tile_8k_ahead6")
 # Variants synchronised by flags -> the counter variant of the same tiles (for the diagnostic).
 FLAG_VARIANTS = {name: "worker_tile_ahead2" for name in MLP_VARIANTS if name.startswith("worker_tile_flags")}
 
