@@ -47,7 +47,6 @@ from warploop.runtime.sched import (
 
 ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
 MAX_ARGS = tl.constexpr(D.MAX_ARGS)
-AHEAD = tl.constexpr(4)     # instructions prefetched ahead: an L2 round trip covers a few short bodies
 
 
 @triton.jit
@@ -67,7 +66,8 @@ def slot(a, j: tl.constexpr, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
 
 @triton.jit
 def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
-    """Descriptor d as ((8 header words), (12 argument slots)); nothing is read unless ok.
+    """Descriptor d as ((8 header words), (12 argument slots, an all-ones mask)); nothing is read
+    unless ok. The mask is what `arg` ANDs a parameter with (`settle` makes it opaque).
 
     Every load is issued before any is used, so the whole descriptor (one 128-byte line) costs one
     round trip, and the generated dispatch decodes arguments from registers. Volatile for pool
@@ -83,7 +83,8 @@ def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
     args = (slot(a, 0, ok, NSLOTS, VOLATILE), slot(a, 1, ok, NSLOTS, VOLATILE), slot(a, 2, ok, NSLOTS, VOLATILE),
             slot(a, 3, ok, NSLOTS, VOLATILE), slot(a, 4, ok, NSLOTS, VOLATILE), slot(a, 5, ok, NSLOTS, VOLATILE),
             slot(a, 6, ok, NSLOTS, VOLATILE), slot(a, 7, ok, NSLOTS, VOLATILE), slot(a, 8, ok, NSLOTS, VOLATILE),
-            slot(a, 9, ok, NSLOTS, VOLATILE), slot(a, 10, ok, NSLOTS, VOLATILE), slot(a, 11, ok, NSLOTS, VOLATILE))
+            slot(a, 9, ok, NSLOTS, VOLATILE), slot(a, 10, ok, NSLOTS, VOLATILE), slot(a, 11, ok, NSLOTS, VOLATILE),
+            i64(-1))
     return h, args
 
 
@@ -94,17 +95,35 @@ def inst_words(insts, i, end, NSLOTS: tl.constexpr):
 
 
 @triton.jit
-def prefetch_inst(insts, i, end, BACKEND: tl.constexpr):
-    """Ask L1 for instruction i's line (nothing once i reaches end): no register waits for it.
-
-    Loading the next instruction into registers instead would stall the body: ptxas tracks those
-    loads on the same scoreboard as the body's own, so the body's first load result waits for them.
-    """
+def opaque_ones(BACKEND: tl.constexpr):
+    """An int32 of all ones that the compilers cannot see through (the SM count is never 0)."""
     if BACKEND == "cuda":
-        tl.inline_asm_elementwise(
-            "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
-            "setp.ne.and.b32 %p, $2, 0, %p; @%p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [insts + i * DESC_WORDS, (i < end).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        m = tl.inline_asm_elementwise("{ .reg .pred %p; mov.u32 $0, %nsmid; setp.ne.u32 %p, $0, 0; "
+                                      "selp.s32 $0, -1, 0, %p; }", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        m = tl.full([], -1, tl.int32)
+    return m
+
+
+@triton.jit
+def settle(words, ones):
+    """The words, each passed through an AND with `ones`, and their OR masked to 0 (int32).
+
+    The copies are made by ALU instructions, so code reading them never waits on a load
+    scoreboard: ptxas tracks the next instruction's loads on the same scoreboard as these words'
+    and would make the body's first read of an argument wait for the prefetch's L2 round trip.
+    The masked OR lets the prefetch's address depend on every copy, so no copy is scheduled after
+    the prefetch is issued.
+    """
+    h, a = words
+    w = ones.to(tl.int64)
+    h = (h[0] & ones, h[1] & ones, h[2] & ones, h[3] & ones, h[4] & ones, h[5] & ones, h[6] & ones, h[7] & ones)
+    a = (a[0] & w, a[1] & w, a[2] & w, a[3] & w, a[4] & w, a[5] & w, a[6] & w, a[7] & w, a[8] & w, a[9] & w,
+         a[10] & w, a[11] & w, w)
+    folded = (h[0] | h[1] | h[2] | h[3] | h[4] | h[5] | h[6] | h[7]
+              | ((a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6] | a[7] | a[8] | a[9] | a[10] | a[11])
+                 & 0xFFFFFFFF).to(tl.int32))
+    return (h, a), folded & ~ones
 
 
 @triton.jit
@@ -114,7 +133,9 @@ def arg(a, j: tl.constexpr, pmask, params):
     acquire of the run orders (and invalidates L1 for) every later load."""
     v = a[j]
     if (pmask >> j) & 1:
-        v = tl.load(params + (v & (MAX_PARAMS - 1)))
+        # ANDed with the opaque all-ones mask: the load is consumed here, so code after the branch
+        # reads an ALU result and waits on no load scoreboard (see settle).
+        v = tl.load(params + (v & (MAX_PARAMS - 1))) & a[MAX_ARGS]
     return v
 
 
@@ -162,13 +183,9 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
 
 
 @triton.jit
-def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, insts, nxt, end,
+def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal.
-
-    Instruction `nxt` is prefetched again after the body: a counter wait's acquire invalidates L1,
-    and the refetch then overlaps this instruction's signal.
-    """
+    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal."""
     h, args = words
     op, node, pmask, sig, c0, n0, c1, n1 = h
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
@@ -182,7 +199,6 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, inst
     tl.debug_barrier()
     if valid:
         status = DISPATCH(arena, ctx, op, pmask, params, args, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
-    prefetch_inst(insts, nxt, end, BACKEND)
     if status == 0:
         if sig >= 0:
             tl.debug_barrier()
@@ -225,17 +241,17 @@ def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, 
               BACKEND: tl.constexpr):
     """Run this worker's instruction list of the released graph run, in order.
 
-    Instructions are prefetched into L1 AHEAD ahead, so a chain of nodes on one worker costs its
-    bodies and an L1 hit per node, not a descriptor round trip (or two) to L2.
+    Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
+    chain of nodes on one worker costs its bodies, not a descriptor round trip (or two) per node.
     """
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
-    for k in tl.static_range(1, AHEAD):
-        prefetch_inst(insts, i + k, end, BACKEND)
+    ones = opaque_ones(BACKEND)
+    words = inst_words(insts, i, end, NSLOTS)
     while i < end:
-        words = inst_words(insts, i, end, NSLOTS)
-        prefetch_inst(insts, i + AHEAD, end, BACKEND)
-        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, insts, i + 1, end,
-                          DISPATCH, TRACE, BACKEND)
+        words, zero = settle(words, ones)
+        ahead = inst_words(insts + zero, i + 1, end, NSLOTS)
+        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
+        words = ahead
         i += 1
         if status != 0:
             i = end
@@ -306,6 +322,6 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
     if index >= 0:
         run_inst(arena, ctx, worker, inst_words(insts, index, index + 1, NSLOTS), counters, ncounters, params,
-                 epoch, insts, index + 1, end, DISPATCH, False, "cpu")
+                 epoch, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
