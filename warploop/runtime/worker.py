@@ -66,8 +66,7 @@ def slot(a, j: tl.constexpr, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
 
 @triton.jit
 def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
-    """Descriptor d as ((8 header words), (12 argument slots, an all-ones mask)); nothing is read
-    unless ok. The mask is what `arg` ANDs a parameter with (`settle` makes it opaque).
+    """Descriptor d as ((8 header words), (12 argument slots)); nothing is read unless ok.
 
     Every load is issued before any is used, so the whole descriptor (one 128-byte line) costs one
     round trip, and the generated dispatch decodes arguments from registers. Volatile for pool
@@ -83,8 +82,7 @@ def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
     args = (slot(a, 0, ok, NSLOTS, VOLATILE), slot(a, 1, ok, NSLOTS, VOLATILE), slot(a, 2, ok, NSLOTS, VOLATILE),
             slot(a, 3, ok, NSLOTS, VOLATILE), slot(a, 4, ok, NSLOTS, VOLATILE), slot(a, 5, ok, NSLOTS, VOLATILE),
             slot(a, 6, ok, NSLOTS, VOLATILE), slot(a, 7, ok, NSLOTS, VOLATILE), slot(a, 8, ok, NSLOTS, VOLATILE),
-            slot(a, 9, ok, NSLOTS, VOLATILE), slot(a, 10, ok, NSLOTS, VOLATILE), slot(a, 11, ok, NSLOTS, VOLATILE),
-            i64(-1))
+            slot(a, 9, ok, NSLOTS, VOLATILE), slot(a, 10, ok, NSLOTS, VOLATILE), slot(a, 11, ok, NSLOTS, VOLATILE))
     return h, args
 
 
@@ -95,47 +93,13 @@ def inst_words(insts, i, end, NSLOTS: tl.constexpr):
 
 
 @triton.jit
-def opaque_ones(BACKEND: tl.constexpr):
-    """An int32 of all ones that the compilers cannot see through (the SM count is never 0)."""
-    if BACKEND == "cuda":
-        m = tl.inline_asm_elementwise("{ .reg .pred %p; mov.u32 $0, %nsmid; setp.ne.u32 %p, $0, 0; "
-                                      "selp.s32 $0, -1, 0, %p; }", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        m = tl.full([], -1, tl.int32)
-    return m
-
-
-@triton.jit
-def settle(words, ones):
-    """The words, each passed through an AND with `ones`, and their OR masked to 0 (int32).
-
-    The copies are made by ALU instructions, so code reading them never waits on a load
-    scoreboard: ptxas tracks the next instruction's loads on the same scoreboard as these words'
-    and would make the body's first read of an argument wait for the prefetch's L2 round trip.
-    The masked OR lets the prefetch's address depend on every copy, so no copy is scheduled after
-    the prefetch is issued.
-    """
-    h, a = words
-    w = ones.to(tl.int64)
-    h = (h[0] & ones, h[1] & ones, h[2] & ones, h[3] & ones, h[4] & ones, h[5] & ones, h[6] & ones, h[7] & ones)
-    a = (a[0] & w, a[1] & w, a[2] & w, a[3] & w, a[4] & w, a[5] & w, a[6] & w, a[7] & w, a[8] & w, a[9] & w,
-         a[10] & w, a[11] & w, w)
-    folded = (h[0] | h[1] | h[2] | h[3] | h[4] | h[5] | h[6] | h[7]
-              | ((a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6] | a[7] | a[8] | a[9] | a[10] | a[11])
-                 & 0xFFFFFFFF).to(tl.int32))
-    return (h, a), folded & ~ones
-
-
-@triton.jit
 def arg(a, j: tl.constexpr, pmask, params):
     """Argument j, from the slots the worker loaded, or from the graph parameters when its mask bit is
     set. A plain load: the front writes the parameters before it releases the run, and a worker's
     acquire of the run orders (and invalidates L1 for) every later load."""
     v = a[j]
     if (pmask >> j) & 1:
-        # ANDed with the opaque all-ones mask: the load is consumed here, so code after the branch
-        # reads an ALU result and waits on no load scoreboard (see settle).
-        v = tl.load(params + (v & (MAX_PARAMS - 1))) & a[MAX_ARGS]
+        v = tl.load(params + (v & (MAX_PARAMS - 1)))
     return v
 
 
@@ -242,14 +206,13 @@ def run_graph(arena, ctx, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, 
     """Run this worker's instruction list of the released graph run, in order.
 
     Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
-    chain of nodes on one worker costs its bodies, not a descriptor round trip (or two) per node.
+    node costs no descriptor round trip of its own, but a body shorter than an L2 round trip still
+    waits for its successor's words at the top of the next pass (docs/runtime.md, the instruction path).
     """
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
-    ones = opaque_ones(BACKEND)
     words = inst_words(insts, i, end, NSLOTS)
     while i < end:
-        words, zero = settle(words, ones)
-        ahead = inst_words(insts + zero, i + 1, end, NSLOTS)
+        ahead = inst_words(insts, i + 1, end, NSLOTS)
         status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
         words = ahead
         i += 1
