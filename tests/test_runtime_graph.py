@@ -137,6 +137,16 @@ def test_pipelined_worker_loop_runs_a_chain_with_parameters():
         rt._backend.run_resident_inline()
         assert run.done() and x.tolist() == [2.0, 2.5, 3.0, 3.5, 4.0]
         assert g.schedule.counter_sizes == ()
+        # A second graph, then the first again: the worker's cache of a graph's words must follow
+        # the released graph, not the last one it ran.
+        y = torch.zeros(3)
+        g2 = rt.graph()
+        for i in range(3):
+            g2.add(bump, y, i, 10.0)
+        runs = [g2.launch(), g.launch(step=1.0), g2.launch()]
+        rt._backend.run_resident_inline()
+        assert all(r.done() for r in runs)
+        assert y.tolist() == [20.0, 30.0, 40.0] and x.tolist() == [3.0, 4.0, 5.0, 6.0, 7.0]
 
 
 def test_hop_bench_chains_one_worker_by_default_and_every_worker_pinned():
