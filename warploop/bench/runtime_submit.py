@@ -24,10 +24,11 @@ the median and the 90th percentile in microseconds:
     device_total      poll issued -> completion atomic answered
     host_total        submit() -> result() returned, on the host clock
 
-`bus_floor` measures, in the same process, what any host -> GPU -> host path must pay: the GPU's
-dependent read latency of pinned host memory and of device memory, system-scope atomics on host
-memory, and a host <-> GPU ping-pong through pinned memory (host writes a word, one GPU thread
-polls it and writes an answer the host polls), each for three ways to write the answer.
+`bus_floor` measures what any host -> GPU -> host path must pay: the GPU's dependent read latency
+of pinned host memory and of device memory, system-scope atomics on host memory, and a host <->
+GPU ping-pong through pinned memory (host writes a word, one GPU thread polls it and writes an
+answer the host polls), each for three ways to write the answer. Call it before opening the
+Runtime: loading a kernel's module while the resident kernel runs blocks until that ends.
 """
 from __future__ import annotations
 
@@ -88,10 +89,11 @@ STAGES = (("front_round", L.ST_PREV_ROUND, L.ST_POLL), ("poll_read", L.ST_POLL, 
 WORKER_STAMPS = (L.ST_POPPED, L.ST_BODY_DONE, L.ST_NOTIFY, L.ST_NOTIFIED)
 
 
-def submit_breakdown(rt, rounds: int = 1000, task=None) -> dict:
+def submit_breakdown(rt, rounds: int = 1000, task=None, floor: dict | None = None) -> dict:
     """Per-stage device times of `rounds` no-op submissions, one at a time, and the host's totals.
 
     task: a task of `rt` that takes no arguments (default: warploop.bench.runtime_kernels.noop).
+    floor: bus_floor()'s figures, taken before `rt` opened, to report beside the stages.
     """
     if task is None:
         from warploop.bench.runtime_kernels import noop as task
@@ -128,8 +130,8 @@ def submit_breakdown(rt, rounds: int = 1000, task=None) -> dict:
     out = {"rounds": rounds, "host_total": _summary(host_total), "host_own": _summary(host_own),
            "stamped_rounds": len(stages["poll_read"]), "stale_rounds": stale,
            "worker_stamps": bool(stages["wake"]), "stages": {k: _summary(v) for k, v in stages.items()}}
-    if gpu:
-        out["bus_floor"] = bus_floor(rt._backend.device)
+    if floor is not None:
+        out["bus_floor"] = floor
     return out
 
 
@@ -176,10 +178,10 @@ def _ping_pong(flag, answer, n, ANSWER: tl.constexpr):
 
 
 
-def bus_floor(device) -> dict:
+def bus_floor(device="cuda") -> dict:
     """The GPU's latencies to pinned host memory and a host <-> GPU ping-pong, in microseconds.
 
-    Runs one-warp probe kernels on a stream of their own beside the resident kernel."""
+    One-warp probe kernels; run it while no resident kernel runs (see the module docstring)."""
     import torch
     host = torch.zeros(64, dtype=torch.int32, pin_memory=True)
     dev = torch.zeros(64, dtype=torch.int32, device=device)

@@ -44,6 +44,7 @@ from warploop.runtime.sched import (
     stamps,
     uload,
     uload3,
+    uload_ctl4,
 )
 
 
@@ -110,9 +111,7 @@ def front_step(arena, BACKEND: tl.constexpr):
         on = stamping(arena)
         last_round = tl.load(stamps(arena) + L.ST_ROUND, volatile=True)
         t_poll = clock(BACKEND)
-    seen_stop = uload(ctl(arena, L.C_STOP))
-    head = uload(ctl(arena, L.C_SUBMIT_HEAD))
-    taken = uload(ctl(arena, L.C_GREQ_HEAD))
+    seen_stop, head, taken, reported = uload_ctl4(arena, L.C_STOP, L.C_SUBMIT_HEAD, L.C_GREQ_HEAD, L.C_GREQ_DONE)
     slot_off = HOST_SUBMIT + (head % tl.load(arena + L.H_SUBMIT)) * SLOT_WORDS
     req_off = HOST_GREQ + (taken % GREQ_SLOTS) * GREQ_WORDS
     stop, slot_seq, req_seq = uload3(host, L.HB_STOP, slot_off.to(tl.int32), req_off.to(tl.int32))
@@ -143,7 +142,10 @@ def front_step(arena, BACKEND: tl.constexpr):
             tl.store(st + L.ST_PREV_ROUND + ks, row, mask=on & (ks < 6))
         tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
         tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
-    busy = graphs_step(arena, host, taken, req_seq, BACKEND)
+    # The graph state machine has nothing to do unless a request is in flight or has arrived.
+    busy = taken > reported
+    if busy | (req_seq == (taken + 1).to(tl.int32)):
+        busy = graphs_step(arena, host, taken, req_seq, BACKEND)
     if BACKEND == "cuda":
         tl.store(stamps(arena) + L.ST_ROUND, t_poll, mask=on)
     tl.debug_barrier()      # this program's own state words: visible to all its warps next round

@@ -180,7 +180,10 @@ MAX_PARAMS = 16
 GREQ_WORDS = 8 + 2 * MAX_PARAMS   # seq, gid, repeat, nparams, 4 spare, params (int64)
 SUBMIT_SLOT_WORDS = 40            # seq, 7 spare, one task descriptor
 SLOT_DESC = 8
-COMPLETION_WORDS = 4              # seq, status, result (int64)
+# Completion record: three int64 words, each with the submission's sequence number (ticket + 1,
+# low 32 bits) in its low half and, in its high half, the status, the result's low word, the
+# result's high word; complete once all three carry the sequence (any order of arrival).
+COMPLETION_WORDS = 8
 
 
 @dataclasses.dataclass(frozen=True)

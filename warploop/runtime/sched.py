@@ -61,22 +61,43 @@ def uload(p):
 
 
 @triton.jit
-def uload3(base, o0, o1, o2):
-    """uload of base[o0], base[o1], base[o2] in one round trip: all loads are issued together
-    (three uloads would each wait for the last, which costs three bus round trips on host memory).
+def _pick(m, k, index: tl.constexpr):
+    return tl.sum(tl.where(k == index, m, 0), axis=0)
 
-    Only the thread holding row 0 loads (three bus reads a round, not 3 x 128); the reduction hands
-    its values to every thread. Measured on an H200: one program reading pinned host memory with
-    all its threads slowed an HBM-bound kernel beside it by 12% (BENCHMARKS.md, Runtime).
-    """
+
+@triton.jit
+def uload3(base, o0, o1, o2):
+    """base[o0], base[o1], base[o2] in one round trip, one value each for the whole program: all
+    loads are issued together (three uloads would each wait for the last, which costs three bus
+    round trips on host memory). Only the first row of threads reads, so each word crosses the bus
+    once per warp that holds that row, not once per warp; the reduction over rows hands every
+    thread that reading."""
     k = tl.arange(0, 4)
     offs = tl.where(k == 0, o0, tl.where(k == 1, o1, o2))
-    rows = tl.arange(0, UNIFORM)[:, None]
-    block = tl.load(base + (offs[None, :] + 0 * rows), mask=(k < 3)[None, :] & (rows == 0), other=-(2**31),
+    row = tl.arange(0, UNIFORM)[:, None]
+    block = tl.load(base + (offs[None, :] + row * 0), mask=(k < 3)[None, :] & (row == 0), other=-(2**31),
                     volatile=True)
     m = tl.max(block, axis=0)
-    return (tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0),
-            tl.sum(tl.where(k == 2, m, 0), axis=0))
+    return _pick(m, k, 0), _pick(m, k, 1), _pick(m, k, 2)
+
+
+@triton.jit
+def uload_ctl4(arena, i0: tl.constexpr, i1: tl.constexpr, i2: tl.constexpr, i3: tl.constexpr):
+    """uload of the control words i0..i3 in one round trip (four uloads would take four)."""
+    k = tl.arange(0, 4)
+    index = tl.where(k == 0, i0, tl.where(k == 1, i1, tl.where(k == 2, i2, i3)))
+    rep = tl.zeros([UNIFORM, 1], tl.int32)
+    m = tl.max(tl.load(p64(arena + CTL + LINE * (index[None, :] + rep)), volatile=True), axis=0)
+    return _pick(m, k, 0), _pick(m, k, 1), _pick(m, k, 2), _pick(m, k, 3)
+
+
+@triton.jit
+def uload_ctl2(arena, i0: tl.constexpr, i1: tl.constexpr):
+    """uload of the control words i0 and i1 in one round trip."""
+    k = tl.arange(0, 2)
+    rep = tl.zeros([UNIFORM, 1], tl.int32)
+    m = tl.max(tl.load(p64(arena + CTL + LINE * (tl.where(k == 0, i0, i1)[None, :] + rep)), volatile=True), axis=0)
+    return _pick(m, k, 0), _pick(m, k, 1)
 
 
 @triton.jit
@@ -281,8 +302,7 @@ def try_pop(arena, BACKEND: tl.constexpr = NO_STAMPS):
     if BACKEND == "cuda":
         on = stamping(arena)
     head_p = ctl(arena, L.C_RING_HEAD)
-    head = uload(head_p)
-    tail = uload(ctl(arena, L.C_RING_TAIL))
+    head, tail = uload_ctl2(arena, L.C_RING_HEAD, L.C_RING_TAIL)
     tid = i64(-1)
     if head < tail:
         if tl.atomic_cas(head_p, head, head + 1, sem="relaxed") == head:
@@ -307,11 +327,17 @@ def notify_host(arena, ticket, slot, BACKEND: tl.constexpr = NO_STAMPS):
         t0 = clock(BACKEND)
     host = host_block(arena)
     nslots = tl.load(arena + L.H_SUBMIT)
-    rec = host + HOST_SUBMIT + nslots * SLOT_WORDS + (ticket % nslots) * COMPLETION_WORDS
-    tl.store(rec + 1, tl.load(meta32(arena, L.M_STATUS, slot), volatile=True))
-    tl.store(p64(rec + 2), tl.load(meta64(arena, L.M_RESULT, slot), volatile=True))
+    rec = p64(host + HOST_SUBMIT + nslots * SLOT_WORDS + (ticket % nslots) * COMPLETION_WORDS)
+    status = tl.load(meta32(arena, L.M_STATUS, slot), volatile=True).to(tl.int64)
+    result = tl.load(meta64(arena, L.M_RESULT, slot), volatile=True)
+    # Three self-checking words (layout.py): each carries the sequence in its low half, so no
+    # write has to wait for another. The first is a system-scope release, so everything the task
+    # wrote is visible before the record is whole; its fence has no host writes of ours to flush.
+    seq = (ticket + 1) & 0xFFFFFFFF
     tl.debug_barrier()
-    old = tl.atomic_xchg(rec, (ticket + 1).to(tl.int32), sem="release", scope="sys")
+    old = tl.atomic_xchg(rec, seq | (status << 32), sem="release", scope="sys")
+    tl.atomic_xchg(rec + 1, seq | (result << 32), sem="relaxed", scope="sys")
+    tl.atomic_xchg(rec + 2, seq | ((result >> 32) << 32), sem="relaxed", scope="sys")
     if BACKEND == "cuda":
         st = stamps(arena)
         tl.store(st + L.ST_NOTIFY, t0, mask=on)
