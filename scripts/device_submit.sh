@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
 # Device check behind the submit-path figures (warploop/bench/runtime_submit.py):
 #   scripts/device_submit.sh LABEL [BASE_TREE] [tests]
-# Measures the tree's warploop, and first the one under BASE_TREE (a copy of the package from
-# before a change, carried along) when given. On this copy only, worker.py passes BACKEND to
-# try_pop/complete so the worker stages are stamped too (its owner is asked to make that change).
-# Writes $OUT/submit-LABEL.json; with "tests", also runs the runtime and std GPU tests.
+# Measures the tree's warploop, then the one under BASE_TREE (a copy of the package from before a
+# change, carried along: `git archive REV warploop | tar -x -C .submit_base`) when given.
+# Writes $OUT/submit-LABEL.json (and -base); with "tests", also runs the runtime and std GPU tests.
+# Each part runs under a kill timeout and dumps its Python stack if it stalls.
 set -uo pipefail
 label=${1:-run}
 base=${2:-}
 export PYTHONUNBUFFERED=1
-for tree in . $base; do
-  sed -i 's/^\(\s*\)complete(arena, tid, status)$/\1complete(arena, tid, status, BACKEND)/;
-          s/tid = try_pop(arena)$/tid = try_pop(arena, BACKEND)/' $tree/warploop/runtime/worker.py
-  grep -c "try_pop(arena, BACKEND)\|complete(arena, tid, status, BACKEND)" $tree/warploop/runtime/worker.py
-done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 measure() (
 cd "$1" && timeout -s KILL "$3" python - "$2" <<'PY'

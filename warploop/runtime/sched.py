@@ -67,11 +67,13 @@ def _pick(m, k, index: tl.constexpr):
 
 @triton.jit
 def uload3(base, o0, o1, o2):
-    """base[o0], base[o1], base[o2] in one round trip, one value each for the whole program: all
-    loads are issued together (three uloads would each wait for the last, which costs three bus
-    round trips on host memory). Only the first row of threads reads, so each word crosses the bus
-    once per warp that holds that row, not once per warp; the reduction over rows hands every
-    thread that reading."""
+    """uload of base[o0], base[o1], base[o2] in one round trip: all loads are issued together
+    (three uloads would each wait for the last, which costs three bus round trips on host memory).
+
+    Only the thread holding row 0 loads (three bus reads a round, not 3 x 128); the reduction hands
+    its values to every thread. Measured on an H200: one program reading pinned host memory with
+    all its threads slowed an HBM-bound kernel beside it by 12% (BENCHMARKS.md, Runtime).
+    """
     k = tl.arange(0, 4)
     offs = tl.where(k == 0, o0, tl.where(k == 1, o1, o2))
     row = tl.arange(0, UNIFORM)[:, None]
