@@ -15,6 +15,7 @@ from warploop.bench.runtime_kernels import (
     mlp_down_c4,
     mlp_down_c6,
     mlp_down_f,
+    mlp_down_g,
     mlp_down_w,
     mlp_up,
     mlp_up_a2,
@@ -22,6 +23,7 @@ from warploop.bench.runtime_kernels import (
     mlp_up_c4,
     mlp_up_c6,
     mlp_up_f,
+    mlp_up_g,
     mlp_up_w,
 )
 from warploop.runtime import codegen
@@ -83,6 +85,34 @@ def test_flag_tiles_wait_for_this_runs_flags_and_count_runs_on_the_cpu():
             assert not flags[2, 1:].any()
     y_ref = w2[:, :32].float() @ h[:32].float()       # rows of h beyond the one up tile stay zero
     assert float((h[:32].float() - h_ref).norm() / h_ref.norm()) < 1e-2
+    assert float((y.float() - y_ref).norm() / y_ref.norm()) < 1e-2
+
+
+def test_group_counter_tiles_wait_for_their_run_and_count_into_their_group_on_the_cpu():
+    """The group-counter variant: 16 counters per GEMV, one per line (32 int32 words apart), 16
+    tiles each. Tile 0 of each GEMV reads its run from its own group, waits for the previous GEMV's
+    16 groups to reach 16 x run, and adds 1 to its group. The preset words stand in for the tiles
+    the graph does not hold."""
+    g = torch.Generator().manual_seed(7)
+    w1, x = torch.randn(32, 2048, generator=g).bfloat16(), torch.randn(2048, generator=g).bfloat16()
+    w2 = torch.randn(8, 8192, generator=g).bfloat16()
+    groups = torch.zeros(3, 512, dtype=torch.int32)      # [previous GEMV, up, down] x 16 lines
+    line = torch.arange(16) * 32
+    h = torch.zeros(8192).bfloat16()
+    with warploop.Runtime(device="cpu", tasks=[mlp_up_g, mlp_down_g], workers=2) as rt:
+        graph = rt.graph()
+        up = graph.add(mlp_up_g, w1, x, h, 2048, 0, w1, 0, groups[1], 1)
+        y = torch.full((8,), float("nan")).bfloat16()
+        graph.add(mlp_down_g, w2, h, y, 8192, 0, w2, 0, groups[2], 1, after=[up])
+        for run in (1, 2):
+            groups[0, line] = 16 * run                   # the previous GEMV: every tile done
+            groups[1, line[1:]] = 16 * run               # the up tiles of other groups
+            groups[1, 0] = 16 * (run - 1) + 15           # ... and the 15 others of group 0
+            groups[2, 0] = 16 * (run - 1)                # no other down tile of group 0 yet
+            y.fill_(float("nan"))
+            graph.run(timeout=120)
+            assert groups[1, 0] == 16 * run and groups[2, 0] == 16 * (run - 1) + 1
+    y_ref = w2[:, :32].float() @ h[:32].float()
     assert float((y.float() - y_ref).norm() / y_ref.norm()) < 1e-2
 
 

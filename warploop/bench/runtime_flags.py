@@ -72,3 +72,37 @@ def signal_flag(flags, tile, BACKEND: tl.constexpr):
                                   is_pure=False, pack=1)
     else:
         tl.atomic_xchg(flags + tile, value, sem="release")
+
+
+# -- group counters: the boundary with 16 counters per GEMV instead of one or 256 ------------------
+GROUPS = tl.constexpr(16)
+GROUP_WORDS = tl.constexpr(32)      # one counter per 128-byte line
+
+
+@triton.jit
+def wait_groups(arena, row, tile, TILES: tl.constexpr, BACKEND: tl.constexpr):
+    """Tile `tile` of a GEMV whose group counters are `row` (GROUPS lines of int32): wait until every
+    group counter of the previous GEMV (the row before) holds this run's count, TILES / GROUPS per run.
+
+    The run number comes from this tile's own group counter, which holds between (r - 1) * n and
+    (r - 1) * n + n - 1 when run r reaches this tile (n = TILES / GROUPS; this tile has not signalled).
+    """
+    n: tl.constexpr = TILES // GROUPS
+    target = (uload(row + (tile // n) * GROUP_WORDS) // n + 1) * n
+    p = row - GROUPS * GROUP_WORDS + tl.arange(0, GROUPS) * GROUP_WORDS
+    stop = ctl(arena, L.C_STOP)
+    go = _pending(p, stop, target, BACKEND)
+    while go:
+        go = _pending(p, stop, target, BACKEND)
+    if BACKEND != "cuda":
+        # The polls above are volatile, not acquires: one acquiring atomic that writes nothing.
+        tl.atomic_cas(row - GROUPS * GROUP_WORDS, NEVER32, NEVER32, sem="acquire")
+        tl.debug_barrier()
+
+
+@triton.jit
+def signal_group(row, tile, TILES: tl.constexpr):
+    """Count this tile into its group counter: a barrier (every warp's output stores), then one
+    release atomic (Triton issues a scalar atomic from one thread)."""
+    tl.debug_barrier()
+    tl.atomic_add(row + (tile // (TILES // GROUPS)) * GROUP_WORDS, 1, sem="release")

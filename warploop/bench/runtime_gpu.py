@@ -10,6 +10,7 @@ from warploop.bench.runtime import submit_latency
 from warploop.bench.runtime_clocks import ClockSampler
 from warploop.bench.runtime_kernels import (
     FLAG_VARIANTS,
+    FLAG_WORDS,
     HOP_TASKS,
     MLP_BENCH,
     MLP_VARIANTS,
@@ -226,7 +227,7 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True)
     up_task, down_task, up, down, distance = MLP_VARIANTS[variant]
     flagged = variant in FLAG_VARIANTS
     layers = len(w1)
-    flags = torch.zeros(2 * layers, MLP_WORKERS, dtype=torch.int32, device="cuda") if flagged else None
+    flags = torch.zeros(2 * layers, FLAG_WORDS[variant], dtype=torch.int32, device="cuda") if flagged else None
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
     # 512 (or 256) tiles per GEMV: 256 workers run exactly two (one) each, about two workers per SM.

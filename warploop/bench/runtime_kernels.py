@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import warploop
-from warploop.bench.runtime_flags import signal_flag, wait_flags
+from warploop.bench.runtime_flags import signal_flag, signal_group, wait_flags, wait_groups
 from warploop.runtime import device as wl
 from warploop.runtime.sched import wait_ge
 
@@ -146,7 +146,8 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     are issued before the wait for x, the rest where the compiler schedules them.
 
     WAIT: 0 none, 1 the graph's counters (wl.wait), 2 per-tile flags (runtime_flags.py): wait for
-    the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag; 3 a plain
+    the previous GEMV's TILES flags when `after` is nonzero, then signal this tile's flag; 4 the same
+    with 16 group counters per GEMV (runtime_flags.wait_groups, signal_group); 3 a plain
     counter (runtime_mlp_probe.py): wait for *flags >= after (after > 0), then add 1 to flags[TILES].
     STAMP: write (entry, wait done, end) on the global timer and the SM id to stamps[0:4] (CUDA).
     PF_END: once the tile is summed, ask L2 for [pf, pf + pf_n) (the worker's next tile), so HBM
@@ -186,6 +187,9 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     if WAIT == 3:
         if after > 0:
             wait_ge(ctx, flags, after, BACKEND)
+    if WAIT == 4:
+        if after != 0:
+            wait_groups(wl.arena_of(ctx), flags, row0 // BN, TILES, BACKEND)
     if STAMP:
         t_wait = tl.extra.cuda.globaltimer()
     # x is loaded through a [BN, BK] pointer block with row stride 0: the tile's own layout, so the
@@ -225,6 +229,8 @@ def gemv_rows_unrolled(w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: 
     if WAIT == 3:
         tl.debug_barrier()
         tl.atomic_add(flags + TILES, 1, sem="release")
+    if WAIT == 4:
+        signal_group(flags, row0 // BN, TILES)
     if STAMP:
         t_end = tl.extra.cuda.globaltimer()
         smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
@@ -493,6 +499,22 @@ def mlp_down_f(ctx, w, x, y, k, row0, pf, pf_n, flags, after, BN: tl.constexpr, 
     gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 2, BACKEND, flags, after, TILES)
 
 
+# The worker tiles synchronised by 16 group counters per GEMV (16 tiles count into each; a waiter's
+# 16 lanes poll the 16 lines): fewer signals per address than one counter, fewer polls than flags.
+@warploop.task(signature=FLAG_SIG, constexprs=UP_F, cost=1.0)
+@triton.jit
+def mlp_up_g(ctx, w, x, y, k, row0, pf, pf_n, flags, after, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr,
+             AHEAD: tl.constexpr, TILES: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, True, ctx, 4, BACKEND, flags, after, TILES)
+
+
+@warploop.task(signature=FLAG_SIG, constexprs=DOWN_F, cost=1.0)
+@triton.jit
+def mlp_down_g(ctx, w, x, y, k, row0, pf, pf_n, flags, after, BN: tl.constexpr, BK: tl.constexpr,
+               K: tl.constexpr, AHEAD: tl.constexpr, TILES: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_rows_unrolled(w, x, y, k, row0, BN, BK, K, AHEAD, False, ctx, 4, BACKEND, flags, after, TILES)
+
+
 # name -> (up task, down task, up tiles, down tiles, prefetch distance): each is its own runtime.
 # Distance d: a node prefetches the tile of the instruction d places later on its worker (None: no
 # prefetch; 0: its own tile, fetched into L2 while it waits). With 512 tiles per GEMV each worker runs
@@ -509,6 +531,7 @@ MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
                 "worker_tile_8k_ahead6": (mlp_up_c6, mlp_down_c6, UP_C6, DOWN_C6, None),
                 "worker_tile_8k_ahead8": (mlp_up_c8, mlp_down_c8, UP_C8, DOWN_C8, None),
                 "worker_tile_pipelined": (mlp_up_p, mlp_down_p, UP_P, DOWN_P, None),
+                "worker_tile_groups": (mlp_up_g, mlp_down_g, UP_F, DOWN_F, None),
                 "worker_tile_flags": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, None),
                 "worker_tile_flags_pf0": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 0),
                 "worker_tile_flags_pf1": (mlp_up_f, mlp_down_f, UP_F, DOWN_F, 1)}
@@ -517,7 +540,10 @@ MLP_VARIANTS = {"single": (mlp_up, mlp_down, UP, DOWN, None),
 # measured slower than worker_tile_ahead2 once the front stopped polling the host with every thread.
 MLP_BENCH = ("worker_tile_ahead2", "worker_tile_8k_ahead4", "worker_tile_8k_ahead6")
 # Variants synchronised by flags -> the counter variant of the same tiles (for the diagnostic).
-FLAG_VARIANTS = {name: "worker_tile_ahead2" for name in MLP_VARIANTS if name.startswith("worker_tile_flags")}
+FLAG_VARIANTS = {name: "worker_tile_ahead2" for name in MLP_VARIANTS
+                 if name.startswith("worker_tile_flags") or name == "worker_tile_groups"}
+# int32 words of sync state per GEMV for those variants: a flag per tile, or 16 counters on their own lines.
+FLAG_WORDS = {name: 512 if name == "worker_tile_groups" else 256 for name in FLAG_VARIANTS}
 
 
 @triton.jit
