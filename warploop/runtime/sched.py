@@ -429,29 +429,6 @@ def write_trace(arena, ctx, worker, t0, t1, opcode, ident):
 
 
 @triton.jit
-def arg(d, j: tl.constexpr, pmask, params):
-    """Argument slot j of descriptor d, read from the graph parameters when its mask bit is set."""
-    v = tl.load(p64(d + ARG_WORD) + j, volatile=True)     # pool slots are reused: bypass L1
-    if (pmask >> j) & 1:
-        v = tl.load(params + (v & (MAX_PARAMS - 1)), volatile=True)   # rewritten by every request
-    return v
-
-
-@triton.jit
-def wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):
-    """The runtime's wait before a body: counter c >= target for each wait in use."""
-    if c0 >= 0:
-        tl.store(ctx + L.X_DETAIL, c0)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c0, t0, BACKEND)
-    if c1 >= 0:
-        tl.store(ctx + L.X_DETAIL, c1)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c1, t1, BACKEND)
-    tl.store(ctx + L.X_STATE, L.S_RUNNING)
-
-
-@triton.jit
 def stage_waits(ctx, c0, t0, c1, t1):
     """For bodies that wait themselves (waits=True): leave the waits where wl.wait(ctx) finds them."""
     tl.store(ctx + L.X_WAIT, c0)
