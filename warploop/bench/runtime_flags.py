@@ -17,10 +17,10 @@ import triton
 import triton.language as tl
 
 from warploop.runtime import layout as L
-from warploop.runtime.sched import ABORT, ctl, uload
+from warploop.runtime.sync import ABORT, ctl, uload
 
 # Every thread loads its flags with acquire; the reduction after it is a CTA barrier, so every
-# warp's later loads (x) are ordered after the acquire (as in sched.POLL_ONE_THREAD).
+# warp's later loads (x) are ordered after the acquire (as in sync.POLL_ONE_THREAD).
 LD_ACQUIRE = tl.constexpr("ld.acquire.gpu.global.b32 $0, [$1];")
 # Thread 0 only: the other threads' stores reach it through the barrier before this.
 ST_RELEASE_T0 = tl.constexpr("""{

@@ -12,7 +12,7 @@ and as Triton launches from Python. Floors, from single-purpose kernels in the s
 
 * `l2_round_trip_ns`: one dependent L2 hit (pointer chase, ld.global.cg, 4 MB ring of lines);
 * `acquire_round_trip_ns`: the same chase with ld.acquire.gpu, the runtime's counter poll;
-* `signal_one_way_ns`: two programs ping-pong one counter with the runtime's own wait (sched.wait_ge)
+* `signal_one_way_ns`: two programs ping-pong one counter with the runtime's own wait (sync.wait_ge)
   and signal (barrier, release atomic): a cross-worker hop with no body;
 * `signal_parts_ns`: the same ping-pong with the poll (acquire or relaxed loads) and the signal
   (release or relaxed reduction) varied, so the cost of each ordering shows: relaxed/relaxed is
@@ -31,7 +31,7 @@ import triton.language as tl
 
 import warploop
 from warploop.runtime import layout as L
-from warploop.runtime.sched import i64, wait_ge
+from warploop.runtime.sync import i64, wait_ge
 
 CHASE_LINES = 1 << 15       # 4 MB of 128-byte lines: L2-resident, far beyond L1
 CHASE_STEPS = 20000
@@ -56,7 +56,7 @@ def chase_kernel(ring, out, steps, ACQUIRE: tl.constexpr):
 
 @triton.jit
 def ping_kernel(arena, counter, data, out, rounds, WITH_DATA: tl.constexpr):
-    """Programs 0 and 1 take turns: wait for the counter (sched.wait_ge), [read the partner's
+    """Programs 0 and 1 take turns: wait for the counter (sync.wait_ge), [read the partner's
     value, write one more,] barrier, release-add the counter. out[0] = ns for 2 * rounds hops."""
     pid = tl.program_id(0)
     t0 = tl.extra.cuda.globaltimer()
@@ -71,7 +71,7 @@ def ping_kernel(arena, counter, data, out, rounds, WITH_DATA: tl.constexpr):
         tl.store(out, t1 - t0)
 
 
-# Thread 0 polls (the others wait at the barrier), as sched.POLL_ONE_THREAD without the stop word.
+# Thread 0 polls (the others wait at the barrier), as sync.POLL_ONE_THREAD without the stop word.
 POLL_ASM = """{{ .reg .pred %pw, %pd; .reg .b32 %tw; mov.u32 %tw, %tid.x; mov.b64 $0, 0;
 setp.ne.u32 %pw, %tw, 0; @%pw bra WL_MEET;
 WL_POLL: ld.{sem}.gpu.global.b64 $0, [$1]; setp.ge.s64 %pd, $0, $2; @!%pd bra WL_POLL;

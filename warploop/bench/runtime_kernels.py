@@ -10,7 +10,7 @@ import triton.language as tl
 import warploop
 from warploop.bench.runtime_flags import signal_flag, signal_group, wait_flags, wait_groups
 from warploop.runtime import device as wl
-from warploop.runtime.sched import wait_ge
+from warploop.runtime.sync import wait_ge
 
 
 # -- dependent hops and tiny tasks ----------------------------------------------------------------

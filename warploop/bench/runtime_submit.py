@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from warploop.runtime import layout as L
-from warploop.runtime.sched import clock_after
+from warploop.runtime.sync import clock_after
 
 PROBE_CHAIN = 256          # dependent reads per probe
 PING_ROUNDS = 2000         # host <-> GPU ping-pong rounds per answer kind

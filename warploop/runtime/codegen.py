@@ -4,7 +4,7 @@ Triton has no function pointers, so the only task-specific code is an opcode swi
 that decodes each task's arguments from the descriptor words the worker already loaded
 (worker.desc_words) and calls its body. The generated module also holds the kernels that run it:
 `resident` (the persistent kernel) and, for the CPU executor, `cpu_front`, `cpu_dynamic` and
-`cpu_graph_inst`. The rest (worker.py, sched.py, front.py) is ordinary source shared by every runtime.
+`cpu_graph_inst`. The rest (worker.py, sched.py, sync.py, front.py) is ordinary source shared by every runtime.
 
 The source is written to the cache directory (Triton reads kernels' source from files) and
 imported with the task functions bound to the names it uses, so the same text is what the

@@ -26,24 +26,8 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import external as X
 from warploop.runtime import layout as L
-from warploop.runtime.sched import (
-    ARG_WORD,
-    CTX_BASE,
-    CTX_WORDS,
-    alloc_task,
-    attach,
-    ctl,
-    desc_of,
-    i64,
-    meta32,
-    meta64,
-    p64,
-    push,
-    report_error,
-    uload,
-    wait_ge,
-    write_header,
-)
+from warploop.runtime.sched import alloc_task, attach, push, report_error, write_header
+from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, ctl, desc_of, i64, meta32, meta64, p64, uload, wait_ge
 
 ERR_BAD_HANDLE = tl.constexpr(E.ERR_BAD_HANDLE)
 K_PTR = tl.constexpr(D.K_PTR)

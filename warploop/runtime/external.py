@@ -23,7 +23,8 @@ import triton.language as tl
 
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
-from warploop.runtime.sched import ARG_WORD, complete, ctl, meta64, report_error, uload
+from warploop.runtime.sched import complete, report_error
+from warploop.runtime.sync import ARG_WORD, ctl, meta64, uload
 
 OP_EXTERNAL = 1          # descriptor opcode of an external handle, and of the host's request completing one
 EXTERNAL_TICKET = -2     # M_HOST_TICKET of an external handle (-1: not host-submitted, >= 0: a submit ticket)

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from warploop.runtime import layout as L
 from warploop.runtime.external import is_request, resume_external
-from warploop.runtime.sched import (
+from warploop.runtime.sched import alloc_task, push
+from warploop.runtime.sync import (
     ABORT,
     DRAIN,
     GRAPH_WORDS,
@@ -31,7 +32,6 @@ from warploop.runtime.sched import (
     SLOT_DESC,
     SLOT_WORDS,
     acquire,
-    alloc_task,
     clock,
     clock_after,
     ctl,
@@ -39,7 +39,6 @@ from warploop.runtime.sched import (
     host_block,
     i64,
     p64,
-    push,
     stamping,
     stamps,
     uload,

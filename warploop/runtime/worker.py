@@ -21,7 +21,8 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
 from warploop.runtime.front import front_step, graph_entry
-from warploop.runtime.sched import (
+from warploop.runtime.sched import complete, report_error, try_pop, write_trace
+from warploop.runtime.sync import (
     ABORT,
     ARG_WORD,
     CTL,
@@ -34,18 +35,14 @@ from warploop.runtime.sched import (
     UNIFORM,
     acquire,
     clock,
-    complete,
     ctl,
     desc_of,
     host_block,
     i64,
     idle_pause,
     p64,
-    report_error,
-    try_pop,
     uload,
     wait_ge,
-    write_trace,
 )
 
 ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
