@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python scripts/mlp_variants.py OUT.json worker_tile_ahead2,worker_tile_8k_ahead4 ROUNDS
 
-Each named schedule (warploop.bench.runtime_kernels.MLP_VARIANTS) runs in its own runtime, ROUNDS
+Each named schedule (warploop.bench.runtime_mlp_tasks.MLP_VARIANTS) runs in its own runtime, ROUNDS
 times in turn, on the same weights; it prints µs per stack, % of the copy floor and the error against
 fp32, and writes {"floor_us": ..., name: [µs per round]} to OUT.json. Interleaving matters: a
 schedule's time can drift between device sessions, so compare schedules within one run.

@@ -44,7 +44,7 @@ def test_resident_kernel_compiles_for_gpu_targets(target, backend):
 def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
     """The MLP stack's tasks for cuda:90: 16-byte weight loads (the ':16' hints reach the body),
     L2 prefetches, and counter waits polled by one thread that the others meet at a barrier."""
-    from warploop.bench.runtime_kernels import mlp_down, mlp_up
+    from warploop.bench.runtime_mlp_tasks import mlp_down, mlp_up
     module = codegen.build([lookup(mlp_up), lookup(mlp_down)])
     assert "tl.multiple_of(W.arg(a, 0, pmask, params).to(tl.pointer_type(tl.bfloat16)), 16)" in codegen.generate(
         [lookup(mlp_up), lookup(mlp_down)])

@@ -8,7 +8,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import warploop
-from warploop.bench.runtime_kernels import (
+from warploop.bench.runtime_mlp_tasks import (
     mlp_down,
     mlp_down_a2,
     mlp_down_a4,

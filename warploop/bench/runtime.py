@@ -7,7 +7,7 @@
    scale, as one static graph).
 3. Host submit -> result round trip of a no-op task: p50 and p99.
 4. The MLP stack: 16 layers of [GEMV 2048->8192 + SiLU, GEMV 8192->2048], bf16, batch 1, as one
-   static graph (the fastest correct of a few tile schedules, runtime_kernels.MLP_VARIANTS) vs a
+   static graph (the fastest correct of a few tile schedules, runtime_mlp_tasks.MLP_BENCH) vs a
    CUDA graph of the same per-op Triton kernels (the best of a few tile configs, each timed in a
    CUDA graph) vs torch eager; each against the floor, weight bytes over the measured
    device-to-device copy rate. SM clocks are sampled during each section.

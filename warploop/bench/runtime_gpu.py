@@ -8,18 +8,8 @@ import time
 import warploop
 from warploop.bench.runtime import submit_latency
 from warploop.bench.runtime_clocks import ClockSampler
-from warploop.bench.runtime_kernels import (
-    FLAG_VARIANTS,
-    FLAG_WORDS,
-    HOP_TASKS,
-    MLP_BENCH,
-    MLP_VARIANTS,
-    gemv_kernel,
-    gemv_kernel_unrolled,
-    hop_kernel,
-    noop,
-    spawn_tree,
-)
+from warploop.bench.runtime_kernels import HOP_TASKS, gemv_kernel, gemv_kernel_unrolled, hop_kernel, noop, spawn_tree
+from warploop.bench.runtime_mlp_tasks import FLAG_VARIANTS, FLAG_WORDS, MLP_BENCH, MLP_VARIANTS
 
 DIM, HIDDEN = 2048, 8192
 MLP_WORKERS = 256

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 import warploop
-from warploop.bench.runtime_kernels import DOWN_W, DOWN_WE, DOWN_WR, MLP_SIG, UP_W, UP_WE, UP_WR, gemv_rows_unrolled
+from warploop.bench.runtime_kernels import gemv_rows_unrolled
+from warploop.bench.runtime_mlp_tasks import DOWN_W, DOWN_WE, DOWN_WR, MLP_SIG, UP_W, UP_WE, UP_WR
 from warploop.runtime import layout as L
 
 TILES = tl.constexpr(256)
