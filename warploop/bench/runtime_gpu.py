@@ -47,13 +47,7 @@ def hop_peers(torch, n: int) -> dict:
             hop_kernel[(1,)](x, i, num_warps=1)
 
     launch_us = events_us(torch, chain, trials=5) / n
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        chain()
+    graph = graph_of(torch, chain, 1)
     x.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -78,12 +78,20 @@ def uload3(base, o0, o1, o2):
 
 
 @triton.jit
+def _ctl_row(arena, index):
+    """The control words `index` (a small vector), the same for every thread: one thread loads them
+    (their lines at once) and a reduction hands them to the others; every such word only grows."""
+    rows = tl.arange(0, UNIFORM)[:, None]
+    block = tl.load(p64(arena + CTL + LINE * (index[None, :] + 0 * rows)), mask=rows == 0, other=-(2**62),
+                    volatile=True)
+    return tl.max(block, axis=0)
+
+
+@triton.jit
 def uload_ctl4(arena, i0: tl.constexpr, i1: tl.constexpr, i2: tl.constexpr, i3: tl.constexpr):
     """uload of the control words i0..i3 in one round trip (four uloads would take four)."""
     k = tl.arange(0, 4)
-    index = tl.where(k == 0, i0, tl.where(k == 1, i1, tl.where(k == 2, i2, i3)))
-    rep = tl.zeros([UNIFORM, 1], tl.int32)
-    m = tl.max(tl.load(p64(arena + CTL + LINE * (index[None, :] + rep)), volatile=True), axis=0)
+    m = _ctl_row(arena, tl.where(k == 0, i0, tl.where(k == 1, i1, tl.where(k == 2, i2, i3))))
     return _pick(m, k, 0), _pick(m, k, 1), _pick(m, k, 2), _pick(m, k, 3)
 
 
@@ -91,8 +99,7 @@ def uload_ctl4(arena, i0: tl.constexpr, i1: tl.constexpr, i2: tl.constexpr, i3: 
 def uload_ctl2(arena, i0: tl.constexpr, i1: tl.constexpr):
     """uload of the control words i0 and i1 in one round trip."""
     k = tl.arange(0, 2)
-    rep = tl.zeros([UNIFORM, 1], tl.int32)
-    m = tl.max(tl.load(p64(arena + CTL + LINE * (tl.where(k == 0, i0, i1)[None, :] + rep)), volatile=True), axis=0)
+    m = _ctl_row(arena, tl.where(k == 0, i0, i1))
     return _pick(m, k, 0), _pick(m, k, 1)
 
 

@@ -25,14 +25,11 @@ from warploop.runtime.sched import complete, report_error, try_pop, write_trace
 from warploop.runtime.sync import (
     ABORT,
     ARG_WORD,
-    CTL,
     CTX_BASE,
     CTX_WORDS,
     DESC_WORDS,
     DRAIN,
-    LINE,
     MAX_PARAMS,
-    UNIFORM,
     acquire,
     clock,
     ctl,
@@ -42,6 +39,7 @@ from warploop.runtime.sync import (
     idle_pause,
     p64,
     uload,
+    uload_ctl2,
     wait_ge,
 )
 
@@ -177,20 +175,14 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
 
 @triton.jit
 def graph_run_start(arena, ctx, worker):
-    """Read the released run: (first instruction, end, instructions, counters, ncounters, params, epoch)."""
-    # Volatile: these words change between runs, and L1 is not coherent with the front or the host.
-    entry = graph_entry(arena, tl.load(ctl(arena, L.C_RUN_GID), volatile=True).to(tl.int32))
-    epoch = tl.load(ctl(arena, L.C_RUN_EPOCH), volatile=True)
-    insts = tl.load(p64(entry + L.G_INSTS), volatile=True).to(tl.pointer_type(tl.int32))
-    table = tl.load(p64(entry + L.G_WORKER_TABLE), volatile=True).to(tl.pointer_type(tl.int32))
-    counters = tl.load(p64(entry + L.G_COUNTERS), volatile=True).to(tl.pointer_type(tl.int64))
-    params = tl.load(p64(entry + L.G_PARAMS), volatile=True).to(tl.pointer_type(tl.int64))
-    ncounters = tl.load(entry + L.G_NCOUNTERS, volatile=True)
-    first = tl.load(table + 2 * worker, volatile=True)
+    """Read the released run (CPU executor): (first instruction, end, instructions, counters, ncounters,
+    params, epoch). Volatile: these words change between runs, and L1 is not coherent with the front."""
+    gid, epoch = uload_ctl2(arena, L.C_RUN_GID, L.C_RUN_EPOCH)
+    first, end, insts, counters, ncounters, params = graph_lookup(arena, gid, worker)
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
-    return first, first + tl.load(table + 2 * worker + 1, volatile=True), insts, counters, ncounters, params, epoch
+    return first, end, insts, counters, ncounters, params, epoch
 
 
 @triton.jit
@@ -205,18 +197,6 @@ def graph_lookup(arena, gid, worker):
     ncounters = tl.load(entry + L.G_NCOUNTERS, volatile=True)
     first = tl.load(table + 2 * worker, volatile=True)
     return first, first + tl.load(table + 2 * worker + 1, volatile=True), insts, counters, ncounters, params
-
-
-@triton.jit
-def ctl_pair(arena, a, b):
-    """(ctl a, ctl b), the same for every thread, in one round trip: one thread loads both (two
-    lines, issued together) and a reduction hands them to the others; both words only grow."""
-    k = tl.arange(0, 2)
-    rows = tl.arange(0, UNIFORM)[:, None]
-    idx = tl.where(k == 0, a, b)[None, :]
-    block = tl.load(p64(arena + CTL + LINE * idx + 0 * rows), mask=rows == 0, other=-(2**62), volatile=True)
-    m = tl.max(block, axis=0)
-    return tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0)
 
 
 @triton.jit
@@ -257,12 +237,12 @@ def worker_step(arena, ctx, worker, seen, cache, DISPATCH: tl.constexpr, NSLOTS:
     graph's fixed words, so a replay of the same graph starts after two round trips (the acquire, then
     gid and epoch), not five."""
     gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c = cache
-    stop, runs = ctl_pair(arena, L.C_STOP, L.C_RUN_SEQ)
+    stop, runs = uload_ctl2(arena, L.C_STOP, L.C_RUN_SEQ)
     alive = stop < ABORT
     if alive:
         if runs > seen:
             acquire(ctl(arena, L.C_RUN_SEQ))
-            gid, epoch = ctl_pair(arena, L.C_RUN_GID, L.C_RUN_EPOCH)
+            gid, epoch = uload_ctl2(arena, L.C_RUN_GID, L.C_RUN_EPOCH)
             if gid != gid_c:
                 first_c, end_c, insts_c, counters_c, ncounters_c, params_c = graph_lookup(arena, gid, worker)
                 gid_c = gid
