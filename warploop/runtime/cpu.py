@@ -213,6 +213,9 @@ class CpuExecutor:
     def trace_events(self) -> list[tuple[int, int, int, int, int]]:
         return list(self.events)
 
+    def resume(self) -> None:
+        """The CPU executor never parks: nothing to relaunch."""
+
     def run_resident_inline(self) -> None:
         """Run the GPU's own resident loop (one program playing front and worker) until drained.
 

@@ -29,6 +29,8 @@ from warploop.runtime.sync import (
     HOST_GREQ,
     HOST_SUBMIT,
     MAX_PARAMS,
+    PARK,
+    RUN,
     SLOT_DESC,
     SLOT_WORDS,
     acquire,
@@ -36,6 +38,7 @@ from warploop.runtime.sync import (
     clock_after,
     ctl,
     desc_of,
+    fence_sys,
     host_block,
     i64,
     p64,
@@ -106,6 +109,43 @@ def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
 
 
 @triton.jit
+def maybe_park(arena, host, head, taken, active, BACKEND: tl.constexpr):
+    """Park the kernel once it has been idle for the header's H_PARK_NS; returns True if it parks.
+
+    Idle: no submission taken this round, no graph request in flight, no live task. Parking is a
+    handshake with the host's submit (docs/runtime.md, "Parking"): the front publishes an odd park
+    generation, fences, and reads the submit and graph-request slots again. The host writes a slot,
+    fences, then reads the generation. One of the two sees the other's write: if the front sees a
+    new slot it cancels (an even generation) and goes on; otherwise it commits, and the host, which
+    then sees the odd generation, launches the kernel again once every program has exited.
+    """
+    park_ns = tl.load(p64(arena + L.H_PARK_NS))
+    now = clock(BACKEND)
+    idle = (park_ns >= 0) & (not active)
+    if idle:
+        idle = uload(ctl(arena, L.C_COMPLETED)) == uload(ctl(arena, L.C_NEXT_ID))
+    parked = False
+    if idle:
+        if now - tl.load(ctl(arena, L.C_IDLE_SINCE), volatile=True) >= park_ns:
+            gen = uload(host + L.HB_PARK)
+            tl.atomic_xchg(host + L.HB_PARK, gen | 1, sem="acq_rel", scope="sys")
+            fence_sys(BACKEND)
+            slot_off = HOST_SUBMIT + (head % tl.load(arena + L.H_SUBMIT)) * SLOT_WORDS
+            req_off = HOST_GREQ + (taken % GREQ_SLOTS) * GREQ_WORDS
+            stop, slot_seq, req_seq = uload3(host, L.HB_STOP, slot_off.to(tl.int32), req_off.to(tl.int32))
+            late = (slot_seq == (head + 1).to(tl.int32)) | (req_seq == (taken + 1).to(tl.int32)) | (stop != RUN)
+            if late:      # work (or a stop) arrived while parking: cancel, the host will not relaunch
+                tl.atomic_xchg(host + L.HB_PARK, (gen | 1) + 1, sem="release", scope="sys")
+                tl.store(ctl(arena, L.C_IDLE_SINCE), now)
+            else:
+                tl.atomic_xchg(ctl(arena, L.C_STOP), i64(PARK), sem="release")
+                parked = True
+    else:
+        tl.store(ctl(arena, L.C_IDLE_SINCE), now)
+    return parked
+
+
+@triton.jit
 def front_step(arena, BACKEND: tl.constexpr):
     """One round of host bridging. Returns False once the front may exit (draining, nothing left)."""
     host = host_block(arena)
@@ -166,6 +206,9 @@ def front_step(arena, BACKEND: tl.constexpr):
     # The front outlives the workers: only it copies the host's stop word, and a drain that
     # never finishes must still be abortable.
     alive = seen_stop < ABORT
+    if (seen_stop == RUN) & (stop == RUN):
+        if maybe_park(arena, host, head + took.to(tl.int64), taken, took | busy, BACKEND):
+            alive = False
     if (seen_stop == DRAIN) & (not took) & (not busy):
         tl.atomic_xchg(ctl(arena, L.C_FRONT_DONE), i64(1), sem="release")
         alive = uload(ctl(arena, L.C_EXITED)) < tl.load(arena + L.H_WORKERS)

@@ -9,6 +9,7 @@ resident one runs until close(). Synchronise streams or events instead.
 """
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -37,13 +38,19 @@ def blocks_per_sm(kernel, num_warps: int) -> int:
     return int(n)
 
 
+def torch_stream(stream):
+    import torch
+    return torch.cuda.stream(stream)
+
+
 def _emergency_stop(host: np.ndarray) -> None:
     host[L.HB_STOP] = L.ABORT
 
 
 class GpuBackend:
     def __init__(self, info: DeviceInfo, module, workers: int | None, worker_warps: int, trace: bool,
-                 pool: int, submit_slots: int, ports_addr: int = 0) -> None:
+                 pool: int, submit_slots: int, ports_addr: int = 0, park_ns: int = -1,
+                 sm_fraction: float | None = None) -> None:
         import torch
         self.info = info
         self.device = torch.device(info.target.backend if info.target.backend != "hip" else "cuda", 0)
@@ -61,7 +68,8 @@ class GpuBackend:
             # Leave one program's worth of room per SM (where there is any) for other kernels,
             # which would otherwise queue behind a kernel that never ends.
             density = min(max(1, per_sm - 1), max(1, WARPS_PER_SM // worker_warps))
-            workers = info.sm_count * density - 1
+            sms = info.sm_count if sm_fraction is None else max(1, round(info.sm_count * sm_fraction))
+            workers = max(1, sms * density - 1)
         if not 1 <= workers <= capacity - 1:
             raise ValueError(f"workers={workers}: at most {capacity - 1} can be co-resident here "
                              f"({info.sm_count} SMs x {per_sm} programs, one program is the front); "
@@ -74,16 +82,64 @@ class GpuBackend:
         self.trace_buf = (torch.zeros(workers * TRACE_CAP * L.TRACE_WORDS, dtype=torch.int32, device=self.device)
                           if trace else None)
         words = L.initial_arena(self.layout, self.host_t.data_ptr(),
-                                self.trace_buf.data_ptr() if trace else 0, submit_slots, ports_addr)
+                                self.trace_buf.data_ptr() if trace else 0, submit_slots, ports_addr, park_ns)
         self.arena = torch.from_numpy(words).to(self.device)
         self.stream = torch.cuda.Stream(self.device)
         self.side = torch.cuda.Stream(self.device)
         self._finalizer = weakref.finalize(self, _emergency_stop, self.host)
         self.graphs: dict[int, tuple] = {}
         self.programs = workers + 1
-        with torch.cuda.stream(self.stream):
-            module.resident[(self.programs,)](self.arena, **opts)
+        self.relaunches = 0
+        self._kernel, self._opts = module.resident, opts
+        # What a relaunch writes into the arena first (stop word back to RUN, no program exited), as
+        # copies ordered before the launch on the kernel's own stream: no host wait.
+        self._reset_words = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+        self._ctl64 = self.arena.view(torch.int64)
+        self._resume_lock = threading.Lock()
+        self._launch()
         self.wait(lambda: self.host[L.HB_STARTED] == 1, START_TIMEOUT_S, "the resident kernel to start")
+
+    def _launch(self) -> None:
+        import torch
+        with torch.cuda.stream(self.stream):
+            self._kernel[(self.programs,)](self.arena, **self._opts)
+            self._ended = torch.cuda.Event()
+            self._ended.record(self.stream)
+
+    # -- parking ---------------------------------------------------------------------------------
+    def parked(self) -> bool:
+        """Whether the kernel has parked (or is parking): it runs nothing until resume()."""
+        return bool(self.host[L.HB_PARK] & 1)
+
+    def resume(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Launch the kernel again if it parked (no-op while it runs): called after every submit
+        and graph request, and by every host wait, so work never waits on a parked kernel."""
+        if not self.host[L.HB_PARK] & 1:
+            return
+        with self._resume_lock:
+            gen = int(self.host[L.HB_PARK])
+            if not gen & 1 or self.host[L.HB_STOP] == L.ABORT:
+                return
+            deadline = time.perf_counter() + timeout
+            # The front either commits (every program exits) or cancels (an even generation).
+            while self.host[L.HB_EXITED] < self.programs:
+                if self.host[L.HB_PARK] != gen:
+                    return
+                if time.perf_counter() > deadline:
+                    raise RuntimeFault("the resident kernel began to park but did not exit")
+                time.sleep(2e-6)
+            while not self._ended.query():      # the grid itself has ended (an event, not a device sync)
+                if time.perf_counter() > deadline:
+                    raise RuntimeFault("the parked resident kernel did not end")
+                time.sleep(2e-6)
+            with torch_stream(self.stream):
+                for index in (L.C_STOP, L.C_EXITED):
+                    word = self.layout.ctl_word(index) // 2
+                    self._ctl64[word:word + 1].copy_(self._reset_words[:1], non_blocking=True)
+            self.host[L.HB_EXITED] = 0
+            self.host[L.HB_PARK] = gen + 1
+            self._launch()
+            self.relaunches += 1
 
     # -- waiting ---------------------------------------------------------------------------------
     def wait(self, ready: Callable[[], bool], timeout: float | None, what: str,
@@ -98,6 +154,7 @@ class GpuBackend:
             spins += 1
             if spins & 63 == 0:
                 now = time.perf_counter()
+                self.resume()
                 self.check()
                 if deadline is not None and now > deadline:
                     detail = report() if report else ""
@@ -111,7 +168,7 @@ class GpuBackend:
         if err and err["fatal"]:
             raise RuntimeFault(f"resident kernel fault: {err['message']} (opcode {err['opcode']}, "
                                f"worker {err['worker']}, node/detail {err['detail']})")
-        if self.host[L.HB_EXITED] and self.host[L.HB_STOP] == L.RUN:
+        if self.host[L.HB_EXITED] and self.host[L.HB_STOP] == L.RUN and not self.host[L.HB_PARK] & 1:
             raise RuntimeFault("the resident kernel exited while the runtime was open")
 
     # -- memory ----------------------------------------------------------------------------------
@@ -152,7 +209,9 @@ class GpuBackend:
 
     # -- stopping --------------------------------------------------------------------------------
     def stop(self, abort: bool, timeout: float) -> None:
-        if self.host[L.HB_EXITED] >= self.programs:
+        if not abort:
+            self.resume()        # a parked kernel may still have queued submissions to drain
+        if self.host[L.HB_EXITED] >= self.programs and not self.parked():
             self._finalizer.detach()
             return
         if not abort:

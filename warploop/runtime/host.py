@@ -29,6 +29,7 @@ from warploop.runtime.tasks import REGISTRY, ArgSpec, Task, lookup
 from warploop.target import select_device
 
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_PARK_AFTER_US = 200.0
 
 
 class Future:
@@ -90,7 +91,8 @@ class GraphFuture:
 class Runtime:
     def __init__(self, device=None, workers: int | None = None, worker_warps: int = 4, trace: bool = False, *,
                  tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S,
-                 ports=None) -> None:
+                 ports=None, park_after_us: float | None = DEFAULT_PARK_AFTER_US,
+                 sm_fraction: float | None = None) -> None:
         """Start the resident kernel for `tasks` (default: every task registered so far).
 
         device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
@@ -99,10 +101,20 @@ class Runtime:
         trace: record start/end times of every task for save_trace().
         timeout: default for every host wait, in seconds.
         ports: a warploop.std port array (allocate_ports) that tasks reach with wl.ports(ctx).
+        park_after_us: on a GPU, park the resident kernel (exit, state kept) after this long idle, so
+            CUDA work that synchronises the context (a module's first load, torch.cuda.synchronize())
+            completes; it is launched again when work arrives. None: never park (such work then
+            waits until close()).
+        sm_fraction: with workers=None, the share of the GPU's SMs the workers take (default all, at
+            one program less per SM than fits, which leaves room beside them).
         """
         from warploop.runtime import codegen
         if worker_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"worker_warps={worker_warps}: use 1, 2, 4, 8 or 16")
+        if park_after_us is not None and not 0 <= park_after_us <= 60e6:
+            raise ValueError(f"park_after_us={park_after_us}: use a number of microseconds from 0 to 60e6, or None")
+        if sm_fraction is not None and not 0 < sm_fraction <= 1:
+            raise ValueError(f"sm_fraction={sm_fraction}: use a fraction in (0, 1], e.g. 0.5 for half the SMs")
         self.info = select_device(device)
         chosen = list(REGISTRY.values()) if tasks is None else [lookup(t) for t in tasks]
         if not chosen:
@@ -121,8 +133,9 @@ class Runtime:
             self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots, ports_addr)
         else:
             from warploop.runtime.gpu import GpuBackend
+            park_ns = -1 if park_after_us is None else int(park_after_us * 1000)
             self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots,
-                                       ports_addr)
+                                       ports_addr, park_ns, sm_fraction)
         self.workers, self.layout = self._backend.workers, self._backend.layout
         self._h = self._backend.host
         self._h64 = self._h.view(np.int64)
@@ -230,7 +243,7 @@ class Runtime:
                         future = self._futures[index] = Future(self, ticket, name, rec)
                     self._write_slot(index, ticket, opcode, slots, header)
                     self._ticket = ticket + 1
-                    return future
+                    break
             ready = lambda t=ticket, p=previous: self._slot_free(t, p)
             if task:
                 self._wait(ready, None, f"submit slot {index} to free up")
@@ -239,7 +252,11 @@ class Runtime:
                 while not ready():
                     if time.perf_counter() > deadline:
                         raise TimeoutError(f"submit slot {index} did not free up in {self.timeout:g} s")
+                    self._backend.resume()
                     time.sleep(20e-6)
+        # After the lock's release (a full fence): the other half of the park handshake (front.py).
+        self._backend.resume()
+        return future
 
     def _slot_free(self, ticket: int, previous: Future | None) -> bool:
         taken = self._w64[L.HB_SUBMIT_HEAD // 2] > ticket - self._hl.submit_slots
@@ -293,6 +310,9 @@ class Runtime:
         self._h64[(base + 8) // 2:(base + 8) // 2 + len(params)] = params
         self._h[base] = to_i32(seq)
         self._greq = seq
+        with self._post_lock:     # a full fence between the sequence word and the park word
+            pass
+        self._backend.resume()
         return GraphFuture(self, seq)
 
     # -- waiting, status, trace ------------------------------------------------------------------

@@ -29,12 +29,13 @@ H_CTX, H_POOL_DESC, H_POOL_META, H_POOL_I32, H_RING_OFF, H_GRAPHS, H_CTL = range
 H_HOST_ADDR = 16     # int64: address of the host block as the device sees it
 H_TRACE_ADDR = 18    # int64: trace buffer address (0: tracing off)
 H_PORTS_ADDR = 20    # int64: warploop.std port array (Runtime(ports=...)), 0 if none
+H_PARK_NS = 22       # int64: the kernel parks (exits, state kept) after this many ns idle; -1 never
 
 # Control lines: each is one int64 at the start of its own line, at arena word CTL + LINE * index.
 (C_STOP, C_RING_HEAD, C_RING_TAIL, C_NEXT_ID, C_COMPLETED, C_RUN_SEQ, C_RUN_GID, C_RUN_EPOCH,
  C_GRAPH_DONE, C_SUBMIT_HEAD, C_GREQ_HEAD, C_GREQ_DONE, C_GREQ_END, C_FRONT_DONE, C_ERROR,
- C_GRAPH_T0, C_EXITED) = range(17)
-N_CTL = 17
+ C_GRAPH_T0, C_EXITED, C_IDLE_SINCE) = range(18)
+N_CTL = 18
 
 # Context record of one worker (int32 words); `ctx` in task code points at the first word.
 CTX_WORDS = 16
@@ -51,8 +52,10 @@ X_TRACE = 14         # trace events written by this worker
 S_IDLE, S_RUNNING, S_WAITING, S_JOINING, S_EXITED = range(5)
 STATE_NAMES = ("idle", "running", "waiting on counter", "joining", "exited")
 
-# Stop word values (host -> device).
-RUN, DRAIN, ABORT = 0, 1, 2
+# Stop word values (host -> device). PARK is set by the front alone, in the arena, when the runtime
+# has been idle long enough: every program exits with its state kept in the arena, and the host
+# launches the kernel again when work arrives (docs/runtime.md, "Parking").
+RUN, DRAIN, ABORT, PARK = 0, 1, 2, 3
 
 # Pool metadata: int64 arrays of P entries, in this order from H_POOL_META ...
 M_DONE, M_PARENT, M_THEN_HEAD, M_THEN_NEXT, M_RESULT, M_HOST_TICKET = range(6)
@@ -144,7 +147,8 @@ class ArenaLayout:
     def meta32(self, array: int) -> int:
         return self.pool_i32 + self.pool * array
 
-    def header(self, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0) -> list[int]:
+    def header(self, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0,
+               park_ns: int = -1) -> list[int]:
         """The header words the host writes at arena[0:HEADER_WORDS]."""
         words = [0] * HEADER_WORDS
         fields = {H_MAGIC: MAGIC, H_VERSION: VERSION, H_WORKERS: self.workers, H_POOL: self.pool,
@@ -157,6 +161,7 @@ class ArenaLayout:
         words[H_HOST_ADDR:H_HOST_ADDR + 2] = split64(host_addr)
         words[H_TRACE_ADDR:H_TRACE_ADDR + 2] = split64(trace_addr)
         words[H_PORTS_ADDR:H_PORTS_ADDR + 2] = split64(ports_addr)
+        words[H_PARK_NS:H_PARK_NS + 2] = split64(park_ns)
         return words
 
     @classmethod
@@ -171,6 +176,7 @@ class ArenaLayout:
 # Host block word offsets.
 HB_STOP = 0                   # host -> device
 HB_STARTED, HB_EXITED, HB_HEARTBEAT = 32, 33, 34                 # device -> host
+HB_PARK = 35                  # park generation: odd while the kernel parks or is parked (front), even running (host)
 HB_SUBMIT_HEAD = 36           # int64: submit tickets the front has taken
 HB_GRAPH_DONE = 38            # int64: graph request seq finished
 HB_GRAPH_NS = 40              # int64: device time of the last finished graph request
@@ -217,12 +223,13 @@ def _align(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0):
+def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0,
+                  park_ns: int = -1):
     """The arena's contents before the resident kernel starts (a numpy int32 array)."""
     import numpy as np
 
     words = np.zeros(layout.words, dtype=np.int32)
-    words[:HEADER_WORDS] = layout.header(host_addr, trace_addr, submit_slots, ports_addr)
+    words[:HEADER_WORDS] = layout.header(host_addr, trace_addr, submit_slots, ports_addr, park_ns)
     w64 = words.view(np.int64)
     for w in range(layout.workers):
         base = layout.ctx + w * CTX_WORDS

@@ -25,6 +25,8 @@ CTX_BASE = tl.constexpr(L.CTX_BASE)
 CTX_WORDS = tl.constexpr(L.CTX_WORDS)
 ABORT = tl.constexpr(L.ABORT)
 DRAIN = tl.constexpr(L.DRAIN)
+RUN = tl.constexpr(L.RUN)
+PARK = tl.constexpr(L.PARK)
 GRAPH_WORDS = tl.constexpr(L.GRAPH_WORDS)
 GREQ_SLOTS = tl.constexpr(L.GREQ_SLOTS)
 GREQ_WORDS = tl.constexpr(L.GREQ_WORDS)
@@ -190,11 +192,21 @@ def stamping(arena):
 
 
 @triton.jit
-def idle_pause(BACKEND: tl.constexpr):
-    """An idle worker's pause between polls, so thousands of pollers do not saturate L2 lines."""
+def idle_pause(idle, BACKEND: tl.constexpr):
+    """An idle worker's pause between polls: 100 ns after work, doubling with each empty poll up to
+    1.6 us, so idle workers neither saturate L2 lines nor take issue slots from kernels beside them."""
     if BACKEND == "cuda":
-        tl.inline_asm_elementwise("nanosleep.u32 100; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+        ns = 100 << tl.minimum(idle, 4)
+        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
                                   is_pure=False, pack=1)
+
+
+@triton.jit
+def fence_sys(BACKEND: tl.constexpr):
+    """A sequentially consistent system-scope fence: a store before it is visible to the host before
+    any load after it is performed (the store-load order a Dekker handshake needs)."""
+    if BACKEND == "cuda":
+        tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 # Thread 0 spins on the counter with ld.acquire (one poller per program, not one per warp), then

@@ -230,12 +230,12 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
 
 
 @triton.jit
-def worker_step(arena, ctx, worker, seen, cache, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr,
+def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr,
                 TRACE: tl.constexpr, BACKEND: tl.constexpr):
     """One pass of a worker: a released graph run, else one ready task. Returns (alive, runs seen,
-    the graph cache). The cache (gid, first, end, insts, counters, ncounters, params) holds the last
-    graph's fixed words, so a replay of the same graph starts after two round trips (the acquire, then
-    gid and epoch), not five."""
+    the graph cache, empty polls in a row, which idle_pause backs off with). The cache (gid, first,
+    end, insts, counters, ncounters, params) holds the last graph's fixed words, so a replay of the
+    same graph starts after two round trips (the acquire, then gid and epoch), not five."""
     gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c = cache
     stop, runs = uload_ctl2(arena, L.C_STOP, L.C_RUN_SEQ)
     alive = stop < ABORT
@@ -249,16 +249,19 @@ def worker_step(arena, ctx, worker, seen, cache, DISPATCH: tl.constexpr, NSLOTS:
             run_graph(arena, ctx, worker, first_c, end_c, insts_c, counters_c, ncounters_c, params_c, epoch,
                       DISPATCH, NSLOTS, TRACE, BACKEND)
             seen = runs
+            idle = idle * 0
         else:
             tid = try_pop(arena, BACKEND)
             if tid >= 0:
                 run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, TRACE, BACKEND)
+                idle = idle * 0
             else:
-                idle_pause(BACKEND)
+                idle_pause(idle, BACKEND)
+                idle += 1
             if (tid < 0) & (stop == DRAIN):
                 live = uload(ctl(arena, L.C_NEXT_ID)) - uload(ctl(arena, L.C_COMPLETED))
                 alive = (uload(ctl(arena, L.C_FRONT_DONE)) == 0) | (live > 0)
-    return alive, seen, (gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c)
+    return alive, seen, (gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c), idle
 
 
 @triton.jit
@@ -277,8 +280,12 @@ def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: t
         worker_on = pid > 0
     ctx = ctx_of(arena, tl.maximum(worker, 0))
     if front_on:
+        tl.store(ctl(arena, L.C_IDLE_SINCE), clock(BACKEND))
         tl.atomic_xchg(host + L.HB_STARTED, 1, sem="release", scope="sys")
-    seen = i64(0)
+    # Graph runs already seen: 0 at the first launch; after a park (which only happens with no run
+    # in flight) every run released so far.
+    seen = uload(ctl(arena, L.C_RUN_SEQ))
+    idle = tl.full([], 0, tl.int32)
     zero = tl.full([], 0, tl.int32)
     cache = (i64(-1), zero, zero, arena, p64(arena), zero, p64(arena))    # no graph yet
     going = front_on | worker_on
@@ -286,7 +293,8 @@ def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: t
         if front_on:
             front_on = front_step(arena, BACKEND)
         if worker_on:
-            worker_on, seen, cache = worker_step(arena, ctx, worker, seen, cache, DISPATCH, NSLOTS, TRACE, BACKEND)
+            worker_on, seen, cache, idle = worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH, NSLOTS, TRACE,
+                                                       BACKEND)
             if not worker_on:
                 tl.atomic_add(ctl(arena, L.C_EXITED), i64(1), sem="release")
         going = front_on | worker_on
