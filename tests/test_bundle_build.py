@@ -116,3 +116,22 @@ import warploop
 def bad(x, B: tl.constexpr):
     tl.store(x + tl.arange(0, B), 1.0)  # arange needs a power of two
 '''
+
+
+@pytest.mark.parametrize("target", ["cuda:80", "cuda:90", "cuda:100"])
+def test_nvidia_variants_record_the_driver_they_need(bundle, target):
+    import re
+
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from warploop.bundle import cuda_compat
+
+    v = variant(bundle, "add", target)
+    isa = re.search(r"^\.version (\d+\.\d+)", bundle.blob(v.formats["ptx"]).decode(), re.M).group(1)
+    tc = v.toolchain
+    assert (tc["triton"], tc["ptxas"], tc["ptx_isa"]) == (triton.__version__, get_ptxas(int(target[5:])).version, isa)
+    assert tc["cubin_needs"]["cuda"] == tc["ptxas"].split(".")[0] + ".0"
+    assert cuda_compat.parse(tc["ptx_needs"]["cuda"]) == cuda_compat.cuda_for_ptx_isa(cuda_compat.parse(isa))
+    assert tc["ptx_needs"]["linux_driver"] == cuda_compat.linux_driver(cuda_compat.parse(tc["ptx_needs"]["cuda"]))
+    assert variant(bundle, "add", "hip:gfx942").toolchain == {} == variant(bundle, "add", "cpu").toolchain

@@ -21,8 +21,10 @@ from pathlib import Path
 from types import ModuleType
 
 from warploop import config
+from warploop.bundle import cuda_compat
 from warploop.bundle.export import ExportSpec, exported_kernels
 from warploop.bundle.format import KernelEntry, Manifest, Specialization, Variant, sha256, write_bundle
+from warploop.bundle.schema import reserved_name_problem
 from warploop.target import Target
 
 BUILD_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx1100", "cpu")
@@ -76,9 +78,11 @@ def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Targ
     md = compiled.metadata
     if md.tensordesc_meta:
         raise BuildError("kernels that take tensor descriptors cannot be bundled yet; pass pointers and strides")
+    toolchain = {}
     if target.backend == "cuda":
         blobs = {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"].encode()}
         arch = re.search(r"^\.target\s+(\w+)", compiled.asm["ptx"], re.M).group(1)
+        toolchain = cuda_compat.toolchain(_version("triton"), _ptxas_version(target.arch), compiled.asm["ptx"])
     else:
         blobs = {"hsaco": compiled.asm["hsaco"]}
         arch = str(target.arch)
@@ -88,8 +92,19 @@ def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Targ
         global_scratch_size=getattr(md, "global_scratch_size", 0),
         global_scratch_align=getattr(md, "global_scratch_align", 1),
         profile_scratch_size=md.profile_scratch_size, profile_scratch_align=md.profile_scratch_align,
-        cooperative=bool(md.launch_cooperative_grid), pdl=bool(getattr(md, "launch_pdl", False)), arch=arch)
+        cooperative=bool(md.launch_cooperative_grid), pdl=bool(getattr(md, "launch_pdl", False)), arch=arch,
+        toolchain=toolchain)
     return variant, blobs
+
+
+def _ptxas_version(arch: int) -> str | None:
+    """The CUDA release of the ptxas Triton uses for `arch` ('12.8'), or None if this Triton hides it."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return get_ptxas(arch).version
+    except (ImportError, AttributeError, RuntimeError, OSError):
+        return None
 
 
 def _compile_job(job: tuple[str, str, int, str]) -> tuple[tuple[str, int, str], dict, dict[str, bytes]]:
@@ -157,6 +172,10 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
         if unknown:
             raise BuildError(f"{source} exports no kernel {', '.join(unknown)}; it exports {', '.join(kernels)}")
         kernels = {k: v for k, v in kernels.items() if k in only}
+    for name in kernels:
+        problem = reserved_name_problem(name)
+        if problem:
+            raise BuildError(f"{source}: {problem}")
     local = _local_imports(before, path.parent)
     if local and any(t.backend == "cpu" for t in parsed):
         print(f"warning: {path.name} imports {', '.join(local)} from its folder; the cpu variant carries only "

@@ -14,8 +14,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import struct
 
+from warploop.bundle import schema
 from warploop.bundle.abi import ParamLayout
 from warploop.bundle.export import ExportSpec
 
@@ -23,6 +25,8 @@ MAGIC = b"WLBUNDLE"
 FORMAT_VERSION = 1
 BLOBS_START = 128
 BLOB_ALIGN = 16
+MAX_BUNDLE_BYTES = 8 << 30    # reading stops here: a bigger "bundle" is something else
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class BundleFormatError(ValueError):
@@ -74,6 +78,7 @@ class Variant:
     cooperative: bool = False
     pdl: bool = False
     arch: str = ""                # what the binary was built for: 'sm_90a', 'gfx942', ''
+    toolchain: dict = dataclasses.field(default_factory=dict)  # cuda: triton, ptxas, ptx_isa, needs (cuda_compat.py)
 
     @property
     def arch_specific(self) -> bool:
@@ -136,6 +141,10 @@ class Manifest:
     def from_dict(cls, d: dict) -> Manifest:
         return cls(tuple(KernelEntry.from_dict(k) for k in d["kernels"]), d["build"], d["blobs"])
 
+    def python_kernels(self) -> list[str]:
+        """Kernels with a cpu variant: Python source that loading it on the CPU executor runs."""
+        return [k.name for k in self.kernels if any(v.target == "cpu" for s in k.specializations for v in s.variants)]
+
     @property
     def targets(self) -> list[str]:
         return list(self.build.get("targets", []))
@@ -176,23 +185,75 @@ def write_bundle(path: str | os.PathLike, kernels: list[KernelEntry], build: dic
     return manifest
 
 
-class BundleFile:
-    """A bundle read into memory: header and manifest checked; blobs checked as they are read."""
+class BundleHashError(BundleFormatError):
+    """The file is not the one the caller trusted: its SHA-256 differs from the one given."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        with open(self.path, "rb") as f:
-            self.data = f.read()
-        where = self.path
-        header = self.header = Header.parse(self.data, where)
-        if len(self.data) != header.file_size:
-            raise BundleFormatError(f"{where} is truncated or padded: {len(self.data)} bytes on disk, "
+
+def _read_bounded(path: str) -> tuple[bytes, Header]:
+    """The whole file, read only if it is a regular file whose header's size matches its own."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)   # a FIFO or device opened without blocking, and is refused here
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BundleFormatError(f"{path} is not a regular file (a device, FIFO or directory); "
+                                f"pass the path of a .wlb file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > MAX_BUNDLE_BYTES:
+            raise BundleFormatError(f"{path} is {st.st_size} bytes, over the {MAX_BUNDLE_BYTES} bytes a bundle "
+                                    f"may have; it is not a bundle, or build fewer kernels into each")
+        header = Header.parse(f.read(BLOBS_START), path)
+        if st.st_size != header.file_size:
+            raise BundleFormatError(f"{path} is truncated or padded: {st.st_size} bytes on disk, "
                                     f"{header.file_size} written; copy it again or rebuild it")
+        if not BLOBS_START <= header.manifest_offset <= header.file_size - header.manifest_size \
+                or header.manifest_size > MAX_MANIFEST_BYTES:
+            raise BundleFormatError(f"{path} is corrupted: its header places a {header.manifest_size}-byte "
+                                    f"manifest at {header.manifest_offset}; copy it again or rebuild it")
+        f.seek(0)
+        data = f.read(st.st_size)
+    if len(data) != header.file_size:
+        raise BundleFormatError(f"{path} changed while it was read; read it again once it is written")
+    return data, header
+
+
+def _parse_manifest(text: bytes, where: str, blobs_end: int) -> Manifest:
+    """The manifest's JSON, checked field by field (schema.py) before it is turned into objects."""
+    fix = "it was not written by `warploop bundle build`, or was changed after: rebuild it"
+    try:
+        d = json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BundleFormatError(f"{where}: its manifest is not UTF-8 (byte {e.start}); {fix}") from None
+    except RecursionError:
+        raise BundleFormatError(f"{where}: its manifest nests too deeply; {fix}") from None
+    except ValueError as e:
+        raise BundleFormatError(f"{where}: its manifest is not JSON ({e}); {fix}") from None
+    try:
+        schema.check_manifest(d, BLOBS_START, blobs_end)
+        return Manifest.from_dict(d)
+    except ValueError as e:   # SchemaError, and what ExportSpec refuses (a bad type string, num_warps 3)
+        raise BundleFormatError(f"{where}: {e}; {fix}") from None
+
+
+class BundleFile:
+    """A bundle read into memory: header and manifest checked; blobs checked as they are read.
+
+    `sha256`: the SHA-256 (hex) of the whole file the caller trusts; any other file is refused
+    before its manifest is parsed."""
+
+    def __init__(self, path: str | os.PathLike, sha256: str | None = None):
+        self.path = where = os.fspath(path)
+        self.data, header = _read_bounded(where)
+        self.header = header
+        if sha256 is not None:
+            actual = hashlib.sha256(self.data).hexdigest()
+            if actual != sha256.lower():
+                raise BundleHashError(f"{where} has SHA-256 {actual}, not the trusted {sha256}: it is not the "
+                                      f"bundle you trusted; fetch the right file or update the trusted hash")
         text = self.data[header.manifest_offset:header.manifest_offset + header.manifest_size]
         if hashlib.sha256(text).digest() != header.manifest_sha256:
             raise BundleFormatError(f"{where} is corrupted: its manifest does not match the hash in its header; "
                                     f"copy it again or rebuild it")
-        self.manifest = Manifest.from_dict(json.loads(text))
+        self.manifest = _parse_manifest(text, where, header.manifest_offset)
 
     def blob(self, digest: str, what: str = "blob") -> bytes:
         entry = self.manifest.blobs.get(digest)

@@ -55,6 +55,15 @@ def _decode_args(row: list[int]) -> list:
     return [word_to_float(w) if mask >> i & 1 else w for i, w in enumerate(payload)]
 
 
+def unexpected(e: Exception) -> StdError:
+    """Any other exception from a request, as the status its caller gets: whatever a handler raises,
+    the port is answered (a NUL byte in a path is a ValueError, a failing open an OSError)."""
+    status = Status.BAD_ARGUMENT if isinstance(e, (ValueError, TypeError)) else Status.IO_ERROR
+    err = StdError(status, f"{type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
+
+
 def _encode(value, flags: int) -> int:
     if flags & WANT_FLOAT_BIT:
         try:
@@ -145,6 +154,8 @@ class Dispatcher:
                     done.append((port, row, status, _encode(value, row[_FLAGS])))
             except StdError as e:
                 done.append((port, row, *self._fail(port, row, e)))
+            except Exception as e:   # a bug or a case no handler foresaw: still an answer, never TAKEN forever
+                done.append((port, row, *self._fail(port, row, unexpected(e))))
         if lines and not self._write_lines(lines):
             done = [(p, r, Status.IO_ERROR, -int(Status.IO_ERROR)) if r[_OPCODE] == _PRINT else (p, r, st, v)
                     for p, r, st, v in done]
@@ -160,7 +171,7 @@ class Dispatcher:
             out.write("".join(lines))
             out.flush()   # before the reply: once the device moves on, its line is out
             return True
-        except (OSError, ValueError) as e:   # a closed or broken stream: the callers get IO_ERROR
+        except Exception as e:   # a closed or broken stream: the callers get IO_ERROR
             with self._count_lock:
                 self.errors += len(lines)
             log.warning("IO_ERROR: %d printed lines could not be written: %s", len(lines), e)
@@ -244,7 +255,7 @@ class Dispatcher:
         except StdError as e:
             self._reply_one(port, row, *self._fail(port, row, e))
         except Exception as e:   # e.g. a CUDA error in a copy: the caller still gets an answer
-            self._reply_one(port, row, *self._fail(port, row, StdError(Status.IO_ERROR, repr(e))))
+            self._reply_one(port, row, *self._fail(port, row, unexpected(e)))
         finally:
             with self._count_lock:
                 self._inflight -= 1
@@ -257,7 +268,8 @@ class Dispatcher:
         opname = Opcode(row[_OPCODE]).name if row[_OPCODE] in Opcode._value2member_map_ else row[_OPCODE]
         log.warning("%s from worker %d (port %d, %s%s): %s", err.status.name, row[_WORKER], port, opname,
                     f", and {count - 1} more callers" if count > 1 else "", err,
-                    exc_info=err.status == Status.CALLBACK_ERROR and err.__cause__ is not None)
+                    exc_info=err.__cause__ is not None and (err.status == Status.CALLBACK_ERROR or
+                                                            not isinstance(err.__cause__, (OSError, StdError))))
         return int(err.status), 0 if row[_OPCODE] == _CALL else -int(err.status)
 
     def _note_short_read(self, port: int, row: list[int], status: int) -> None:
