@@ -1,11 +1,15 @@
-"""The GPU backend: compile, size, launch and stop the resident kernel; wait on host-visible words.
+"""The GPU backend: compile, size, launch, park, relaunch and stop the resident kernel; wait on
+host-visible words.
 
-The kernel is launched once, cooperatively where the driver supports it, on a stream of its own
-(created non-blocking by torch, so default-stream work keeps running beside it), with one front
-program plus the workers. It talks to the host only through the pinned host block.
+The kernel is launched cooperatively where the driver supports it, on a stream of its own (created
+non-blocking by torch, so default-stream work keeps running beside it), with one front program plus
+the workers. It talks to the host only through the pinned host block.
 
-While a runtime is open do not call torch.cuda.synchronize(): it waits for every kernel, and the
-resident one runs until close(). Synchronise streams or events instead.
+Parking (docs/runtime.md): CUDA work that synchronises the whole context (loading a module on first
+use, the RNG's set-up, cudaFree, torch.cuda.synchronize()) waits for every running kernel, and a
+resident one would never end. So once the runtime has been idle for park_after_us the front parks
+it: every program exits with its state kept in the arena, and `resume` launches it again when work
+arrives. Such CUDA work therefore waits only until the runtime is idle.
 """
 from __future__ import annotations
 
