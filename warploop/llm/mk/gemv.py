@@ -11,7 +11,8 @@ node of its own: each tile recomputes rstd for its batch rows and normalises its
 the fly (x is B x hidden, read from L2: a few KB against the tile's tens of KB of weights),
 which removes a graph boundary per norm.
 
-Epilogues: EPI_OUT stores (+ bias) in the output's dtype (q/k/v, lm_head logits); EPI_RES adds
+Epilogues: EPI_OUT stores (+ bias), rounded to the model dtype, in the output's dtype (q/k/v,
+lm_head logits); EPI_RES adds
 the rounded result into the residual rows it owns (o-proj, down: the residual add fused);
 EPI_SILU computes the gate rows and the matching up rows (f further down the fused gate_up
 weight) and stores silu(gate) * up.
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from warploop.llm.mk.layout import step_rows
+from warploop.llm.mk.numerics import mma, rnd
 from warploop.runtime import device as wl
 
 EPI_OUT = tl.constexpr(0)
@@ -47,20 +49,20 @@ def row_rstd(x, xs, brow, bmask, k, eps, BK: tl.constexpr):
 
 
 @triton.jit
-def x_chunk(x, xs, brow, bmask, c, k, norm_w, rstd, NORM: tl.constexpr):
+def x_chunk(x, xs, brow, bmask, c, k, norm_w, rstd, NORM: tl.constexpr, BACKEND: tl.constexpr):
     """x[brow, c] in the model dtype; with NORM, round(norm_w * round(x * rstd)) as layers.rms_norm."""
     v = tl.load(x + brow.to(tl.int64)[:, None] * xs + c[None, :], mask=bmask[:, None] & (c < k)[None, :], other=0.0)
     if NORM:
         dt = x.dtype.element_ty
         nw = tl.load(norm_w + c, mask=c < k, other=0.0).to(tl.float32)
-        v = (nw[None, :] * (v.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
+        v = rnd(nw[None, :] * rnd(v.to(tl.float32) * rstd[:, None], dt, BACKEND).to(tl.float32), dt, BACKEND)
     return v
 
 
 @triton.jit
 def rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM: tl.constexpr,
                  HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr):
+                 BK: tl.constexpr, BACKEND: tl.constexpr):
     """float32 [1, BN] (SINGLE: batch row b0 only) or [R, BN] (rows b0 .. b0 + R) of x @ w[rows]^T."""
     cols = tl.arange(0, BK)
     tile = w + rows.to(tl.int64)[:, None] * k + cols[None, :]
@@ -74,19 +76,19 @@ def rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM: tl
         wv = first
     else:
         wv = tl.load(tile, mask=wmask & (cols < k)[None, :], other=0.0)
-    xv = x_chunk(x, xs, brow, bmask, cols, k, norm_w, rstd, NORM)
+    xv = x_chunk(x, xs, brow, bmask, cols, k, norm_w, rstd, NORM, BACKEND)
     if SINGLE:
         acc = wv.to(tl.float32) * xv.to(tl.float32)
     else:
-        acc = tl.dot(xv, tl.trans(wv), input_precision="ieee")
+        acc = mma(xv, tl.trans(wv), BACKEND)
     for k0 in range(BK, k, BK):
         c = k0 + cols
         wv = tl.load(tile + k0, mask=wmask & (c < k)[None, :], other=0.0, eviction_policy="evict_first")
-        xv = x_chunk(x, xs, brow, bmask, c, k, norm_w, rstd, NORM)
+        xv = x_chunk(x, xs, brow, bmask, c, k, norm_w, rstd, NORM, BACKEND)
         if SINGLE:
             acc += wv.to(tl.float32) * xv.to(tl.float32)
         else:
-            acc += tl.dot(xv, tl.trans(wv), input_precision="ieee")
+            acc += mma(xv, tl.trans(wv), BACKEND)
     if SINGLE:
         out = tl.sum(acc, axis=1)[None, :]
     else:
@@ -95,44 +97,45 @@ def rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM: tl
 
 
 @triton.jit
-def with_bias(acc, bias, rows, rmask, has_bias, dt):
+def with_bias(acc, bias, rows, rmask, has_bias, dt: tl.constexpr, BACKEND: tl.constexpr):
     """round(acc + bias) in the model dtype, as float32 (F.linear's one rounding)."""
     if has_bias != 0:
         acc += tl.load(bias + rows, mask=rmask, other=0.0).to(tl.float32)[None, :]
-    return acc.to(dt).to(tl.float32)
+    return rnd(acc, dt, BACKEND).to(tl.float32)
 
 
 @triton.jit
 def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM: tl.constexpr,
           EPI: tl.constexpr, HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr):
+          BK: tl.constexpr, BACKEND: tl.constexpr):
     """One BN-row weight block for one batch block: products, then the epilogue's stores."""
     dt = w.dtype.element_ty
     rows = r + tl.arange(0, BN)
     rmask = rows < end
-    acc = rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, HAS_FIRST, SINGLE, R, BN, BK)
+    acc = rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, HAS_FIRST, SINGLE, R, BN, BK,
+                       BACKEND)
     if SINGLE:
         bo = b0 + tl.arange(0, 1)
     else:
         bo = b0 + tl.arange(0, R)
     mask = (bo < nb)[:, None] & rmask[None, :]
     if EPI == EPI_SILU:
-        gate = with_bias(acc, bias, rows, rmask, has_bias, dt)
+        gate = with_bias(acc, bias, rows, rmask, has_bias, dt, BACKEND)
         up_acc = rows_product(w, k, rows + f, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, False, SINGLE, R,
-                              BN, BK)
-        up = with_bias(up_acc, bias, rows + f, rmask, has_bias, dt)
-        act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up
-        tl.store(out + bo.to(tl.int64)[:, None] * f + rows[None, :], act.to(dt), mask=mask)
+                              BN, BK, BACKEND)
+        up = with_bias(up_acc, bias, rows + f, rmask, has_bias, dt, BACKEND)
+        act = rnd(gate * tl.sigmoid(gate), dt, BACKEND).to(tl.float32) * up
+        tl.store(out + bo.to(tl.int64)[:, None] * f + rows[None, :], rnd(act, dt, BACKEND), mask=mask)
     elif EPI == EPI_RES:
-        y = with_bias(acc, bias, rows, rmask, has_bias, dt)
+        y = with_bias(acc, bias, rows, rmask, has_bias, dt, BACKEND)
         dst = out + bo.to(tl.int64)[:, None] * n_out + rows[None, :]
         y += tl.load(dst, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dst, y.to(dt), mask=mask)
+        tl.store(dst, rnd(y, dt, BACKEND), mask=mask)
     else:
-        y = acc
-        if has_bias != 0:
-            y = with_bias(acc, bias, rows, rmask, has_bias, dt)
-        tl.store(out + bo.to(tl.int64)[:, None] * n_out + rows[None, :], y.to(out.dtype.element_ty), mask=mask)
+        # rounded to the model dtype even into float32 logits: F.linear's output is in that dtype
+        y = with_bias(acc, bias, rows, rmask, has_bias, dt, BACKEND)
+        dst = out + bo.to(tl.int64)[:, None] * n_out + rows[None, :]
+        tl.store(dst, rnd(y, out.dtype.element_ty, BACKEND), mask=mask)
 
 
 @triton.jit
@@ -156,10 +159,10 @@ def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, 
         if NORM:
             rstd = row_rstd(x, k, one, one < 1, k, eps, BK)
         block(w, bias, x, k, norm_w, out, k, n_out, f, row0, end, 0, 1, rstd, first, has_bias, NORM, EPI, True,
-              True, R, BN, BK)
+              True, R, BN, BK, BACKEND)
         for r in range(row0 + BN, end, BN):
             block(w, bias, x, k, norm_w, out, k, n_out, f, r, end, 0, 1, rstd, first, has_bias, NORM, EPI, False,
-                  True, R, BN, BK)
+                  True, R, BN, BK, BACKEND)
     else:
         # Batch blocks outer: each block's rstd once; the node's weights are re-read per block of
         # R rows (from L2 for a node's tens of KB), once per step for batches up to R.
@@ -170,4 +173,4 @@ def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, 
                 rstd = row_rstd(x, k, brow, brow < nb, k, eps, BK)
             for r in range(row0, end, BN):
                 block(w, bias, x, k, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM, EPI,
-                      False, False, R, BN, BK)
+                      False, False, R, BN, BK, BACKEND)

@@ -53,18 +53,19 @@ def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: 
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
-               HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr):
-    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1)
+               HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr, BACKEND: tl.constexpr):
+    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
 
 
 def mk_attn(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
-            HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr):
-    attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S)
+            HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr,
+            BACKEND: tl.constexpr):
+    attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
 
 
 def mk_combine(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
-               S: tl.constexpr, SP: tl.constexpr):
-    combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP)
+               S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
+    combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP, BACKEND)
 
 
 def mk_argmax(inp, logits, tokens, vocab, BK: tl.constexpr):
@@ -112,7 +113,7 @@ class MkTasks:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tasks_for(plan: Plan) -> MkTasks:
     """The plan's registered tasks (made once per plan per process)."""
     consts = plan.constexprs()

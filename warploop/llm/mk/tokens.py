@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from warploop.llm.mk.layout import step_field, step_rows
+from warploop.runtime.sync import i64
 
 
 @triton.jit
@@ -19,7 +20,7 @@ def embed_node(inp, table, res, d, BK: tl.constexpr):
         src = table + step_field(inp, 0, b).to(tl.int64) * d
         for c0 in range(0, d, BK):
             c = c0 + cols
-            tl.store(res + b.to(tl.int64) * d + c, tl.load(src + c, mask=c < d), mask=c < d)
+            tl.store(res + i64(b) * d + c, tl.load(src + c, mask=c < d), mask=c < d)
 
 
 @triton.jit
@@ -27,7 +28,7 @@ def argmax_node(inp, logits, tokens, vocab, BK: tl.constexpr):
     """tokens[b] = the first index of the largest logit of row b (torch.argmax's tie rule)."""
     cols = tl.arange(0, BK)
     for b in range(step_rows(inp)):
-        row = logits + b.to(tl.int64) * vocab
+        row = logits + i64(b) * vocab
         best = tl.full([], float("-inf"), tl.float32)
         index = tl.full([], 0, tl.int32)
         for v0 in range(0, vocab, BK):
