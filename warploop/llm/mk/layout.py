@@ -85,23 +85,26 @@ class StepInputs:
 
 
 # -- device-side readers of the same layout -----------------------------------------------------------
+D_HEADER, D_BATCH, D_WIDTH, D_ROWS = (tl.constexpr(v) for v in (HEADER, F_BATCH, F_WIDTH, F_ROWS))
+
+
 @triton.jit
 def step_rows(inp):
     """Live rows this step."""
-    return tl.load(inp + F_ROWS)
+    return tl.load(inp + D_ROWS)
 
 
 @triton.jit
 def step_field(inp, k, row):
     """Field k (0 ids, 1 positions, 2 context lengths, 3 slots) of batch row `row`."""
-    return tl.load(inp + HEADER + k * tl.load(inp + F_BATCH) + row)
+    return tl.load(inp + D_HEADER + k * tl.load(inp + D_BATCH) + row)
 
 
 @triton.jit
 def step_table(inp, row):
     """Pointer to batch row `row`'s block table."""
-    b = tl.load(inp + F_BATCH)
-    return inp + HEADER + 4 * b + row * tl.load(inp + F_WIDTH)
+    b = tl.load(inp + D_BATCH)
+    return inp + D_HEADER + 4 * b + row * tl.load(inp + D_WIDTH)
 
 
 TRITON_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
