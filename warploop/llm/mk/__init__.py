@@ -2,6 +2,8 @@
 runtime (warploop/runtime). docs/megakernel.md describes the graph.
 
     layout.py     the step's input block (the one graph parameter) and the plan's sizes, as data
+    numerics.py   rounding and dots made the same in the Triton interpreter as on the GPU
+    tokens.py     embedding gather (token ids in) and greedy argmax (token ids out)
     gemv.py       GEMV tile bodies: fused RMSNorm prologue, batch rows, residual / SiLU epilogues
     attention.py  RoPE + paged KV write, split paged decode attention with GQA, the split combine
     tasks.py      the task registrations, one set per plan (dtype and model shapes as constexprs)
