@@ -14,6 +14,7 @@ from warploop.llm.kv_cache import KVCacheLayout, cdiv
 GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
 GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
 CPU_KV_BYTES = 512 << 20
+BACKENDS = ("torch", "megakernel")
 
 
 def torch_device(device: str | None):
@@ -55,11 +56,22 @@ def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: in
     return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
 
 
+def check_backend(name: str | None) -> str:
+    """The backend's name: 'torch' (per-op) or 'megakernel'; None picks the default (torch until the
+    megakernel is measured on a GPU: docs/megakernel.md)."""
+    name = name or "torch"
+    if name not in BACKENDS:
+        raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)} (--backend)")
+    return name
+
+
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
-                  max_num_seqs: int = 32, max_model_len: int | None = None, use_cuda_graphs: bool = True):
-    """(backend, max_context) for weights already on `device`."""
+                  max_num_seqs: int = 32, max_model_len: int | None = None, use_cuda_graphs: bool = True,
+                  backend: str | None = None):
+    """(backend, max_context) for weights already on `device`; backend: 'torch' or 'megakernel'."""
     from warploop.llm.backend_torch import TorchBackend
 
+    backend = check_backend(backend)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -68,27 +80,30 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len)
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     max_context = min(max_len, blocks * block_size)
-    backend = TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
-    return backend, max_context
+    if backend == "megakernel":
+        from warploop.llm.mk.backend import MegakernelBackend
+        return MegakernelBackend(cfg, weights, layout, device, max_context), max_context
+    return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
 
 
 def build_engine(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, progress: bool = True,
-                 use_cuda_graphs: bool = True):
-    """An Engine for `tiny` or a Hugging Face-format directory."""
+                 use_cuda_graphs: bool = True, backend: str | None = None):
+    """An Engine for `tiny` or a Hugging Face-format directory; backend: 'torch' or 'megakernel'."""
     from warploop.llm.engine import Engine
     from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, resolve_model_dir
     from warploop.llm.tokenizer import Tokenizer
 
+    backend = check_backend(backend)     # before loading anything
     path = resolve_model_dir(model)
     cfg = load_config(path)
     tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
     dev = torch_device(device)
     weights = load_weights(path, cfg, dev, torch_dtype(dtype, cfg, checkpoint_dtype(path)), progress=progress)
-    backend, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                                         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                         use_cuda_graphs=use_cuda_graphs)
+    runner, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                        use_cuda_graphs=use_cuda_graphs, backend=backend)
     name = "tiny" if model == "tiny" else os.path.basename(os.path.normpath(str(path)))
-    return Engine(cfg, backend, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
+    return Engine(cfg, runner, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
                   max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)

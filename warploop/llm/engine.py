@@ -135,6 +135,8 @@ class Engine:
             self._cv.notify()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+        if not self._thread.is_alive():     # the loop thread, the backend's only user, has stopped
+            self.backend.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-batch-tokens", type=int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    engine.add_argument("--backend", choices=("torch", "megakernel"), default=None,
+                        help="per-op torch (the default) or the decode megakernel")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -90,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
                                    num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
                                    max_num_seqs=args.max_num_seqs,
                                    max_batch_tokens=args.max_batch_tokens,
-                                   enable_prefix_caching=not args.no_prefix_caching)
+                                   enable_prefix_caching=not args.no_prefix_caching, backend=args.backend)
         app = create_app(engine, api_key=args.api_key)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
         host, port = sock.getsockname()[:2]

@@ -1,0 +1,61 @@
+"""The decode megakernel compiles for the GPUs with no GPU present (sm_90 PTX, gfx942), and its
+step-input layout and plan refuse bad values with a message naming the field."""
+import pytest
+
+from warploop.llm.mk.layout import Plan, StepInputs
+
+
+def test_step_inputs_round_trip_and_pad_rows_without_slots():
+    s = StepInputs(4, 3, (5, 6), (10, 2), (11, 3), (41, 7), ((2, 0, 1), (7,)))
+    words = s.serialize()
+    assert len(words) == StepInputs.words(4, 3) and tuple(words[:4]) == (4, 3, 2, 0)
+    assert list(words[4 + 12:4 + 16]) == [41, 7, -1, -1]       # padding rows: no KV slot
+    # tables come back padded to the width (the device reads only what context_lens covers)
+    assert StepInputs.parse(words) == StepInputs(4, 3, (5, 6), (10, 2), (11, 3), (41, 7), ((2, 0, 1), (7, 0, 0)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch=1), "a step of 2 sequences does not fit a graph of batch 1"),
+    (dict(width=2), "a block table of 3 blocks exceeds the graph's width 2"),
+    (dict(slots=(1,)), "StepInputs.slots has 1 rows, token_ids 2"),
+])
+def test_step_inputs_refuse_what_does_not_fit(kwargs, message):
+    base = dict(batch=4, width=3, token_ids=(5, 6), positions=(1, 2), context_lens=(2, 3), slots=(1, 2),
+                block_tables=((2, 0, 1), (7,)))
+    with pytest.raises(ValueError, match=message):
+        StepInputs(**{**base, **kwargs})
+
+
+def test_plan_refuses_tiles_tl_dot_cannot_take():
+    with pytest.raises(ValueError, match="Plan.bn must be a power of two >= 16"):
+        Plan("bf16", 4, 2, 64, 16, bn=8)
+    with pytest.raises(ValueError, match="Plan.dtype 'int8'"):
+        Plan("int8", 4, 2, 64, 16)
+
+
+@pytest.mark.parametrize("target", [("cuda", 90, 32), ("hip", "gfx942", 64)], ids=["sm_90", "gfx942"])
+def test_resident_decode_kernel_compiles_without_a_gpu(target):
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from warploop.llm.mk.tasks import tasks_for
+    from warploop.runtime import codegen
+    from warploop.runtime.tasks import lookup
+
+    plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256)     # Llama-3.2-1B's attention shapes
+    module = codegen.build([lookup(t) for t in tasks_for(plan).all])
+    backend = "cuda" if target[0] == "cuda" else "hip"
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": backend})
+    try:
+        kernel = triton.compile(src, target=GPUTarget(*target), options={"num_warps": 4})
+    except RuntimeError as e:    # no ROCm toolchain in this Triton build
+        if backend == "hip" and "ld.lld" in str(e):
+            pytest.skip(f"hip toolchain missing: {e}")
+        raise
+    asm = kernel.asm["ptx"] if backend == "cuda" else kernel.asm["amdgcn"]
+    assert len(asm) > 0
+    if backend == "cuda":
+        assert ".target sm_90" in asm
+        assert "ld.global.L1::evict_first" in asm             # weight loads streamed, not cached in L1

@@ -1,0 +1,142 @@
+"""The decode step as one static graph: nodes, their tile-level dependencies, and their buffers.
+
+Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
+
+    qkv tiles (input norm fused)  -> rope_kv[g] needs the tiles holding group g's q, k and v rows
+    rope_kv[g] -> attn[g, s] for every split s -> combine[g]
+    every combine -> o-proj tiles (residual add fused) -> gate_up tiles (post norm fused, SiLU * up)
+    every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
+
+then lm_head tiles (final norm fused) -> argmax. The embedding starts the residual stream. Each
+run reads its per-step values (ids, positions, context lengths, KV slots, block tables) from the
+one parameter `inp` (layout.StepInputs), so the graph is built once per batch bucket and replayed
+every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
+qkv, attention output) are ordered by these edges: every reader of a layer's buffer is an
+ancestor of the next writer of it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.kv_cache import cdiv
+from warploop.llm.mk.layout import Plan, StepInputs
+from warploop.llm.mk.tasks import MkTasks
+
+ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
+
+
+@dataclasses.dataclass
+class StepBuffers:
+    """A graph's own memory: the step inputs and every activation, for `batch` rows."""
+
+    inp: object          # int32 [StepInputs.words(batch, width)]
+    res: object          # [batch, hidden]: the residual stream
+    qkv: object          # [batch, q + 2 kv]
+    attn: object         # [batch, q]
+    act: object          # [batch, intermediate]: silu(gate) * up
+    parts: object        # float32 [batch, heads, splits, head_dim]
+    lse: object          # float32 [batch, heads, splits]
+    logits: object       # float32 [batch, vocab]
+    tokens: object       # int32 [batch]: the graph's greedy pick
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device) -> StepBuffers:
+        import torch
+
+        def z(*shape, dt=dtype):
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        return cls(inp=z(StepInputs.words(batch, width), dt=torch.int32), res=z(batch, cfg.hidden_size),
+                   qkv=z(batch, cfg.q_size + 2 * cfg.kv_size), attn=z(batch, cfg.q_size),
+                   act=z(batch, cfg.intermediate_size),
+                   parts=z(batch, cfg.num_heads, plan.splits, cfg.head_dim, dt=torch.float32),
+                   lse=z(batch, cfg.num_heads, plan.splits, dt=torch.float32),
+                   logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32))
+
+
+def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
+    """(first row, row count) of at most `nodes` spans of whole BN-row blocks covering `rows`."""
+    blocks = cdiv(rows, bn)
+    per = cdiv(blocks, max(1, min(nodes, blocks)))
+    return [(b * bn, per * bn) for b in range(0, blocks, per)]
+
+
+def _overlaps(span: tuple[int, int], ranges) -> bool:
+    return any(span[0] < hi and lo < span[0] + span[1] for lo, hi in ranges)
+
+
+@dataclasses.dataclass
+class DecodeGraph:
+    graph: object
+    buffers: StepBuffers
+    batch: int
+    width: int
+    kinds: collections.Counter     # nodes per task kind
+
+
+def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
+                       buffers: StepBuffers, batch: int, width: int, gemv_nodes: int) -> DecodeGraph:
+    """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
+
+    weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
+    cos, sin: float32 RoPE tables [positions, head_dim // 2]; gemv_nodes: most nodes per GEMV.
+    """
+    g = rt.graph()
+    inp = g.param("inp", "*i32")
+    kinds: collections.Counter = collections.Counter()
+    d, q, kvs, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+    group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
+
+    def add(kind, task, *args, after=(), cost=1.0):
+        kinds[kind] += 1
+        return g.add(task, *args, after=after, cost=float(cost))
+
+    def opt(t):
+        return (t, 1) if t is not None else (0, 0)
+
+    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, d, cost=batch * d)]
+    for i, lw in enumerate(weights.layers):
+        kc, vc = kv[i, 0], kv[i, 1]
+        bias, has = opt(lw.qkv_bias)
+        qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
+                             eps, has, after=prev, cost=s[1] * d)) for s in spans(q + 2 * kvs, plan.bn, gemv_nodes)]
+        qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
+        combines = []
+        for kvh in range(cfg.num_kv_heads):
+            rows = [(kvh * group * hd, (kvh + 1) * group * hd), (q + kvh * hd, q + (kvh + 1) * hd),
+                    (q + kvs + kvh * hd, q + kvs + (kvh + 1) * hd)]
+            rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, kvh, eps, int(cfg.qk_norm),
+                       after=[n for s, n in qkv_nodes if _overlaps(s, rows)], cost=batch * (group + 2) * hd)
+            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, kvh, s, hd ** -0.5, after=[rope],
+                          cost=batch * 2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
+            combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, kvh, after=splits,
+                                cost=batch * group * plan.splits * hd))
+        bias, has = opt(lw.o_bias)
+        o = [add("o_proj", tasks.proj_res, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
+                 cost=s[1] * q) for s in spans(d, plan.bn, gemv_nodes)]
+        bias, has = opt(lw.gate_up_bias)
+        gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
+                       has, after=o, cost=2 * s[1] * d) for s in spans(f, plan.bn, gemv_nodes)]
+        bias, has = opt(lw.down_bias)
+        prev = [add("down", tasks.proj_res, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
+                    cost=s[1] * f) for s in spans(d, plan.bn, gemv_nodes)]
+    heads = [add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d, cfg.vocab_size,
+                 *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]
+    add("argmax", tasks.argmax, inp, b.logits, b.tokens, cfg.vocab_size, after=heads, cost=batch * cfg.vocab_size)
+    return DecodeGraph(g, buffers, batch, width, kinds)
+
+
+def describe(dg: DecodeGraph) -> dict:
+    """The compiled graph's shape: nodes per kind, counters, instructions per worker."""
+    if dg.graph.schedule is None:
+        dg.graph.descriptors()          # placement and counters only: nothing is uploaded
+    schedule = dg.graph.schedule
+    per_worker = sorted(len(lst) for lst in schedule.lists)
+    nops = sum(1 for lst in schedule.lists for inst in lst if inst.node < 0)
+    return {"batch": dg.batch, "nodes": len(dg.graph), "by_kind": dict(dg.kinds),
+            "counters": len(schedule.counter_sizes), "nop_join_points": nops,
+            "instructions": schedule.instruction_count,
+            "per_worker": {"min": per_worker[0], "median": per_worker[len(per_worker) // 2], "max": per_worker[-1]},
+            "waits": sum(len(inst.waits) for lst in schedule.lists for inst in lst)}

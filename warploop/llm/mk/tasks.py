@@ -1,0 +1,129 @@
+"""The decode graph's tasks, registered once per Plan (model dtype and shapes as constexprs).
+
+The functions below are plain Python; `tasks_for(plan)` makes a Triton function of each (a copy
+named after the plan, so each plan's tasks get their own opcodes) and registers it with the
+plan's pointer types and constexprs. A Runtime started with `tasks_for(plan).all` is then a
+resident kernel compiled for that one model shape: no run-time shape arguments in the hot loops.
+
+Pointer hints: weight matrices and the graph's own buffers are `:16` (16-byte aligned, so loads
+are wide on the GPU); biases, norms and KV-cache layers are not promised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+
+import triton
+import triton.language as tl
+
+import warploop
+from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
+from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
+from warploop.llm.mk.layout import Plan
+from warploop.llm.mk.tokens import argmax_node, embed_node
+
+
+def mk_embed(inp, table, res, d, BK: tl.constexpr):
+    embed_node(inp, table, res, d, BK)
+
+
+def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
+           BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_node(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, R, BN, BK,
+              BACKEND)
+
+
+def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_node(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, R, BN, BK,
+              BACKEND)
+
+
+def mk_proj_res(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
+              BACKEND)
+
+
+def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, BACKEND: tl.constexpr):
+    gemv_node(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, R, BN, BK,
+              BACKEND)
+
+
+def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
+               HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr, BACKEND: tl.constexpr):
+    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
+
+
+def mk_attn(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
+            HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr,
+            BACKEND: tl.constexpr):
+    attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
+
+
+def mk_combine(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+               S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
+    combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP, BACKEND)
+
+
+def mk_argmax(inp, logits, tokens, vocab, BK: tl.constexpr):
+    argmax_node(inp, logits, tokens, vocab, BK)
+
+
+def _signatures(dt: str) -> dict:
+    w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
+    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": p, "out": a, "k": "i32", "row0": "i32",
+            "count": "i32", "eps": "fp32", "has_bias": "i32"}
+    return {
+        mk_embed: {"inp": "*i32", "table": w, "res": a, "d": "i32"},
+        mk_qkv: {**gemv, "n_out": "i32"},
+        mk_gate_up: {**gemv, "f": "i32"},
+        mk_proj_res: {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
+                      "count": "i32", "has_bias": "i32"},
+        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": p, "logits": f32, "k": "i32", "vocab": "i32",
+                     "row0": "i32", "count": "i32", "eps": "fp32"},
+        mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "g": "i32",
+                     "eps": "fp32", "has_qk_norm": "i32"},
+        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "g": "i32", "split": "i32",
+                  "scale": "fp32"},
+        mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "g": "i32"},
+        mk_argmax: {"inp": "*i32", "logits": f32, "tokens": "*i32", "vocab": "i32"},
+    }
+
+
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_proj_res, mk_lm_head)   # they issue weight loads, then wl.wait
+
+
+@dataclasses.dataclass(frozen=True)
+class MkTasks:
+    embed: object
+    qkv: object
+    gate_up: object
+    proj_res: object
+    lm_head: object
+    rope_kv: object
+    attn: object
+    combine: object
+    argmax: object
+
+    @property
+    def all(self) -> list:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+@functools.cache
+def tasks_for(plan: Plan) -> MkTasks:
+    """The plan's registered tasks (made once per plan per process)."""
+    consts = plan.constexprs()
+    made = {}
+    for fn, signature in _signatures(plan.dtype).items():
+        copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+        copy.__qualname__ = f"{fn.__qualname__}[{plan.key}]"
+        copy.__module__ = fn.__module__
+        params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+        mine = {name: value for name, value in consts.items() if name in params}
+        made[fn.__name__.removeprefix("mk_")] = warploop.task(
+            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE)(triton.jit(copy))
+    return MkTasks(**made)
