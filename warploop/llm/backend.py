@@ -82,3 +82,6 @@ class Backend(abc.ABC):
 
     def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""
+
+    def close(self) -> None:  # noqa: B027 (an optional hook)
+        """Release what outlives the engine's loop (worker processes); idempotent; Engine.close calls it."""
