@@ -4,7 +4,9 @@ gpt-fast-style torch.compile model on one GPU; tokens/s of two replicas at batch
 bandwidth floor of each (weight bytes, divided by the number of GPUs sharing them, over the measured
 copy bandwidth). Needs two GPUs; scripts/device_tp.sh runs it one part per call.
 
-    python scripts/bench_tp.py --part one|tp|compile|replicas [--dir /tmp/llama8b] > part.json
+    python scripts/bench_tp.py --part one|tp|tp_eager|compile|replicas [--dir DIR] > part.json
+
+(tp_eager: TP=2 without CUDA graphs, the fallback if capturing NCCL all-reduces fails on a machine.)
 
 The weights are written once as a checkpoint (`--dir`), so one GPU, TP=2 (each rank reads only its
 slices) and the replicas all run the same values.
@@ -92,7 +94,7 @@ def main() -> int:
     from warploop.bench.decode import _copy_gbps, _guard, _measure_compiled
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("one", "tp", "compile", "replicas"), required=True)
+    parser.add_argument("--part", choices=("one", "tp", "tp_eager", "compile", "replicas"), required=True)
     parser.add_argument("--dir", default="/tmp/llama-3.1-8b-random")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -110,10 +112,11 @@ def main() -> int:
                   floor_ms_tp2=round(nbytes / 2 / copy / 1e6, 4))
     options = dict(device="cuda", dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
                    enable_prefix_caching=False, progress=False)
-    if args.part in ("one", "tp"):
+    if args.part in ("one", "tp", "tp_eager"):
         from warploop.llm.engine import Engine
 
-        with Engine.from_model(str(path), tensor_parallel=2 if args.part == "tp" else 1, **options) as engine:
+        with Engine.from_model(str(path), tensor_parallel=1 if args.part == "one" else 2,
+                               use_cuda_graphs=args.part != "tp_eager", **options) as engine:
             result[args.part] = _guard(measure, engine, args.steps, args.repeats)
     elif args.part == "compile":
         def prompts(b: int, length: int = 32):

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 13 on nvidia-h200-x2, one part per device call (each well under the 10-minute limit):
 #   PART=tests     the NCCL tests (tests/test_tp_gpu.py) and the TP/replica CPU tests
-#   PART=one|tp|compile|replicas   scripts/bench_tp.py --part $PART > $OUT/tp-$PART.json
+#   PART=one|tp|tp_eager|compile|replicas   scripts/bench_tp.py --part $PART > $OUT/tp-$PART.json
 # The first bench part writes the random Llama-3.1-8B checkpoint to /tmp (about 16 GB, a minute);
 # later parts in the same warm machine reuse it. NVLink multicast stays off.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0

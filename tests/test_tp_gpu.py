@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL (skipped without two GPUs): two ranks' logits equal one GPU's for the
 tiny model and a random Qwen3 with a replicated KV head (fp32, as on the CPU), and the engine's greedy
-tokens equal one GPU's for 32 steps with CUDA graphs captured around the all-reduces."""
+tokens equal one GPU's for 32 steps, with CUDA graphs captured around the all-reduces and without."""
 from __future__ import annotations
 
 import pytest
@@ -43,13 +43,14 @@ def test_nccl_two_ranks_match_one_gpu(model, tmp_path):
         tp.close()
 
 
-def test_greedy_tokens_equal_one_gpu_for_32_steps():
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
+def test_greedy_tokens_equal_one_gpu_for_32_steps(graphs):
     from warploop.llm.engine import Engine, SamplingParams
 
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     outs = []
     for n in (1, 2):
         with Engine.from_model("tiny", device="cuda", dtype="float32", num_kv_blocks=64, max_num_seqs=4,
-                               progress=False, tensor_parallel=n) as engine:
+                               progress=False, tensor_parallel=n, use_cuda_graphs=graphs) as engine:
             outs.append([engine.generate(p, params).token_ids for p in ("def add(a, b):", "import os\n")])
     assert outs[0] == outs[1] and all(len(t) == 32 for t in outs[0])
