@@ -84,4 +84,5 @@ class Backend(abc.ABC):
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""
 
     def close(self) -> None:  # noqa: B027 (an optional hook)
-        """Release what the backend started (the megakernel's resident runtime); the engine calls it last."""
+        """Release what the backend started (the megakernel's resident runtime, tensor-parallel worker
+        processes); idempotent; Engine.close calls it after the loop's last step."""

@@ -107,20 +107,32 @@ class TorchBackend(Backend):
 
     def _layers(self, ids, positions, slots, attend):
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
-        x = F.embedding(ids, self.w.embed)
+        x = self._embed(ids)
         residual = None
         for i, lw in enumerate(self.w.layers):
             h, residual = ops.rms_norm(x, lw.input_norm, eps, residual)
             qkv = F.linear(h, lw.qkv, lw.qkv_bias)
             q, k, v = ops.qk_rope_cache(qkv, positions, self.cos, self.sin, self.kv[i, 0], self.kv[i, 1], slots,
                                         cfg.num_heads, cfg.num_kv_heads, lw.q_norm, lw.k_norm, eps)
-            x = F.linear(attend(i, q, k, v), lw.o, lw.o_bias)
+            x = self._all_reduce(F.linear(attend(i, q, k, v), lw.o, lw.o_bias))
             h, residual = ops.rms_norm(x, lw.post_norm, eps, residual)
-            x = F.linear(ops.silu_mul(F.linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias)
+            x = self._all_reduce(F.linear(ops.silu_mul(F.linear(h, lw.gate_up, lw.gate_up_bias)), lw.down,
+                                          lw.down_bias))
         return x, residual
 
     def _logits(self, x, residual, rows) -> torch.Tensor:
         if rows is not None:
             x, residual = x.index_select(0, rows), residual.index_select(0, rows)
         h, _ = self.ops.rms_norm(x, self.w.norm, self.config.rms_norm_eps, residual)
+        return self._lm_head(h)
+
+    # Hooks that tensor parallelism (warploop/llm/tp/backend.py) overrides; identities on one device.
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.w.embed)
+
+    def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.w.lm_head).float()

@@ -89,8 +89,10 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
 def build_engine(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, progress: bool = True,
-                 use_cuda_graphs: bool = True, backend: str | None = None):
-    """An Engine for `tiny` or a Hugging Face-format directory; backend: 'torch' or 'megakernel'."""
+                 use_cuda_graphs: bool = True, backend: str | None = None, tensor_parallel: int = 1):
+    """An Engine for `tiny` or a Hugging Face-format directory; backend: 'torch' or 'megakernel'; with
+    `tensor_parallel` N > 1, over N ranks (N GPUs, or N processes on the CPU), each holding 1/N of the
+    model (warploop/llm/tp)."""
     from warploop.llm.engine import Engine
     from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, resolve_model_dir
     from warploop.llm.tokenizer import Tokenizer
@@ -100,10 +102,25 @@ def build_engine(model: str, *, device: str | None = None, dtype: str | None = N
     cfg = load_config(path)
     tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
     dev = torch_device(device)
-    weights = load_weights(path, cfg, dev, torch_dtype(dtype, cfg, checkpoint_dtype(path)), progress=progress)
-    runner, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                                        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                        use_cuda_graphs=use_cuda_graphs, backend=backend)
+    torch_type = torch_dtype(dtype, cfg, checkpoint_dtype(path))
+    if tensor_parallel != 1:
+        if backend not in (None, "torch"):
+            raise ValueError(f"--backend {backend} does not run under --tensor-parallel yet: use --backend torch")
+        from warploop.llm.tp.build import RankJob, build_tp_backend
+
+        max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        job = RankJob(cfg, str(path), str(torch_type).removeprefix("torch."), block_size, num_kv_blocks, max_num_seqs,
+                      max_len, use_cuda_graphs)
+        backend, max_context = build_tp_backend(cfg, tensor_parallel, dev, job)
+    else:
+        weights = load_weights(path, cfg, dev, torch_type, progress=progress)
+        backend, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                             use_cuda_graphs=use_cuda_graphs, backend=backend)
     name = "tiny" if model == "tiny" else os.path.basename(os.path.normpath(str(path)))
-    return Engine(cfg, runner, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
-                  max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)
+    try:
+        return Engine(cfg, backend, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
+                      max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)
+    except BaseException:
+        backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
+        raise

@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the model's own")
     parser.add_argument("--backend", choices=("torch", "megakernel"), default=None,
                         help="the engine's backend: per-op torch (the default) or the decode megakernel")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="split the model over N GPUs (N processes on the CPU); default 1")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "token_ids", "ttft_ms", "ms_per_token"} instead of streaming')
 
@@ -37,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed,
                                 repetition_penalty=args.repetition_penalty, stop=args.stop)
         engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, max_num_seqs=1,
-                                   backend=args.backend, progress=not args.json and sys.stderr.isatty())
+                                   backend=args.backend, progress=not args.json and sys.stderr.isatty(),
+                                   tensor_parallel=args.tensor_parallel)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"warploop generate: {e}", file=sys.stderr)
         return 2

@@ -133,10 +133,10 @@ class Engine:
         with self._cv:
             self._closed = True
             self._cv.notify()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
-        if not self._thread.is_alive():     # the loop thread, the backend's only user, has stopped
-            self.backend.close()
+        if threading.current_thread() is not self._thread:
+            if self._thread.is_alive():
+                self._thread.join()
+            self.backend.close()   # after the loop's last step: it may stop processes that step used
 
     def __enter__(self) -> Engine:
         return self

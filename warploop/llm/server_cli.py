@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument("--backend", choices=("torch", "megakernel"), default=None,
                         help="per-op torch (the default) or the decode megakernel")
+    engine.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="split the model over N GPUs (N processes on the CPU); default 1")
+    engine.add_argument("--replicas", type=int, default=1, metavar="N",
+                        help="run N engines, each in its own process on its own GPU(s), behind this endpoint; "
+                             "requests go to the least busy (default 1; docs/parallel.md)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -74,10 +79,26 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+def _engine(args: argparse.Namespace):
+    """One Engine, or with --replicas N a pool of N behind the same interface; errors as one line."""
+    from warploop.llm.engine import Engine
+    from warploop.llm.replicas import ReplicaPool
+
+    options = dict(device=args.device, dtype=args.dtype, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                   max_batch_tokens=args.max_batch_tokens, enable_prefix_caching=not args.no_prefix_caching,
+                   tensor_parallel=args.tensor_parallel, backend=args.backend)
+    try:
+        if args.replicas != 1:
+            return ReplicaPool(args.model, args.replicas, **options)
+        return Engine.from_model(args.model, **options)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise SystemExit(f"warploop serve: {e}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from warploop.llm.engine import Engine
     from warploop.llm.server import create_app
 
     sock = bind(args.host, args.port)
@@ -88,11 +109,7 @@ def main(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     engine = None
     try:
-        engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
-                                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
-                                   max_num_seqs=args.max_num_seqs,
-                                   max_batch_tokens=args.max_batch_tokens,
-                                   enable_prefix_caching=not args.no_prefix_caching, backend=args.backend)
+        engine = _engine(args)
         app = create_app(engine, api_key=args.api_key)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
         host, port = sock.getsockname()[:2]

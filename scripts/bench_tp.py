@@ -1,0 +1,137 @@
+"""Tensor parallelism and replicas on Llama-3.1-8B shapes (bf16, random weights), issue 13's figures:
+ms/token at batch 1 and tokens/s at batch 32 on one GPU, with --tensor-parallel 2, and for the
+gpt-fast-style torch.compile model on one GPU; tokens/s of two replicas at batch 32 each; the
+bandwidth floor of each (weight bytes, divided by the number of GPUs sharing them, over the measured
+copy bandwidth). Needs two GPUs; scripts/device_tp.sh runs it one part per call.
+
+    python scripts/bench_tp.py --part one|tp|tp_eager|compile|replicas [--dir DIR] > part.json
+
+(tp_eager: TP=2 without CUDA graphs, the fallback if capturing NCCL all-reduces fails on a machine.)
+
+The weights are written once as a checkpoint (`--dir`), so one GPU, TP=2 (each rank reads only its
+slices) and the replicas all run the same values.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.rope import RopeConfig
+
+LLAMA_3_1_8B = ModelConfig(
+    family="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+    rope=RopeConfig(rope_type="llama3", theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192),
+    dtype="bfloat16", eos_token_ids=(128001,), bos_token_id=128000)
+MAX_LEN, BATCH = 1024, 32
+
+
+def write_checkpoint(path: Path) -> None:
+    """config.json, a byte-level tokenizer and random bf16 weights, one safetensors file per 4 layers."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.llm_helpers import save_tokenizer
+    from warploop.llm.weights import checkpoint_shapes
+
+    cfg = LLAMA_3_1_8B
+    path.mkdir(parents=True, exist_ok=True)
+    rope = cfg.rope
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings, "tie_word_embeddings": False, "dtype": "bfloat16",
+        "rope_theta": rope.theta, "rope_scaling": {"rope_type": "llama3", "factor": rope.factor,
+                                                   "low_freq_factor": rope.low_freq_factor,
+                                                   "high_freq_factor": rope.high_freq_factor,
+                                                   "original_max_position_embeddings": 8192},
+        "eos_token_id": 128001, "bos_token_id": 128000}))
+    save_tokenizer(path)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    groups: dict[str, dict] = {}
+    for name, shape in checkpoint_shapes(cfg).items():
+        layer = name.split(".")[2] if name.startswith("model.layers.") else "head"
+        key = "head" if layer == "head" else f"{int(layer) // 4:02d}"
+        t = torch.ones(shape, device="cuda", dtype=torch.bfloat16) if name.endswith("norm.weight") else \
+            torch.randn(shape, device="cuda", generator=gen).mul_(0.02).to(torch.bfloat16)
+        groups.setdefault(key, {})[name] = t.cpu()
+    for key, tensors in groups.items():
+        save_file(tensors, str(path / f"model-{key}.safetensors"))
+
+
+def measure(engine, steps: int, repeats: int, batch: int = BATCH) -> dict:
+    import torch
+
+    from warploop.bench.decode import _engine_tok_s, _median
+    from warploop.llm.params import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+
+    def prompts(b: int):
+        return torch.randint(0, LLAMA_3_1_8B.vocab_size, (b, 32), generator=gen)
+
+    params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
+    out = {}
+    if hasattr(engine, "generate"):   # one engine (a replica pool is measured at batch only)
+        engine.generate(prompts(1)[0].tolist(), params)
+        out["ms_per_token_bs1"] = _median(repeats, lambda: engine.generate(prompts(1)[0].tolist(),
+                                                                            params).ms_per_token)
+    _engine_tok_s(engine, prompts(batch), params, 8)
+    out[f"tok_s_bs{batch}"] = _median(repeats, lambda: _engine_tok_s(engine, prompts(batch), params, steps))
+    return out
+
+
+def main() -> int:
+    import torch
+
+    from warploop.bench.common import header
+    from warploop.bench.decode import _copy_gbps, _guard, _measure_compiled
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=("one", "tp", "tp_eager", "compile", "replicas"), required=True)
+    parser.add_argument("--dir", default="/tmp/llama-3.1-8b-random")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    path = Path(args.dir)
+    if not (path / "config.json").is_file():
+        write_checkpoint(path)
+    result = header("tp")
+    result.update(part=args.part, model="Llama-3.1-8B shapes, bf16, random weights", steps=args.steps,
+                  repeats=args.repeats, gpus=torch.cuda.device_count(),
+                  nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"))
+    copy = _copy_gbps(torch.device("cuda", 0))
+    nbytes = LLAMA_3_1_8B.num_parameters() * 2
+    result.update(copy_gbps=round(copy, 1), weight_bytes=nbytes, floor_ms_1gpu=round(nbytes / copy / 1e6, 4),
+                  floor_ms_tp2=round(nbytes / 2 / copy / 1e6, 4))
+    options = dict(device="cuda", dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
+                   enable_prefix_caching=False, progress=False)
+    if args.part in ("one", "tp", "tp_eager"):
+        from warploop.llm.engine import Engine
+
+        with Engine.from_model(str(path), tensor_parallel=1 if args.part == "one" else 2,
+                               use_cuda_graphs=args.part != "tp_eager", **options) as engine:
+            result[args.part] = _guard(measure, engine, args.steps, args.repeats)
+    elif args.part == "compile":
+        def prompts(b: int, length: int = 32):
+            return torch.randint(0, LLAMA_3_1_8B.vocab_size, (b, length), device="cuda")
+
+        result["torch_compile"] = _guard(_measure_compiled, LLAMA_3_1_8B, torch.device("cuda"), torch.bfloat16,
+                                         prompts, args.repeats, args.steps)
+    else:
+        from warploop.llm.replicas import ReplicaPool
+
+        with ReplicaPool(str(path), 2, **options) as pool:
+            result["replicas2"] = _guard(measure, pool, args.steps, args.repeats, 2 * BATCH)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
