@@ -76,7 +76,7 @@ def reference(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor) -> torch.Tens
     return (w2.double() @ (h * torch.sigmoid(h))).float()
 
 
-def main() -> None:
+def main() -> int:
     with warploop.Runtime(tasks=TASKS) as rt:
         device = "cpu" if rt.backend == "cpu" else "cuda"
         dim, hidden = (64, 128) if device == "cpu" else (1024, 4096)
@@ -92,7 +92,8 @@ def main() -> None:
             worst = max(worst, float((y - ref).norm() / ref.norm()))
         print(f"{rt.backend}: {len(g)} tiles on {rt.workers} workers, 3 replays, worst relative error "
               f"{worst:.1e}: {'ok' if worst < 1e-4 else 'MISMATCH'}")
+    return 0 if worst < 1e-4 else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

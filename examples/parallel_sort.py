@@ -111,15 +111,16 @@ def sort(rt: warploop.Runtime, data: torch.Tensor, timeout: float | None = None)
     return data if where == 1 else tmp
 
 
-def main() -> None:
+def main() -> int:
     with warploop.Runtime(tasks=TASKS) as rt:
         device = "cpu" if rt.backend == "cpu" else "cuda"
-        data = torch.randn(1000 if device == "cpu" else 100_000, device=device)
+        data = torch.randn(1000 if device == "cpu" else 1 << 20, device=device)
         expected = torch.sort(data).values
         out = sort(rt, data.clone())
         ok = torch.equal(out, expected)
         print(f"{rt.backend}: sorted {data.numel()} values on {rt.workers} workers: {'ok' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -66,7 +66,7 @@ def tree_sum(rt: warploop.Runtime, x: torch.Tensor, timeout: float | None = None
     return float(tree[0])
 
 
-def main() -> None:
+def main() -> int:
     with warploop.Runtime(tasks=TASKS) as rt:
         device = "cpu" if rt.backend == "cpu" else "cuda"
         x = torch.randn(5000 if device == "cpu" else 1_000_000, device=device)
@@ -74,7 +74,8 @@ def main() -> None:
         ok = abs(total - expected) <= 1e-4 * max(1.0, float(x.abs().sum()))
         print(f"{rt.backend}: sum of {x.numel()} values = {total:.4f} (float64 reference {expected:.4f}): "
               f"{'ok' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
