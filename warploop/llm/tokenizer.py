@@ -6,6 +6,7 @@ within the bounds of warploop.llm.chat_template.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -59,6 +60,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest token, in characters of its vocabulary entry. Byte-level vocabularies spell
+        each byte as one character, so a text of n characters has at least n / max_token_chars tokens."""
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. A text that already starts with the BOS token (a rendered chat
