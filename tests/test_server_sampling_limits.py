@@ -2,6 +2,7 @@
 from the batch it shares (in process, on the tiny model: fast)."""
 from __future__ import annotations
 
+import os
 import queue
 
 import pytest
@@ -14,7 +15,8 @@ PROMPT = "def main():\n"
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine.from_model("tiny", device="cpu", num_kv_blocks=64, progress=False) as engine:
+    device = os.environ.get("WARPLOOP_DEVICE") or "cpu"  # WARPLOOP_DEVICE=cuda runs these on a GPU
+    with Engine.from_model("tiny", device=device, num_kv_blocks=64, progress=False) as engine:
         yield engine
 
 
@@ -47,30 +49,38 @@ def test_tiny_temperature_is_greedy_and_tiny_top_p_keeps_the_best_token(engine):
     assert engine.generate(PROMPT, tiny_p).token_ids == greedy
 
 
-def test_a_poisoned_request_fails_alone_beside_four_good_ones(engine):
+@pytest.mark.parametrize("poison_at", [1, 3])  # after the prefill; mid-decode, where steps overlap
+def test_a_poisoned_request_fails_alone_beside_four_good_ones(engine, caplog, poison_at):
     good = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     reference = engine.generate(PROMPT, good).token_ids
     events: queue.Queue = queue.Queue()
     poisoned = SamplingParams(max_tokens=12, temperature=0.7, seed=1, ignore_eos=True)
+    seen = []
 
-    def poison_after_first_token(event):
+    def poison_later(event):
         # Change the params after every check ran, once the request is batched with the others:
         # the sampler's next step overflows on it, as an unchecked top_k >= 2**63 did.
-        poisoned.top_k = 2**63
-        events.put(("bad", event))
+        seen.append(event)
+        if len(seen) == poison_at:
+            poisoned.top_k = 2**63
+        events.put(event)
 
-    ids = [engine.add_request(engine.tokenizer.encode(PROMPT), good, lambda e: events.put(("good", e)))
-           for _ in range(4)]
-    bad_id = engine.add_request(engine.tokenizer.encode(PROMPT), poisoned, poison_after_first_token)
+    ids = [engine.add_request(engine.tokenizer.encode(PROMPT), good, events.put) for _ in range(4)]
+    bad_id = engine.add_request(engine.tokenizer.encode(PROMPT), poisoned, poison_later)
     finals, tokens = {}, {rid: [] for rid in ids}
     while len(finals) < 5:
-        kind, event = events.get(timeout=60)
+        event = events.get(timeout=60)
         if event.request_id in tokens and event.token_id is not None:
             tokens[event.request_id].append(event.token_id)
         if event.finish_reason:
             finals[event.request_id] = event
     assert finals[bad_id].finish_reason == "abort" and "Overflow" in finals[bad_id].error
+    # the step already in flight when the poison landed still completes: at most one token more
+    assert poison_at <= finals[bad_id].completion_tokens <= poison_at + 1
     for rid in ids:
         assert finals[rid].finish_reason == "length" and finals[rid].error is None
         assert tokens[rid] == reference
     assert engine.stats()["running"] == 0
+    assert "a step of 5 requests failed" in caplog.text  # it did share a step with the good ones
+    if poison_at > 1:
+        assert "overlapped decode step failed" in caplog.text
