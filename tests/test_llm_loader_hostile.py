@@ -166,3 +166,31 @@ def test_bounded_template_still_renders_normal_chats(path):
     tok = with_template(path, "{% for m in messages %}{{ loop.index }}{{ m['content'] * 2 }}"
                               "{% endfor %}{% for i in range(3) %}.{% endfor %}")
     assert tok.apply_chat_template(HI * 3) == "1hihi2hihi3hihi..."
+
+
+def test_chat_template_loop_over_strings_is_stopped_at_the_deadline(path, monkeypatch):
+    from warploop.llm import chat_template
+
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.5)
+    tok = with_template(path, "{% for a in 'x' * 100000 %}{% for b in 'y' * 100000 %}{% endfor %}{% endfor %}")
+    start = time.perf_counter()
+    with pytest.raises(TokenizerError, match=r"ran longer than 0\.5 s"):
+        tok.apply_chat_template(HI)
+    assert time.perf_counter() - start < 3
+    time.sleep(0.7)  # past the deadline: a stray interrupt would land here, in the caller
+    assert with_template(path, "{{ messages[0]['content'] }}").apply_chat_template(HI) == "hi"
+
+
+def test_watchdog_never_fires_into_the_caller_after_a_render(path, monkeypatch):
+    from warploop.llm import chat_template
+
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.001)  # deadlines expiring around the render's end
+    tok = with_template(path, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    outcomes = set()
+    for _ in range(300):
+        try:
+            outcomes.add(tok.apply_chat_template(HI))
+        except TokenizerError as e:
+            outcomes.add("stopped" if "ran longer" in str(e) else str(e))
+        sum(range(2000))  # Python work right after the render, where an undelivered interrupt would land
+    assert outcomes <= {"hi", "stopped"}

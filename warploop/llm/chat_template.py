@@ -3,17 +3,21 @@ bounds on work, output and time.
 
 A chat template is code that came with the model directory. The sandbox keeps it from reaching
 Python internals; the bounds keep one template (or one request feeding it) from taking the server
-down: every `range` draws from a per-render budget, `*` and `**` may not build huge values, the output is
-capped, and the deadline is checked at each range step and each output piece. Any failure, a
-Python one included (ZeroDivisionError, RecursionError), becomes one ChatTemplateError.
+down: every `range` draws from a per-render budget, `*` and `**` may not build huge values, the
+output is capped, and a watchdog stops a render past its deadline, whatever it loops over. Any
+failure, a Python one included (ZeroDivisionError, RecursionError), becomes one ChatTemplateError.
+
+Not bounded: memory a template builds by repeated `~` concatenation within the deadline (a
+doubling string reaches gigabytes in about 30 steps); the template is the model's, so a model
+directory from an untrusted source is still untrusted code.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import functools
 import json
 import threading
-import time
 
 MAX_RANGE_STEPS = 1_000_000      # `range` items a render may iterate over, all loops together
 MAX_OUTPUT_CHARS = 16 << 20      # rendered text; far beyond any context, far below the memory
@@ -25,17 +29,56 @@ class ChatTemplateError(ValueError):
     """The chat template failed or exceeded its bounds while rendering."""
 
 
+class _Overtime(BaseException):
+    """Raised in a render past its deadline. A BaseException, so that no `except Exception` inside
+    Jinja can swallow it."""
+
+
+class _Watchdog:
+    """Stops the calling thread's render after `seconds`: a timer raises _Overtime in it
+    (PyThreadState_SetAsyncExc), which Python delivers between bytecodes, so any loop of the
+    compiled template stops, over whatever it iterates. Leaving the block cancels the timer and,
+    under the same lock, clears an exception not yet delivered, so none can escape the render."""
+
+    def __init__(self, seconds: float) -> None:
+        self._thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._active, self._fired = True, False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._active = False
+            if self._fired:
+                _raise_in(self._thread, None)
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._active:
+                self._fired = True
+                _raise_in(self._thread, _Overtime)
+
+
+def _raise_in(thread: int, exc_type: type | None) -> None:
+    """Schedule `exc_type` in `thread` (None: cancel a scheduled one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                               ctypes.py_object(exc_type) if exc_type else None)
+
+
 class _Budget(threading.local):
-    """The running render's limits, per thread: the server renders in a thread pool."""
+    """The running render's range budget, per thread: the server renders in a thread pool."""
     steps = 0
-    deadline = float("inf")
 
     def spend(self, steps: int) -> None:
         self.steps += steps
         if self.steps > MAX_RANGE_STEPS:
             raise ChatTemplateError(f"it iterates over more than {MAX_RANGE_STEPS} range items")
-        if time.monotonic() > self.deadline:
-            raise ChatTemplateError(f"it ran longer than {MAX_SECONDS:g} s")
 
 
 _budget = _Budget()
@@ -95,15 +138,12 @@ def render_chat_template(source: str, **variables) -> str:
     """The template rendered with `variables`, or ChatTemplateError saying why not."""
     from jinja2.exceptions import TemplateError
 
-    _budget.steps, _budget.deadline = 0, time.monotonic() + MAX_SECONDS
-    pieces, size = [], 0
+    _budget.steps = 0
     try:
-        for piece in _compiled(source).generate(**variables):
-            size += len(piece)
-            if size > MAX_OUTPUT_CHARS:
-                raise ChatTemplateError(f"its output exceeds {MAX_OUTPUT_CHARS} characters")
-            _budget.spend(0)
-            pieces.append(piece)
+        with _Watchdog(MAX_SECONDS):
+            return _render(source, variables)
+    except _Overtime:
+        raise ChatTemplateError(f"the chat template was stopped: it ran longer than {MAX_SECONDS:g} s") from None
     except ChatTemplateError as e:
         raise ChatTemplateError(f"the chat template was stopped: {e}") from None
     except TemplateError as e:  # raise_exception(...) in the template, or a syntax error
@@ -113,6 +153,13 @@ def render_chat_template(source: str, **variables) -> str:
     except Exception as e:  # the template's own bug (1/0, a bad filter argument): not the server's
         raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}; fix the model's "
                                 "chat template") from None
-    finally:
-        _budget.deadline = float("inf")
+
+
+def _render(source: str, variables: dict) -> str:
+    pieces, size = [], 0
+    for piece in _compiled(source).generate(**variables):
+        size += len(piece)
+        if size > MAX_OUTPUT_CHARS:
+            raise ChatTemplateError(f"its output exceeds {MAX_OUTPUT_CHARS} characters")
+        pieces.append(piece)
     return "".join(pieces)
