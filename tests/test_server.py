@@ -7,89 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import pathlib
-import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from server_helpers import ABORTED, KEY, ROOT, Server
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 NEEDED = ["warploop/llm/engine.py", "warploop/llm/tiny/config.json"]
 MISSING = [p for p in NEEDED if not (ROOT / p).exists()]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"warploop serve --model tiny needs {', '.join(MISSING)}")
 
-SERVE = [sys.executable, "-m", "warploop.cli", "serve"]
-KEY = "test-key"
 BLOCK_SIZE = 16
 KV_BLOCKS = 16     # 256 tokens: 32 concurrent requests of at least one block each must queue for blocks
 MAX_TOKENS = 6     # small: the suite must stay fast on 2 shared cores
-START_TIMEOUT_S = 120
-ABORTED = "warploop_requests_finished_total{finish_reason=abort}"
-
-
-class Server:
-    def __init__(self, extra: list[str], log: pathlib.Path) -> None:
-        env = dict(os.environ, WARPLOOP_DEVICE="cpu", PYTHONUNBUFFERED="1")
-        self.log = log
-        self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([*SERVE, "--model", "tiny", "--port", "0", "--log-level", "warning", *extra],
-                                     stdout=self._log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        try:
-            self.url = self._wait_for_url()
-            self._wait_healthy()
-        except BaseException:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            match = re.search(r"serving .* on (http://\S+) ", self.log.read_text())
-            if match:
-                return match.group(1)
-            assert self.proc.poll() is None, f"warploop serve exited early:\n{self.log.read_text()}"
-            time.sleep(0.1)
-        raise AssertionError(f"warploop serve did not start in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
-
-    def _wait_healthy(self) -> None:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"/health never answered 200:\n{self.log.read_text()}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
-        return self.proc.returncode
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics, keyed 'name{label=value,...}' (no labels: just the name)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +174,22 @@ LONG = "<a prompt longer than the context>"
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n", None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools", None),
+    # JSON types as documented: no coercion
+    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 5.0}, 400, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream", None),
+    ("/v1/completions", {"prompt": "x", "seed": "7"}, 400, "seed", None),
+    ("/v1/completions", {"prompt": "x", "temperature": "0.5"}, 400, "temperature", None),
+    ("/v1/completions", {"prompt": [1, True]}, 400, "prompt", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", None),
+    # what the engine represents
+    ("/v1/completions", {"prompt": "x", "top_k": 2**63}, 400, "top_k", None),
+    ("/v1/completions", {"prompt": "x", "seed": 2**64}, 400, "seed", None),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": 1e-300}, 400, "repetition_penalty", None),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 20000}, 400, "stop", None),
+    ("/v1/completions", {"prompt": "x", "stop": "s" * 300}, 400, "stop", None),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(300))}, 400, "stop_token_ids", None),
 ])
 def test_bad_request_gets_openai_error(server, path, body, status, param, code):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -273,6 +222,34 @@ def test_openai_client_raises_typed_errors(server):
         good.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError, match="n=2"):
         good.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+
+
+def test_api_docs_need_the_key(server):
+    for path in ("/docs", "/redoc"):
+        assert httpx.get(f"{server.url}{path}", headers=AUTH).status_code == 404
+    assert httpx.get(f"{server.url}/openapi.json").status_code == 401
+    schema = httpx.get(f"{server.url}/openapi.json", headers=AUTH)
+    assert schema.status_code == 200 and "/v1/completions" in schema.json()["paths"]
+
+
+def test_tiny_temperature_and_top_p_are_not_token_zero_forever(client):
+    greedy = client.completions.create(model="tiny", prompt="def f(", max_tokens=MAX_TOKENS, temperature=0)
+    for extra in ({"temperature": 1e-38}, {"top_p": 1e-45, "seed": 5}):
+        out = client.completions.create(model="tiny", prompt="def f(", max_tokens=MAX_TOKENS, **extra)
+        assert out.choices[0].text == greedy.choices[0].text, extra
+
+
+def test_a_refused_request_does_not_disturb_four_good_ones(server):
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as http:
+            good = {"prompt": "import os", "max_tokens": MAX_TOKENS, "temperature": 0.5, "seed": 1}
+            bodies = [good] * 2 + [{**good, "top_k": 2**63}] + [good] * 2
+            return await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies))
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200, 200, 400, 200, 200]
+    assert responses[2].json()["error"]["param"] == "top_k"
+    assert len({r.json()["choices"][0]["text"] for i, r in enumerate(responses) if i != 2}) == 1
 
 
 def test_unknown_route_and_method(server):

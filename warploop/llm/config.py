@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 from warploop.llm.rope import RopeConfig
@@ -19,6 +20,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3", "qwen3": "qwen3",
 }
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_CONFIG_BYTES = 16 << 20
 
 
 class ConfigError(ValueError):
@@ -79,7 +81,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config.json must hold a JSON object, got a {type(raw).__name__}")
         archs = raw.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ConfigError(f"architectures must be a list of class names, got {archs!r}")
         key = archs[0] if archs else raw.get("model_type")
         family = ARCHITECTURES.get(key) or ARCHITECTURES.get(raw.get("model_type"))
         if family is None:
@@ -90,19 +96,16 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {act!r} is not supported (only silu)")
         if raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or []):
             raise ConfigError("sliding-window attention is not supported; set use_sliding_window to false")
-        try:
-            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-            layers, vocab = int(raw["num_hidden_layers"]), int(raw["vocab_size"])
-            inter = int(raw["intermediate_size"])
-        except KeyError as missing:
-            raise ConfigError(f"config.json lacks {missing.args[0]!r}") from None
-        max_pos = int(raw.get("max_position_embeddings", 2048))
+        hidden, heads = _positive_int(raw, "hidden_size"), _positive_int(raw, "num_attention_heads")
+        max_pos = _positive_int(raw, "max_position_embeddings", 2048)
         attention_bias = bool(raw.get("attention_bias", False))
         return cls(
-            family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-            num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), max_position_embeddings=max_pos,
+            family=family, vocab_size=_positive_int(raw, "vocab_size"), hidden_size=hidden,
+            intermediate_size=_positive_int(raw, "intermediate_size"),
+            num_layers=_positive_int(raw, "num_hidden_layers"), num_heads=heads,
+            num_kv_heads=_positive_int(raw, "num_key_value_heads", heads),
+            head_dim=_positive_int(raw, "head_dim", hidden // heads),
+            rms_norm_eps=_norm_eps(raw.get("rms_norm_eps", 1e-6)), max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or attention_bias, o_bias=family != "qwen2" and attention_bias,
             mlp_bias=bool(raw.get("mlp_bias", False)), qk_norm=family == "qwen3",
@@ -115,26 +118,60 @@ class ModelConfig:
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{file} does not exist: a model directory needs the Hugging Face config.json "
                                     "next to its .safetensors weights")
+        if os.path.getsize(file) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{file} is {os.path.getsize(file)} bytes; a config.json is a few KB: replace it")
         try:
-            with open(file) as f:
+            with open(file, encoding="utf-8") as f:
                 raw = json.load(f)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{file} is not valid JSON: {e}") from None
-        return cls.from_dict(raw)
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as e:
+            raise ConfigError(f"{file}: {e}") from None
+
+
+def _positive_int(raw: dict, key: str, default: int | None = None) -> int:
+    """raw[key] as a positive int; `default` when absent or null (None: the key is required)."""
+    value = raw.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # some exporters write 4096.0
+    if key not in raw:
+        raise ConfigError(f"config.json lacks {key!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}; fix it in config.json")
+    return value
+
+
+def _norm_eps(value) -> float:
+    # A negative or NaN epsilon loads, then turns every RMSNorm into NaN: refuse it here.
+    if not isinstance(value, int | float) or isinstance(value, bool) or not (math.isfinite(value) and 0 < value < 1):
+        raise ConfigError(f"rms_norm_eps must be a finite number in (0, 1), got {value!r}; fix it in config.json "
+                          "(1e-5 or 1e-6 for the supported families)")
+    return float(value)
 
 
 def _rope(raw: dict, max_pos: int) -> RopeConfig:
     params = raw.get("rope_parameters")
     if params is None:  # transformers 4.x layout
-        params = {**(raw.get("rope_scaling") or {}), "rope_theta": raw.get("rope_theta", 10000.0)}
-    elif "full_attention" in params:  # 5.x per-layer-type layout
+        scaling = raw.get("rope_scaling") or {}
+        if not isinstance(scaling, dict):
+            raise ConfigError(f"rope_scaling must be a JSON object or null, got {scaling!r}")
+        params = {**scaling, "rope_theta": raw.get("rope_theta", 10000.0)}
+    elif isinstance(params, dict) and "full_attention" in params:  # 5.x per-layer-type layout
         params = params["full_attention"]
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ConfigError("partial_rotary_factor other than 1.0 is not supported")
+    if not isinstance(params, dict):
+        raise ConfigError(f"rope_parameters must be a JSON object, got {params!r}")
     try:
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ConfigError("partial_rotary_factor other than 1.0 is not supported")
         return RopeConfig.from_hf(params, max_pos)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"rope parameters: {e}") from None
 
 
 def _dtype(raw: dict) -> str | None:
@@ -149,6 +186,7 @@ def _dtype(raw: dict) -> str | None:
 def _ids(value) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    values = [value] if isinstance(value, int) else value
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"eos_token_id must be an integer or a list of integers, got {value!r}")
+    return tuple(values)

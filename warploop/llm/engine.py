@@ -211,9 +211,27 @@ class Engine:
             self.blocks.append(seq, ahead)
         try:
             return launch(self.backend, batch, seqs, prefill)
-        except Exception as e:  # fail this step's requests, keep serving the others
-            self._fail(seqs, e)
+        except Exception as e:
+            if ahead:  # drop the overlapped step: the regular path runs these sequences next, isolating on failure
+                log.warning("overlapped decode step failed (%s: %s); running it unoverlapped", type(e).__name__, e)
+            elif len(seqs) == 1:
+                self._fail(seqs, e)
+            else:
+                self._isolate(seqs, prefill, e)
             return None
+
+    def _isolate(self, seqs: list[Sequence], prefill: bool, error: Exception) -> None:
+        """A batched step failed: run its sequences one at a time, so that a request at fault
+        (parameters no check caught) fails alone and the others go on."""
+        log.warning("a step of %d requests failed (%s: %s); running them one by one", len(seqs),
+                    type(error).__name__, error)
+        for seq in seqs:
+            try:
+                step = launch(self.backend, ModelBatch.from_sequences([seq]), [seq], prefill)
+            except Exception as e:
+                self._fail([seq], e)
+                continue
+            self._complete(step)
 
     def _follow_up_seqs(self, step: Step) -> list[Sequence]:
         """The sequences that decode right after `step` without the host seeing its ids: all of the

@@ -6,12 +6,15 @@ device, so a wrong or truncated checkpoint fails at once with the name of what i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.weights import ModelWeights, checkpoint_shapes, fuse
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
+FLOAT_CODES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}   # safetensors dtype codes we load
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 class ModelLoadError(ValueError):
@@ -38,8 +41,8 @@ def resolve_model_dir(model: str) -> Path:
 def load_config(path: str | Path) -> ModelConfig:
     try:
         return ModelConfig.from_dir(str(path))
-    except (ValueError, FileNotFoundError) as e:
-        raise ModelLoadError(f"{path}: {e}") from None
+    except (ValueError, FileNotFoundError) as e:  # the message names config.json
+        raise ModelLoadError(str(e)) from None
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -64,20 +67,39 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(path: str | Path, cfg: ModelConfig, device, dtype, progress: bool = True) -> ModelWeights:
-    """Read, check and fuse the checkpoint's tensors onto `device` in `dtype`."""
+def _open(file: Path):
     from safetensors import safe_open
 
+    if file.stat().st_size == 0:
+        raise ModelLoadError(f"{file} is empty; download it again")
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt headers
+        raise ModelLoadError(f"cannot read {file}: {e}; the file is truncated or corrupt: download it again") from None
+
+
+def _check_layers(path: Path, cfg: ModelConfig, names) -> None:
+    """The config's layer count against the checkpoint's, before anything is sized by it."""
+    found = {int(m.group(1)) for name in names if (m := _LAYER.match(name))}
+    if len(found) != cfg.num_layers:
+        raise ModelLoadError(f"num_hidden_layers is {cfg.num_layers} in config.json but the checkpoint has "
+                             f"{len(found)} layers; fix num_hidden_layers in {path / 'config.json'} or use the "
+                             "matching weights")
+
+
+def load_weights(path: str | Path, cfg: ModelConfig, device, dtype, progress: bool = True) -> ModelWeights:
+    """Read, check and fuse the checkpoint's tensors onto `device` in `dtype`.
+
+    Checked before anything is copied: the layer count, each tensor's presence, shape and dtype
+    (float only); checked on the device after conversion: every tensor is finite.
+    """
     path = Path(path)
-    handles, where = [], {}
+    where = {}
     for file in safetensors_files(path):
-        try:
-            handle = safe_open(str(file), framework="pt", device="cpu")
-        except Exception as e:  # safetensors raises its own error types for truncated headers
-            raise ModelLoadError(f"cannot read {file}: {e}") from None
-        handles.append(handle)
+        handle = _open(file)
         for name in handle.keys():
-            where[name] = handle
+            where[name] = (handle, file)
+    _check_layers(path, cfg, where)
     expected = checkpoint_shapes(cfg)
     missing = [n for n in expected if n not in where]
     if missing:
@@ -85,22 +107,27 @@ def load_weights(path: str | Path, cfg: ModelConfig, device, dtype, progress: bo
         raise ModelLoadError(f"the checkpoint in {path} lacks {', '.join(missing[:3])}{more}; "
                              "the weights are incomplete or belong to another architecture")
     for name, shape in expected.items():
-        actual = tuple(where[name].get_slice(name).get_shape())
+        handle, file = where[name]
+        tensor = handle.get_slice(name)
+        actual = tuple(tensor.get_shape())
         if actual != shape:
             raise ModelLoadError(f"{name} has shape {actual} in the checkpoint but config.json implies {shape}; "
                                  f"the config and the weights in {path} do not match")
-    return fuse(cfg, lambda name: where[name].get_tensor(name), device, dtype, progress=progress)
+        if tensor.get_dtype() not in FLOAT_CODES:
+            raise ModelLoadError(f"{name} in {file.name} is stored as {tensor.get_dtype()}; warploop loads float "
+                                 f"weights ({', '.join(FLOAT_CODES)}): use an unquantized checkpoint")
+    try:
+        return fuse(cfg, lambda name: where[name][0].get_tensor(name), device, dtype, progress=progress,
+                    check_finite=True)
+    except ValueError as e:  # non-finite weights, named by fuse
+        raise ModelLoadError(f"{path}: {e}") from None
 
 
 def checkpoint_dtype(path: str | Path) -> str | None:
     """The dtype of the first floating tensor in the checkpoint (used when config.json names none)."""
-    from safetensors import safe_open
-
-    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-    with safe_open(str(safetensors_files(Path(path))[0]), framework="pt", device="cpu") as handle:
+    with _open(safetensors_files(Path(path))[0]) as handle:
         for name in handle.keys():
             code = handle.get_slice(name).get_dtype()
-            if code in names:
-                return names[code]
+            if code in FLOAT_CODES:
+                return FLOAT_CODES[code]
     return None
-

@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI-compatible API, the error body, and the mapping to SamplingParams.
 
-Requests are validated strictly: an unknown field or a feature this server does not implement
-(n > 1, logprobs, penalties, tools, ...) is a 400 that names the parameter, never silently ignored.
+Requests are validated strictly: an unknown field, a value of the wrong JSON type (no coercion of
+"5" or true to 5) or a feature this server does not implement (n > 1, logprobs, penalties,
+tools, ...) is a 400 that names the parameter, never silently ignored. Value ranges the engine
+imposes are SamplingParams' (warploop.llm.params), reported with the same `param`.
 Beyond OpenAI's fields, the vLLM-style extensions top_k, min_p, repetition_penalty, ignore_eos and
 stop_token_ids are accepted.
 """
@@ -16,22 +18,24 @@ class APIError(Exception):
     """A failed request, answered with `status` and an OpenAI-style error body."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class _SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types as documented; "5" or true for an integer, "yes" for a boolean, is a 400
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -108,13 +112,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
     name: str | None = None

@@ -7,6 +7,9 @@ queue is only ever touched by the loop. Whoever consumes a request's events abor
 unless it finished: a client that disconnects (mid-stream, or while waiting for a non-streamed
 answer) thereby frees its KV blocks at once. Admission is the engine's: when the KV pool is full,
 requests wait in its queue rather than fail.
+
+What one client may hold (body size, header and body time, connections) is bounded by
+warploop.llm.server_limits; turning a body into prompt ids runs off the loop (server_prepare).
 """
 from __future__ import annotations
 
@@ -22,15 +25,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from warploop.llm.openai_schema import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    max_tokens_for,
-    parse_body,
-    sampling_kwargs,
-)
+from warploop.llm.openai_schema import APIError, ChatCompletionRequest, CompletionRequest
+from warploop.llm.server_limits import LimitBody, ServerLimits
 from warploop.llm.server_metrics import CountRequests, ServerMetrics
+from warploop.llm.server_prepare import RequestPreparer
 
 # OpenAI's default output budget for /v1/completions; chat defaults to whatever the context leaves.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -169,26 +167,27 @@ async def _collect(job: _EngineRequest) -> tuple[str, Any]:
     return "".join(parts), last
 
 
-def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
     """The FastAPI app serving `engine`. The caller owns the engine (and closes it after serving).
 
-    With `api_key`, every /v1 route requires `Authorization: Bearer <api_key>`; /health and /metrics
-    stay open for load balancers and scrapers.
+    With `api_key`, every /v1 route and /openapi.json require `Authorization: Bearer <api_key>`
+    (/docs and /redoc, which a browser loads without the header, are off); /health and /metrics
+    stay open for load balancers and scrapers. `limits` bound request bodies (ServerLimits()).
     """
-    from warploop.llm.engine import SamplingParams
-
     metrics = ServerMetrics(engine)
     started = int(time.time())
-    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine")
-    app.add_middleware(CountRequests, metrics=metrics)
+    docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", **docs)
+    app.add_middleware(LimitBody, limits=limits or ServerLimits())
+    app.add_middleware(CountRequests, metrics=metrics)  # added last: outermost, so it counts 413s too
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = {404: f"no route {request.url.path}; the API lives under /v1 (see /docs)",
+        message = {404: f"no route {request.url.path}; the API lives under /v1",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
         return JSONResponse(APIError(exc.status_code, str(message)).body(), status_code=exc.status_code,
                             headers=exc.headers)
@@ -218,6 +217,12 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
         return {"id": engine.model_name, "object": "model", "created": started, "owned_by": "warploop",
                 "max_model_len": engine.max_context}
 
+    if api_key is not None:
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(request: Request) -> dict:
+            authorize(request)
+            return app.openapi()
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": engine.model_name}
@@ -238,31 +243,14 @@ def create_app(engine: Any, api_key: str | None = None) -> FastAPI:
         check_model(model)
         return model_card()
 
-    def prompt_ids_of(body: CompletionRequest | ChatCompletionRequest) -> list[int]:
-        tokenizer = engine.tokenizer
-        if isinstance(body, ChatCompletionRequest):
-            try:
-                text = tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
-            except ValueError as exc:  # no chat template, or the template refused the messages
-                raise APIError(400, str(exc), param="messages") from None
-            return tokenizer.encode(text)
-        prompt = body.single_prompt()
-        return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)  # the engine checks ids
+    preparer = RequestPreparer(engine, check_model, COMPLETIONS_DEFAULT_MAX_TOKENS)
 
     async def generate(request: Request, schema: type) -> Response:
         authorize(request)
-        body = parse_body(await request.body(), schema)
-        check_model(body.model)
-        prompt_ids = prompt_ids_of(body)
-        chat = schema is ChatCompletionRequest
-        default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        max_tokens = max_tokens_for(body, len(prompt_ids), engine.max_context, default)
+        prepared = await preparer(await request.body(), schema)
+        body, chat = prepared.body, schema is ChatCompletionRequest
         try:
-            params = SamplingParams(**sampling_kwargs(body, max_tokens))
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
-        try:
-            job = _EngineRequest(engine, prompt_ids, params, metrics)
+            job = _EngineRequest(engine, prepared.prompt_ids, prepared.params, metrics)
         except ValueError as exc:  # the engine's own checks: token ids, context, stop strings
             raise APIError(400, str(exc)) from None
         except RuntimeError as exc:  # the engine is closed: shutting down

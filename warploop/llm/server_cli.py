@@ -6,10 +6,13 @@ after the load, and `--port 0` works (the chosen port is printed on the "serving
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import signal
 import socket
 import sys
+
+from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--replicas", type=int, default=1, metavar="N",
                         help="run N engines, each in its own process on its own GPU(s), behind this endpoint; "
                              "requests go to the least busy (default 1; docs/parallel.md)")
+    limits = parser.add_argument_group("limits per client")
+    limits.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes,
+                        help=f"largest request body; larger gets 413 (default {ServerLimits.max_body_bytes})")
+    limits.add_argument("--header-timeout", type=float, default=ServerLimits.header_timeout_s,
+                        help="seconds a connection gets to send its request headers, and to stay idle "
+                             f"between requests (default {ServerLimits.header_timeout_s:g})")
+    limits.add_argument("--body-timeout", type=float, default=ServerLimits.body_timeout_s,
+                        help=f"seconds a request gets to send its body; slower gets 408 "
+                             f"(default {ServerLimits.body_timeout_s:g})")
+    limits.add_argument("--max-connections", type=int, default=ServerLimits.max_connections,
+                        help="open connections served at once; more get 503 and are closed "
+                             f"(default {ServerLimits.max_connections})")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -101,6 +116,15 @@ def main(args: argparse.Namespace) -> int:
 
     from warploop.llm.server import create_app
 
+    try:
+        limits = ServerLimits(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
+                              body_timeout_s=args.body_timeout, max_connections=args.max_connections)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    connections, warning = fit_connections_to_fd_limit(limits.max_connections)
+    if warning:
+        print(warning, file=sys.stderr)
+        limits = dataclasses.replace(limits, max_connections=connections)
     sock = bind(args.host, args.port)
     if not _is_loopback(sock) and args.api_key is None:
         print(f"warning: serving on {args.host}, reachable from other machines, without --api-key",
@@ -110,8 +134,9 @@ def main(args: argparse.Namespace) -> int:
     engine = None
     try:
         engine = _engine(args)
-        app = create_app(engine, api_key=args.api_key)
-        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+        app = create_app(engine, api_key=args.api_key, limits=limits)
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
+                                http=guarded_protocol(limits), timeout_keep_alive=min(5, limits.header_timeout_s))
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"serving {engine.model_name!r} on {url} (OpenAI base URL: {url}/v1)", flush=True)

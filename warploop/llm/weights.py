@@ -62,36 +62,58 @@ def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def fuse(cfg: ModelConfig, get: Callable[[str], object], device, dtype, progress: bool = False) -> ModelWeights:
-    """Build ModelWeights from `get(name)` (CPU tensors with the checkpoint_shapes names)."""
+def fuse(cfg: ModelConfig, get: Callable[[str], object], device, dtype, progress: bool = False,
+         check_finite: bool = False) -> ModelWeights:
+    """Build ModelWeights from `get(name)` (CPU tensors with the checkpoint_shapes names).
+
+    With `check_finite`, ValueError names every tensor holding a NaN or an infinity once converted
+    to `dtype` (a float32 value past float16's range becomes one).
+    """
     import torch
 
-    def put(t):
-        return t.to(device=device, dtype=dtype).contiguous()
+    sums: list[tuple[str, object]] = []   # device-side sums, read back once at the end: one sync
+
+    def put(t, name):
+        t = t.to(device=device, dtype=dtype).contiguous()
+        if check_finite:
+            sums.append((name, t.sum(dtype=torch.float32)))  # NaN or inf anywhere makes the sum non-finite
+        return t
 
     def cat(*names):
-        return put(torch.cat([get(n) for n in names]))
+        return put(torch.cat([get(n) for n in names]), " / ".join(names))
+
+    def one(name):
+        return put(get(name), name)
 
     def maybe(flag, *names):
-        return (cat(*names) if len(names) > 1 else put(get(names[0]))) if flag else None
+        return (cat(*names) if len(names) > 1 else one(names[0])) if flag else None
 
     layers = []
     for i in _progress(range(cfg.num_layers), progress):
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
         layers.append(LayerWeights(
-            input_norm=put(get(p + "input_layernorm.weight")),
+            input_norm=one(p + "input_layernorm.weight"),
             qkv=cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
             qkv_bias=maybe(cfg.qkv_bias, a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-            o=put(get(a + "o_proj.weight")), o_bias=maybe(cfg.o_bias, a + "o_proj.bias"),
-            post_norm=put(get(p + "post_attention_layernorm.weight")),
+            o=one(a + "o_proj.weight"), o_bias=maybe(cfg.o_bias, a + "o_proj.bias"),
+            post_norm=one(p + "post_attention_layernorm.weight"),
             gate_up=cat(m + "gate_proj.weight", m + "up_proj.weight"),
             gate_up_bias=maybe(cfg.mlp_bias, m + "gate_proj.bias", m + "up_proj.bias"),
-            down=put(get(m + "down_proj.weight")), down_bias=maybe(cfg.mlp_bias, m + "down_proj.bias"),
+            down=one(m + "down_proj.weight"), down_bias=maybe(cfg.mlp_bias, m + "down_proj.bias"),
             q_norm=maybe(cfg.qk_norm, a + "q_norm.weight"), k_norm=maybe(cfg.qk_norm, a + "k_norm.weight")))
-    embed = put(get("model.embed_tokens.weight"))
-    lm_head = embed if cfg.tie_word_embeddings else put(get("lm_head.weight"))
-    return ModelWeights(embed=embed, layers=layers, norm=put(get("model.norm.weight")), lm_head=lm_head)
+    embed = one("model.embed_tokens.weight")
+    lm_head = embed if cfg.tie_word_embeddings else one("lm_head.weight")
+    weights = ModelWeights(embed=embed, layers=layers, norm=one("model.norm.weight"), lm_head=lm_head)
+    if sums:
+        finite = torch.isfinite(torch.stack([s for _, s in sums])).tolist()
+        bad = [name for (name, _), ok in zip(sums, finite, strict=True) if not ok]
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise ValueError(f"{', '.join(bad[:3])}{more} hold NaN or infinite values once converted to "
+                             f"{str(dtype).removeprefix('torch.')}; the checkpoint is corrupt (download it again) "
+                             "or exceeds this dtype's range (load it in bfloat16 or float32)")
+    return weights
 
 
 def random_weights(cfg: ModelConfig, device, dtype, seed: int = 0) -> ModelWeights:
