@@ -74,7 +74,7 @@ def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Targ
     compiled = triton.compile(ASTSource(kernel, signature, spec.constexprs, attrs), target=gpu_target,
                               options=options.__dict__)
     md = compiled.metadata
-    if md.tensordesc_meta:
+    if getattr(md, "tensordesc_meta", None):  # the field arrived in Triton 3.6
         raise BuildError("kernels that take tensor descriptors cannot be bundled yet; pass pointers and strides")
     if target.backend == "cuda":
         blobs = {"cubin": compiled.asm["cubin"], "ptx": compiled.asm["ptx"].encode()}
