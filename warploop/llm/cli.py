@@ -3,15 +3,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts: rejects 0 and negatives with the rule, before any model loads."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
+    return value
+
+
+def flag_error(e: Exception) -> str:
+    """SamplingParams and the loaders name their Python fields; the user typed flags."""
+    return re.sub(r"SamplingParams\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+
+
+def device_error(device: str | None) -> str | None:
+    """One line naming --device or WARPLOOP_DEVICE when the backend asked for has no device here."""
+    from warploop.target import DeviceNotFoundError, select_device
+
+    try:
+        select_device(device)
+    except DeviceNotFoundError as e:
+        if e.from_env:
+            return str(e)
+        return f"--device {device}: {e.reason}; pass --device cpu, or leave --device out to use what is found"
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny",
-                        help="'tiny' (the embedded model, the default) or a Hugging Face-format directory")
+                        help="'tiny' (the embedded model, the default), a Hugging Face-format directory, "
+                             "or a .gguf file (or a directory holding one)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64, help="most tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -34,10 +65,18 @@ def main(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed,
                                 repetition_penalty=args.repetition_penalty, stop=args.stop)
+    except ValueError as e:
+        print(f"warploop generate: error: {flag_error(e)}", file=sys.stderr)
+        return 2
+    problem = device_error(args.device)
+    if problem:
+        print(f"warploop generate: error: {problem}", file=sys.stderr)
+        return 2
+    try:
         engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, max_num_seqs=1,
                                    progress=not args.json and sys.stderr.isatty())
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"warploop generate: {e}", file=sys.stderr)
+        print(f"warploop generate: error: {e}", file=sys.stderr)
         return 2
     try:
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat \
@@ -52,12 +91,12 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write(event.text_delta)
             sys.stdout.flush()
             if event.error:
-                print(f"\nwarploop generate: {event.error}", file=sys.stderr)
+                print(f"\nwarploop generate: error: {event.error}", file=sys.stderr)
                 return 1
         sys.stdout.write("\n")
         return 0
     except ValueError as e:  # prompt too long for the context, no chat template, ...
-        print(f"warploop generate: {e}", file=sys.stderr)
+        print(f"warploop generate: error: {e}", file=sys.stderr)
         return 2
     finally:
         engine.close()

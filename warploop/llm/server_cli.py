@@ -75,9 +75,14 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from warploop.llm.cli import device_error
     from warploop.llm.engine import Engine
     from warploop.llm.server import create_app
 
+    problem = device_error(args.device)
+    if problem:
+        print(f"warploop serve: error: {problem}", file=sys.stderr)
+        return 2
     sock = bind(args.host, args.port)
     if not _is_loopback(sock) and args.api_key is None:
         print(f"warning: serving on {args.host}, reachable from other machines, without --api-key",
