@@ -34,7 +34,6 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root / "venv")], check=True,
                    timeout=120)
     bin_dir = root / "venv" / "bin"
-    # --ignore-installed: the venv sees a warploop of the same version outside it (an editable install)
     # --ignore-installed: the venv also sees the warploop installed outside it (editable, same version)
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--ignore-installed", str(wheel)], check=True, timeout=300)
