@@ -29,22 +29,31 @@ class Tokenizer:
         file = model_dir / "tokenizer.json"
         if not file.is_file():
             raise TokenizerError(f"{file} does not exist; the model directory needs a Hugging Face tokenizer.json")
-        self._tok = HFTokenizer.from_file(str(file))
         config_file = model_dir / "tokenizer_config.json"
         try:
             config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         except json.JSONDecodeError as e:
             raise TokenizerError(f"{config_file} is not valid JSON: {e}") from None
+        self._setup(HFTokenizer.from_file(str(file)), config, _chat_template(config, model_dir),
+                    set(extra_eos_ids) | _generation_eos(model_dir))
+
+    @classmethod
+    def from_parts(cls, tokenizer, config: dict, eos_token_ids: set[int]) -> Tokenizer:
+        """From a `tokenizers.Tokenizer` and a tokenizer_config-style dict (GGUF files carry no tokenizer.json)."""
+        self = cls.__new__(cls)
+        self._setup(tokenizer, config, config.get("chat_template"), set(eos_token_ids))
+        return self
+
+    def _setup(self, tokenizer, config: dict, chat_template: str | None, eos: set[int]) -> None:
+        self._tok = tokenizer
         self.special_tokens = {k: _content(v) for k, v in config.items()
                                if k.endswith("_token") and _content(v) is not None}
         self.bos_token = self.special_tokens.get("bos_token")
         self.eos_token = self.special_tokens.get("eos_token")
         self._add_bos = bool(config.get("add_bos_token", False))
-        self.chat_template = _chat_template(config, model_dir)
-        eos = set(extra_eos_ids)
+        self.chat_template = chat_template
         if self.eos_token is not None and self._tok.token_to_id(self.eos_token) is not None:
             eos.add(self._tok.token_to_id(self.eos_token))
-        eos.update(_generation_eos(model_dir))
         self.eos_token_ids: set[int] = eos
 
     @property
