@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # name -> (module, one-line help). Nested commands use a space: "bundle build".
@@ -67,7 +66,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def _debug_wanted(argv: list[str]) -> bool:
-    return "--debug" in argv or os.environ.get("WARPLOOP_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    from warploop import config
+
+    return "--debug" in argv or config.debug_wanted()
 
 
 def main(argv: list[str] | None = None) -> int:
