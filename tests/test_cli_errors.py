@@ -139,3 +139,19 @@ def test_bundle_build_counts_agree_and_draws_no_bar_off_a_terminal(capsys, tmp_p
     # add has two exports and gelu one: 3 GPU variants compiled, 3 cpu variants, 6 written
     assert first.startswith("compiling 3 GPU variants") and "3 cpu variants" in first
     assert "2 kernels, 6 variants (3 compiled + 3 cpu source)" in last
+
+
+@pytest.mark.parametrize("argv", [["bench", "bundle", "--repeats", "0"], ["bench", "decode", "--steps", "0"],
+                                  ["bench", "decode", "--repeats", "-1"]])
+def test_bench_counts_must_be_positive(capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    line = one_line_error(capsys.readouterr().err)
+    assert exit_.value.code == 2 and argv[2] in line and "positive integer" in line
+
+
+def test_bundle_build_into_a_missing_folder_names_the_flag(capsys, tmp_path):
+    out = tmp_path / "no" / "such" / "x.wlb"
+    code, _, err = run(capsys, "bundle", "build", str(KERNELS), "-t", "cpu", "-o", str(out))
+    line = one_line_error(err)
+    assert code == 2 and f"-o {out}: folder {out.parent} does not exist" in line

@@ -65,6 +65,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, handlers
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts (tokens, repeats, steps): 0 and negatives are refused before any work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
+    return value
+
+
 def _debug_wanted(argv: list[str]) -> bool:
     from warploop import config
 

@@ -90,7 +90,10 @@ def _probe_cuda() -> list[DeviceInfo]:
         from cuda.bindings import driver as cu
     except ImportError:
         raise ProbeNote("cuda.bindings is not installed (pip install 'warploop[cuda]')") from None
-    err, = cu.cuInit(0)
+    try:
+        err, = cu.cuInit(0)
+    except Exception as e:  # cuda.bindings loads libcuda lazily, on this first call
+        raise ProbeNote(f"cannot load the NVIDIA driver library libcuda ({type(e).__name__}): no driver here") from None
     if err != cu.CUresult.CUDA_SUCCESS:
         raise ProbeNote(f"cuInit failed with {err.name} (no NVIDIA driver or no GPU visible to it)")
     err, count = cu.cuDeviceGetCount()

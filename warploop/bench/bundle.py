@@ -176,11 +176,13 @@ def python_parts(x, spec) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from warploop.cli import positive_int
+
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--bundle", help="prebuilt bundle of the kernels file (default: build one now)")
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="the kernels file (for the Triton JIT side)")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side for the cold start")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="fresh processes per side for the cold start")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -38,9 +38,12 @@ PROMPT_LEN, TTFT_LEN, BATCHES = 32, 1024, (1, 8, 32)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from warploop.cli import positive_int
+
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
-    parser.add_argument("--steps", type=int, default=None, help="decode steps per run (default 128 on a GPU)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="decode steps per run (default 128 on a GPU, 16 on the CPU)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--save", default=None, help="also write the JSON here (default: bench/results/ on a GPU)")
     parser.add_argument("--skip", action="append", default=[], choices=("hf_eager", "torch_compile"),
                         help="leave out a peer")

@@ -176,7 +176,7 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
     jobs_list = [(str(path), name, i, str(t)) for name, (_, specs, _) in kernels.items()
                  for i in range(len(specs)) for t in parsed if t.is_gpu]
     workers = min(jobs or config.get().jobs, max(1, len(jobs_list)))
-    if progress:
+    if progress and jobs_list:
         cpu = sum(len(specs) for _, specs, _ in kernels.values()) if CPU in parsed else 0
         print(f"compiling {len(jobs_list)} GPU variants with {workers} jobs"
               + (f"; {cpu} cpu variants carry the source" if cpu else ""), file=sys.stderr)

@@ -30,6 +30,11 @@ def main_build(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print(f"warploop bundle build: error: -j/--jobs {args.jobs}: must be at least 1", file=sys.stderr)
         return 2
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        print(f"warploop bundle build: error: -o {args.output}: folder {folder} does not exist; create it first",
+              file=sys.stderr)
+        return 2
     for text in args.targets:
         try:
             build_target(text)

@@ -6,16 +6,7 @@ import json
 import re
 import sys
 
-
-def positive_int(text: str) -> int:
-    """argparse type for counts: rejects 0 and negatives with the rule, before any model loads."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
-    return value
+from warploop.cli import positive_int
 
 
 def flag_error(e: Exception) -> str:
