@@ -7,6 +7,7 @@ import os
 import sys
 
 from warploop.bundle.format import BundleFile, BundleFormatError
+from warploop.cli import positive_int
 
 FORMAT_ORDER = ("cubin", "ptx", "hsaco", "source")
 
@@ -20,16 +21,14 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="bundle file to write (.wlb)")
     parser.add_argument("-k", "--kernel", action="append", dest="kernels",
                         help="compile only this exported kernel; repeat it (default: all)")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: WARPLOOP_JOBS)")
+    parser.add_argument("-j", "--jobs", type=positive_int, default=None,
+                        help="parallel compile jobs (default: WARPLOOP_JOBS)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def main_build(args: argparse.Namespace) -> int:
     from warploop.bundle.build import BuildError, build_bundle, build_target
 
-    if args.jobs is not None and args.jobs < 1:
-        print(f"warploop bundle build: error: -j/--jobs {args.jobs}: must be at least 1", file=sys.stderr)
-        return 2
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         print(f"warploop bundle build: error: -o {args.output}: folder {folder} does not exist; create it first",

@@ -11,6 +11,8 @@ import signal
 import socket
 import sys
 
+from warploop.cli import positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny",
@@ -25,13 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backend (default: WARPLOOP_DEVICE, else the best device found)")
     engine.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="weight and activation dtype (default: the model config's)")
-    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
-    engine.add_argument("--num-kv-blocks", type=int, default=None,
+    engine.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV-cache block (default 16)")
+    engine.add_argument("--num-kv-blocks", type=positive_int, default=None,
                         help="KV-cache blocks in the pool (default: sized from free memory)")
-    engine.add_argument("--max-model-len", type=int, default=None,
+    engine.add_argument("--max-model-len", type=positive_int, default=None,
                         help="cap on prompt + output tokens (default: the model's, or what the KV pool holds)")
-    engine.add_argument("--max-num-seqs", type=int, default=32, help="most requests in one batch (default 32)")
-    engine.add_argument("--max-batch-tokens", type=int, default=2048,
+    engine.add_argument("--max-num-seqs", type=positive_int, default=32, help="most requests in one batch (default 32)")
+    engine.add_argument("--max-batch-tokens", type=positive_int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
