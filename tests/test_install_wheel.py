@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -90,3 +96,35 @@ def test_bench_bundle_uses_the_kernels_shipped_in_the_package(installed):
 def test_bench_decode(installed):
     data = json.loads(warploop(installed, "bench", "decode", "--json", "--steps", "2", "--repeats", "1").stdout)
     assert data["warploop"]["ms_per_token_bs1"] > 0 and data["floor_ms"] > 0
+
+
+def test_bench_runtime_and_hostcall(installed):
+    runtime = json.loads(warploop(installed, "bench", "runtime", "--json", "--quick").stdout)
+    assert runtime["dependent_hop_us"] > 0
+    hostcall = json.loads(warploop(installed, "bench", "hostcall", "--json").stdout)
+    assert hostcall["print_lost"] == 0 and hostcall["calls_per_s"] > 0
+
+
+def test_serve(installed):
+    bin_dir, work, env = installed
+    server = subprocess.Popen([str(bin_dir / "warploop"), "serve", "--model", "tiny", "--port", "0"], cwd=work,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=120)  # "serving 'tiny' on http://127.0.0.1:PORT (...)"
+        url = re.search(r"on (http://\S+) ", line).group(1)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+        deadline = time.monotonic() + 60
+        while True:  # the line comes just before uvicorn starts accepting
+            try:
+                with opener.open(f"{url}/v1/models", timeout=30) as reply:
+                    assert json.load(reply)["data"][0]["id"] == "tiny"
+                break
+            except urllib.error.URLError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0
