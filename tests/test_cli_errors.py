@@ -157,3 +157,17 @@ def test_bundle_build_into_a_missing_folder_names_the_flag(capsys, tmp_path):
     code, _, err = run(capsys, "bundle", "build", str(KERNELS), "-t", "cpu", "-o", str(out))
     line = one_line_error(err)
     assert code == 2 and f"-o {out}: folder {out.parent} does not exist" in line
+
+
+def test_chat_flag_on_a_model_without_a_template_names_the_flag(capsys, tmp_path):
+    import shutil
+
+    tiny = Path(__file__).resolve().parents[1] / "warploop" / "llm" / "tiny"
+    model = tmp_path / "plain"
+    shutil.copytree(tiny, model)
+    config_file = model / "tokenizer_config.json"
+    config_file.write_text(json.dumps({k: v for k, v in json.loads(config_file.read_text()).items()
+                                       if k != "chat_template"}))
+    code, out, err = run(capsys, "generate", "--model", str(model), "--prompt", "hi", "--chat", "--device", "cpu")
+    line = one_line_error(err)
+    assert code == 2 and out == "" and line.endswith(f"--chat: {model} has no chat template; drop --chat")

@@ -70,6 +70,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"warploop generate: error: {e}", file=sys.stderr)
         return 2
     try:
+        if args.chat and engine.tokenizer.chat_template is None:
+            print(f"warploop generate: error: --chat: {args.model} has no chat template; drop --chat",
+                  file=sys.stderr)
+            return 2
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat \
             else args.prompt
         ids = engine.tokenizer.encode(text)
