@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from install_helpers import require_setuptools_for_spdx
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -33,6 +34,7 @@ def _newest(package: str) -> str:
 
 def _dry_run(tmp_path: Path, *requirements: str, ignore_installed: bool) -> dict[str, str]:
     """{name: version} that `pip install` would install, from its JSON report."""
+    require_setuptools_for_spdx()
     report = tmp_path / "report.json"
     flags = ["--ignore-installed"] if ignore_installed else []
     proc = _pip("install", "--dry-run", "--quiet", "--no-build-isolation", *flags, "--report", str(report),

@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from install_helpers import require_setuptools_for_spdx
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     """(the venv's bin directory, a working directory outside the repository, the environment to run in)."""
+    require_setuptools_for_spdx()
     root = tmp_path_factory.mktemp("wheel")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                             str(root / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
