@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def one_line(e: BaseException) -> str:
-    """The exception as one line: its message, or its type where it has none."""
+    """The exception as one line: the message alone for the errors user input raises (ValueError, OSError,
+    RuntimeError and their kin), prefixed with the type for the rest, whose bare message (a KeyError's
+    'x') says little."""
     text = " ".join(str(e).split())
     plain = isinstance(e, (ValueError, OSError, RuntimeError)) and not isinstance(e, UnicodeError)
     return text if text and plain else f"{type(e).__name__}: {text}"
