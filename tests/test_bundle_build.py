@@ -1,5 +1,7 @@
 """Compile-only tests: every build target from a CPU-only machine, the manifest, and `bundle inspect`."""
+import importlib.metadata
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,9 @@ from warploop.bundle.format import BundleFile
 
 KERNELS = Path(__file__).resolve().parents[1] / "examples" / "kernels.py"
 SMALL = ["add", "softmax", "matmul"]
+# EF_AMDGPU_MACH_* in the low byte of an AMDGPU ELF's e_flags (LLVM's AMDGPUUsage): the code object's GPU.
+# Read from the header rather than searched for as a string: newer Triton no longer embeds the triple's text.
+AMDGPU_MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx1100": 0x41}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,8 @@ def test_amd_variants_carry_hsaco_for_their_gfx(bundle, gfx):
         v = variant(bundle, kernel, f"hip:{gfx}")
         hsaco = bundle.blob(v.formats["hsaco"])
         assert hsaco[:4] == b"\x7fELF"
-        assert f"amdgcn-amd-amdhsa--{gfx}".encode() in hsaco
+        assert hsaco[18] == 224  # e_machine: EM_AMDGPU
+        assert struct.unpack_from("<I", hsaco, 48)[0] & 0xFF == AMDGPU_MACH[gfx]
         assert v.warp_size == (64 if gfx.startswith("gfx9") else 32)
 
 
@@ -54,7 +60,8 @@ def test_cpu_variant_is_the_source_file(bundle):
 
 def test_manifest_records_launch_metadata(bundle):
     m = bundle.manifest
-    assert m.build["targets"] == list(BUILD_TARGETS) and m.build["versions"]["triton"] == "3.6.0"
+    assert m.build["targets"] == list(BUILD_TARGETS)
+    assert m.build["versions"]["triton"] == importlib.metadata.version("triton")
     mm = variant(bundle, "matmul", "cuda:90")
     assert mm.num_warps == 4 and mm.num_ctas == 1 and mm.shared > 0
     assert mm.global_scratch_size == 0 and mm.profile_scratch_size == 0 and not mm.cooperative
@@ -81,13 +88,14 @@ def test_inspect_json_contract(bundle):
     assert data["verified"] is True
 
 
-def test_build_cli_shows_progress_and_rejects_unknown_kernels(tmp_path):
+def test_build_cli_reports_progress_and_rejects_unknown_kernels(tmp_path):
     out = tmp_path / "one.wlb"
     cmd = [sys.executable, "-m", "warploop.cli", "bundle", "build", str(KERNELS), "-t", "cuda:80", "-t", "cpu",
            "-k", "gelu", "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "compiling" in proc.stderr and "1/1" in proc.stderr  # tqdm, on stderr
+    # stderr is a pipe here, not a terminal: one line says what is compiled, and no progress bar is drawn
+    assert "compiling 1 GPU variants" in proc.stderr and "1/1" not in proc.stderr and "\r" not in proc.stderr
     assert [k.name for k in BundleFile(out).manifest.kernels] == ["gelu"]
     bad = subprocess.run(cmd[:-2] + ["-k", "nope", "-o", str(out)], capture_output=True, text=True)
     assert bad.returncode == 1 and "exports no kernel nope" in bad.stderr

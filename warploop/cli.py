@@ -2,6 +2,9 @@
 so `warploop info` never pays for torch or Triton and `warploop serve` never pays for the compiler.
 
 A command module provides `add_arguments(parser)` and `main(args) -> int | None`.
+
+Errors reach the user as one line that names the flag or variable to change; `--debug` (anywhere on
+the line) or WARPLOOP_DEBUG=1 shows the traceback instead.
 """
 from __future__ import annotations
 
@@ -31,12 +34,20 @@ def _module_handler(module_name: str, command: str):
     return add, run
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that points at --help, not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="warploop",
         description="GPU-native Python: ahead-of-time kernel bundles, a resident GPU runtime, "
                     "and an LLM engine. Set WARPLOOP_DEVICE=cpu|cuda|hip to force a backend.")
-    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (also WARPLOOP_DEBUG=1)")
+    top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     groups: dict[str, argparse._SubParsersAction] = {}
     handlers = {}
     for name, (module_name, help_text) in COMMANDS.items():
@@ -44,7 +55,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         if len(parts) == 2:
             if parts[0] not in groups:
                 group_parser = top.add_parser(parts[0], help=f"{parts[0]} commands")
-                groups[parts[0]] = group_parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+                groups[parts[0]] = group_parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND",
+                                                               parser_class=OneLineParser)
             sub = groups[parts[0]].add_parser(parts[1], help=help_text, description=help_text)
         else:
             sub = top.add_parser(name, help=help_text, description=help_text)
@@ -53,8 +65,27 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, handlers
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts (tokens, repeats, steps): 0 and negatives are refused before any work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
+    return value
+
+
+def _debug_wanted(argv: list[str]) -> bool:
+    from warploop import config
+
+    return "--debug" in argv or config.debug_wanted()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    debug = _debug_wanted(argv)
+    argv = [a for a in argv if a != "--debug"]
     parser, handlers = build_parser()
     # Let the chosen subcommand's module add its own arguments before the real parse.
     # (without -h, which would print the help before those arguments exist)
@@ -73,6 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # every failure a user can cause ends here as one line
+        if debug:
+            raise
+        print(f"warploop {name}: error: {one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """The exception as one line: the message alone for the errors user input raises (ValueError, OSError,
+    RuntimeError and their kin), prefixed with the type for the rest, whose bare message (a KeyError's
+    'x') says little."""
+    text = " ".join(str(e).split())
+    plain = isinstance(e, (ValueError, OSError, RuntimeError)) and not isinstance(e, UnicodeError)
+    return text if text and plain else f"{type(e).__name__}: {text}"
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ class Config:
     cache_dir: str            # WARPLOOP_CACHE_DIR: where build artifacts are cached
     jobs: int                 # WARPLOOP_JOBS: parallel compile jobs for `bundle build`
     log_level: str            # WARPLOOP_LOG: debug | info | warning | error
+    debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
@@ -38,7 +39,16 @@ def get() -> Config:
         cache_dir=os.environ.get("WARPLOOP_CACHE_DIR", os.path.expanduser("~/.cache/warploop")),
         jobs=int(os.environ.get("WARPLOOP_JOBS", str(os.cpu_count() or 1))),
         log_level=os.environ.get("WARPLOOP_LOG", "warning"),
+        debug=debug_wanted(),
     )
+
+
+def debug_wanted() -> bool:
+    """WARPLOOP_DEBUG, read on its own: the CLI needs it even when another setting is invalid."""
+    try:
+        return _flag("WARPLOOP_DEBUG", False)
+    except ValueError:
+        return False
 
 
 def reload() -> Config:

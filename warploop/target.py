@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 
 from warploop import config
@@ -72,24 +73,32 @@ class DeviceInfo:
     sm_count: int = 0
     shared_mem_optin: int = 0
     driver_version: int | None = None
+    total_memory: int = 0  # bytes of device memory (host memory for the CPU)
 
     def to_dict(self) -> dict:
         return {"target": str(self.target), **self.target.to_dict(), "index": self.index, "name": self.name,
                 "sm_count": self.sm_count, "shared_mem_optin": self.shared_mem_optin,
-                "driver_version": self.driver_version}
+                "driver_version": self.driver_version, "total_memory": self.total_memory}
+
+
+class ProbeNote(Exception):
+    """Why a backend shows no devices (no binding installed, no driver, no GPU): `warploop info` prints it."""
 
 
 def _probe_cuda() -> list[DeviceInfo]:
     try:
         from cuda.bindings import driver as cu
     except ImportError:
-        return []
-    err, = cu.cuInit(0)
+        raise ProbeNote("cuda.bindings is not installed (pip install 'warploop[cuda]')") from None
+    try:
+        err, = cu.cuInit(0)
+    except Exception as e:  # cuda.bindings loads libcuda lazily, on this first call
+        raise ProbeNote(f"cannot load the NVIDIA driver library libcuda ({type(e).__name__}): no driver here") from None
     if err != cu.CUresult.CUDA_SUCCESS:
-        return []
+        raise ProbeNote(f"cuInit failed with {err.name} (no NVIDIA driver or no GPU visible to it)")
     err, count = cu.cuDeviceGetCount()
     if err != cu.CUresult.CUDA_SUCCESS:
-        return []
+        raise ProbeNote(f"cuDeviceGetCount failed with {err.name}")
     _, version = cu.cuDriverGetVersion()
     attr = cu.CUdevice_attribute
     devices = []
@@ -107,7 +116,7 @@ def _probe_cuda() -> list[DeviceInfo]:
             name=raw_name.split(b"\0", 1)[0].decode(errors="replace"),
             sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
             shared_mem_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-            driver_version=version))
+            driver_version=version, total_memory=cu.cuDeviceTotalMem(dev)[1]))
     return devices
 
 
@@ -115,10 +124,10 @@ def _probe_hip() -> list[DeviceInfo]:
     try:
         from hip import hip
     except ImportError:
-        return []
+        raise ProbeNote("hip-python is not installed (pip install 'warploop[hip]')") from None
     err, count = hip.hipGetDeviceCount()
     if err != hip.hipError_t.hipSuccess:
-        return []
+        raise ProbeNote(f"hipGetDeviceCount failed with {err.name} (no ROCm driver or no GPU visible to it)")
     _, version = hip.hipDriverGetVersion()
     devices = []
     for i in range(count):
@@ -128,20 +137,58 @@ def _probe_hip() -> list[DeviceInfo]:
         devices.append(DeviceInfo(
             target=Target("hip", gfx, props.warpSize), index=i, name=props.name.decode(),
             sm_count=props.multiProcessorCount, shared_mem_optin=props.sharedMemPerBlock,
-            driver_version=version))
+            driver_version=version, total_memory=props.totalGlobalMem))
     return devices
 
 
 @functools.lru_cache(maxsize=1)
+def _probe() -> tuple[tuple[DeviceInfo, ...], dict[str, str]]:
+    gpus: list[DeviceInfo] = []
+    notes: dict[str, str] = {}
+    for backend, probe in (("cuda", _probe_cuda), ("hip", _probe_hip)):
+        try:
+            found = probe()
+        except ProbeNote as e:
+            notes[backend] = str(e)
+            continue
+        except Exception as e:  # a broken driver install must not stop the CPU path
+            notes[backend] = f"probing failed: {type(e).__name__}: {e}"
+            continue
+        gpus.extend(found)
+        if not found:
+            notes[backend] = "the driver reports no devices"
+    return (*gpus, DeviceInfo(target=CPU, name="cpu", total_memory=_host_memory())), notes
+
+
+def _host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not every platform names these
+        return 0
+
+
 def probe_devices() -> tuple[DeviceInfo, ...]:
     """Every GPU visible through the vendor drivers (never through Triton), then the CPU."""
-    gpus: list[DeviceInfo] = []
-    for probe in (_probe_cuda, _probe_hip):
-        try:
-            gpus.extend(probe())
-        except Exception:  # a broken driver install must not stop the CPU path
-            continue
-    return (*gpus, DeviceInfo(target=CPU, name="cpu"))
+    return _probe()[0]
+
+
+def probe_notes() -> dict[str, str]:
+    """backend -> why it contributed no device (absent for backends that found some)."""
+    return dict(_probe()[1])
+
+
+class DeviceNotFoundError(RuntimeError):
+    """A backend was asked for (by argument or WARPLOOP_DEVICE) and has no device here."""
+
+    def __init__(self, backend: str, from_env: bool) -> None:
+        self.backend, self.from_env = backend, from_env
+        visible = ", ".join(str(d.target) for d in probe_devices())
+        note = probe_notes().get(backend)
+        self.reason = f"no {backend} device found (visible: {visible}" + (f"; {backend}: {note})" if note else ")")
+        fix = ("unset WARPLOOP_DEVICE or set WARPLOOP_DEVICE=cpu" if from_env
+               else "pass device='cpu', or None to use what is found")
+        where = f"WARPLOOP_DEVICE={backend}" if from_env else f"device={backend!r}"
+        super().__init__(f"{where}: {self.reason}; {fix}")
 
 
 def select_device(device: str | Target | DeviceInfo | None = None) -> DeviceInfo:
@@ -160,6 +207,4 @@ def select_device(device: str | Target | DeviceInfo | None = None) -> DeviceInfo
     for info in devices:
         if info.target.backend == backend:
             return info
-    seen = ", ".join(str(d.target) for d in devices)
-    raise RuntimeError(f"no {backend} device found (visible: {seen}); "
-                       f"unset WARPLOOP_DEVICE or pass device='cpu' to run on the CPU executor")
+    raise DeviceNotFoundError(backend, from_env=device is None)

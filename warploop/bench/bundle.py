@@ -1,6 +1,6 @@
 """`warploop bench bundle`: bundles vs Triton's JIT on correctness, cold start and launch overhead.
 
-1. Correctness: every kernel of examples/kernels.py, loaded from the bundle in fresh processes where
+1. Correctness: every kernel of warploop/bench/kernels.py, loaded from the bundle in fresh processes where
    `import triton` fails (and, on a GPU, in one where `import torch` fails too, with DeviceArrays),
    against float64 numpy references with fresh inputs and NaN-poisoned outputs (bundle_child.py).
 2. Cold start: a fresh process to the first correct result of every kernel, three ways, alternated:
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "examples" / "kernels.py"
+DEFAULT_SOURCE = Path(__file__).resolve().with_name("kernels.py")  # shipped in the package (examples/ links to it)
 
 
 # The least a fresh CUDA process with numpy pays before any kernel: interpreter, numpy, cuda.bindings,
@@ -176,11 +176,13 @@ def python_parts(x, spec) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from warploop.cli import positive_int
+
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--bundle", help="prebuilt bundle of examples/kernels.py (default: build one now)")
+    parser.add_argument("--bundle", help="prebuilt bundle of the kernels file (default: build one now)")
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="the kernels file (for the Triton JIT side)")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side for the cold start")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="fresh processes per side for the cold start")
 
 
 def main(args: argparse.Namespace) -> int:

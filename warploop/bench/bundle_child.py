@@ -1,4 +1,4 @@
-"""One fresh process of `warploop bench bundle`: run every kernel of examples/kernels.py once and check it.
+"""One fresh process of `warploop bench bundle`: run every kernel of warploop/bench/kernels.py once and check it.
 
     python -m warploop.bench.bundle_child KIND PATH [--device cpu]
 

@@ -265,9 +265,12 @@ def measure_raw_ring(n: int) -> float:
 
 
 def add_arguments(parser) -> None:
+    from warploop.cli import positive_int
+
     parser.add_argument("--json", action="store_true", help="print one JSON object (default: a short table)")
     parser.add_argument("--save", action="store_true", help="also write bench/results/hostcall-<device>-<date>.json")
-    parser.add_argument("--file-mib", type=int, default=None, help="MiB of files to read (default 1024 on a GPU)")
+    parser.add_argument("--file-mib", type=positive_int, default=None,
+                        help="MiB of files to read (default 1024 on a GPU)")
 
 
 def main(args) -> int:

@@ -22,13 +22,14 @@ import statistics
 import time
 
 from warploop.bench.common import emit, header
+from warploop.cli import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    parser.add_argument("--layers", type=int, default=16, help="MLP layers (default 16)")
+    parser.add_argument("--layers", type=positive_int, default=16, help="MLP layers (default 16)")
     parser.add_argument("--only", choices=("hops", "mlp"), default=None,
                         help="GPU: run only the hop/throughput/submit part or only the MLP stack")
 

@@ -25,13 +25,17 @@ from warploop.bundle import cuda_compat
 from warploop.bundle.export import ExportSpec, exported_kernels
 from warploop.bundle.format import KernelEntry, Manifest, Specialization, Variant, sha256, write_bundle
 from warploop.bundle.schema import reserved_name_problem
-from warploop.target import Target
+from warploop.target import CPU, Target
 
 BUILD_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx1100", "cpu")
 
 
 class BuildError(RuntimeError):
     """A kernel failed to compile for a target; the message names both and carries Triton's error."""
+
+
+class TargetError(BuildError, ValueError):
+    """A target `bundle build` cannot compile for; the message lists the valid ones."""
 
 
 def import_source(path: Path) -> ModuleType:
@@ -76,7 +80,7 @@ def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Targ
     compiled = triton.compile(ASTSource(kernel, signature, spec.constexprs, attrs), target=gpu_target,
                               options=options.__dict__)
     md = compiled.metadata
-    if md.tensordesc_meta:
+    if getattr(md, "tensordesc_meta", None):  # the field arrived in Triton 3.6
         raise BuildError("kernels that take tensor descriptors cannot be bundled yet; pass pointers and strides")
     toolchain = {}
     if target.backend == "cuda":
@@ -122,7 +126,9 @@ def _run_jobs(jobs: list[tuple[str, str, int, str]], workers: int, progress: boo
     from tqdm import tqdm
 
     def progress_bar():
-        return tqdm(total=len(jobs), desc="compiling", unit="variant", file=sys.stderr, disable=not progress)
+        # A bar only on a terminal: redirected into a file or a CI log it is carriage-return noise.
+        return tqdm(total=len(jobs), desc="compiling", unit="variant", file=sys.stderr,
+                    disable=not (progress and sys.stderr.isatty()))
 
     if workers <= 1 or len(jobs) <= 1:
         with progress_bar() as bar:
@@ -160,11 +166,17 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
     path = Path(source).resolve()
     if not path.is_file():
         raise BuildError(f"{source}: no such file")
-    parsed = [Target.parse(t) for t in targets]
+    parsed = [build_target(t) for t in targets]
     if not parsed:
         raise BuildError(f"no targets given; pass -t for each, e.g. {' '.join('-t ' + t for t in BUILD_TARGETS)}")
     before = set(sys.modules)
-    kernels = exported_kernels(vars(import_source(path)))
+    try:
+        module = import_source(path)
+    except SyntaxError as e:
+        raise BuildError(f"{source}, line {e.lineno}: {e.msg}; fix the file: it must import as Python") from None
+    except Exception as e:  # the user's file raised while importing: name it, not warploop's internals
+        raise BuildError(f"importing {source} failed: {type(e).__name__}: {e}") from None
+    kernels = exported_kernels(vars(module))
     if not kernels:
         raise BuildError(f"{source} exports no kernels: decorate Triton kernels with @warploop.export(...)")
     if only:
@@ -183,6 +195,10 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
     jobs_list = [(str(path), name, i, str(t)) for name, (_, specs, _) in kernels.items()
                  for i in range(len(specs)) for t in parsed if t.is_gpu]
     workers = min(jobs or config.get().jobs, max(1, len(jobs_list)))
+    if progress and jobs_list:
+        cpu = sum(len(specs) for _, specs, _ in kernels.values()) if CPU in parsed else 0
+        print(f"compiling {len(jobs_list)} GPU variants with {workers} jobs"
+              + (f"; {cpu} cpu variants carry the source" if cpu else ""), file=sys.stderr)
     compiled = {key: (Variant.from_dict(v), blobs) for key, v, blobs in _run_jobs(jobs_list, workers, progress)}
 
     source_bytes = path.read_bytes()
@@ -210,6 +226,18 @@ def build_bundle(source: str | os.PathLike, targets: list[str], output: str | os
              "versions": {"warploop": _version("warploop"), "triton": _version("triton"),
                           "python": platform.python_version()}}
     return write_bundle(output, entries, build, all_blobs)
+
+
+def build_target(text: str) -> Target:
+    """A target `bundle build` compiles for; anything else is rejected with the list of valid ones."""
+    valid = f"valid targets: {', '.join(BUILD_TARGETS)} (a cuda:86 or cuda:89 GPU runs the cuda:80 variant)"
+    try:
+        target = Target.parse(text)
+    except ValueError:
+        raise TargetError(f"cannot parse target {text!r}; {valid}") from None
+    if str(target) not in BUILD_TARGETS:
+        raise TargetError(f"target {text!r} is not one warploop builds for; {valid}")
+    return target
 
 
 def _version(package: str) -> str | None:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from warploop.bundle.format import BundleFile, BundleFormatError
+from warploop.cli import positive_int
 
 FORMAT_ORDER = ("cubin", "ptx", "hsaco", "source")
 
@@ -20,21 +21,35 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="bundle file to write (.wlb)")
     parser.add_argument("-k", "--kernel", action="append", dest="kernels",
                         help="compile only this exported kernel; repeat it (default: all)")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: WARPLOOP_JOBS)")
+    parser.add_argument("-j", "--jobs", type=positive_int, default=None,
+                        help="parallel compile jobs (default: WARPLOOP_JOBS)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def main_build(args: argparse.Namespace) -> int:
-    from warploop.bundle.build import BuildError, build_bundle
+    from warploop.bundle.build import BuildError, build_bundle, build_target
 
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        print(f"warploop bundle build: error: -o {args.output}: folder {folder} does not exist; create it first",
+              file=sys.stderr)
+        return 2
+    for text in args.targets:
+        try:
+            build_target(text)
+        except BuildError as e:
+            print(f"warploop bundle build: error: -t {text}: {e}", file=sys.stderr)
+            return 2
     try:
         manifest = build_bundle(args.file, args.targets, args.output, jobs=args.jobs, progress=not args.quiet,
                                 only=args.kernels)
     except (BuildError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"warploop bundle build: error: {e}", file=sys.stderr)
         return 1
-    variants = sum(len(s.variants) for k in manifest.kernels for s in k.specializations)
-    print(f"wrote {args.output}: {len(manifest.kernels)} kernels, {variants} variants, "
+    variants = [v for k in manifest.kernels for s in k.specializations for v in s.variants]
+    cpu = sum(v.target == "cpu" for v in variants)
+    print(f"wrote {args.output}: {len(manifest.kernels)} kernels, {len(variants)} variants "
+          f"({len(variants) - cpu} compiled" + (f" + {cpu} cpu source" if cpu else "") + "), "
           f"{os.path.getsize(args.output) / 1e6:.2f} MB", file=sys.stderr)
     return 0
 
@@ -71,7 +86,7 @@ def main_inspect(args: argparse.Namespace) -> int:
         bundle = BundleFile(args.bundle)
         bundle.verify()
     except (BundleFormatError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"warploop bundle inspect: error: {e}", file=sys.stderr)
         return 1
     data = describe(bundle)
     if args.json:

@@ -1,10 +1,11 @@
-"""`warploop info`: the devices warploop sees and the one it would select."""
+"""`warploop info`: the devices warploop sees, the one it would select, and why."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from warploop.target import probe_devices, select_device
+from warploop.target import DeviceNotFoundError, probe_devices, probe_notes, select_device
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -12,19 +13,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def info() -> dict:
-    selected = select_device()
-    return {"devices": [d.to_dict() for d in probe_devices()], "selected": selected.target.to_dict()
-            | {"name": selected.name, "target": str(selected.target)}}
+    """The `info --json` object. `selected` is null (and `error` says why) when WARPLOOP_DEVICE asks
+    for a backend with no device here: info is the command that explains that, so it must not fail."""
+    devices = probe_devices()
+    data: dict = {"devices": [d.to_dict() for d in devices], "notes": probe_notes()}
+    try:
+        selected = select_device()
+    except DeviceNotFoundError as e:
+        return data | {"selected": None, "error": str(e)}
+    data["selected"] = selected.target.to_dict() | {"name": selected.name, "target": str(selected.target),
+                                                    "reason": _reason(selected.target.backend, devices)}
+    return data
+
+
+def _reason(backend: str, devices) -> str:
+    forced = os.environ.get("WARPLOOP_DEVICE")
+    if forced and forced != "auto":
+        return f"WARPLOOP_DEVICE={forced}"
+    if backend != "cpu":
+        return "the first GPU found (set WARPLOOP_DEVICE=cpu|cuda|hip to choose)"
+    return "no GPU found: the CPU executor runs everything"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.0f} GiB" if n else "-"
+
+
+def _driver(d: dict) -> str:
+    v = d["driver_version"]
+    if v is None:
+        return "-"
+    # CUDA encodes 13.0 as 13000; HIP's number is printed as the driver reports it.
+    return f"CUDA {v // 1000}.{v % 1000 // 10}" if d["backend"] == "cuda" else str(v)
 
 
 def main(args: argparse.Namespace) -> int:
     data = info()
     if args.json:
         print(json.dumps(data, indent=2))
-        return 0
+        return 0 if data["selected"] else 1
+    rows = [("", "device", "target", "SMs", "memory", "smem/block", "driver")]
+    chosen = data["selected"]["target"] if data["selected"] else None
     for d in data["devices"]:
-        mark = "*" if d["target"] == data["selected"]["target"] else " "
-        extra = f"  {d['sm_count']} SMs, {d['shared_mem_optin'] // 1024} KiB smem, driver {d['driver_version']}" \
-            if d["backend"] != "cpu" else ""
-        print(f"{mark} {d['target']:<12} {d['name']}{extra}")
+        smem = f"{d['shared_mem_optin'] // 1024} KiB" if d["shared_mem_optin"] else "-"
+        units = str(d["sm_count"]) if d["backend"] != "cpu" else f"{os.cpu_count()} cores"
+        rows.append(("*" if d["target"] == chosen else "", d["name"], d["target"], units,
+                     _size(d["total_memory"]), smem, _driver(d)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    for backend, note in data["notes"].items():
+        print(f"{backend}: {note}")
+    if data["selected"] is None:
+        print(f"selected: none. {data['error']}")
+        return 1
+    s = data["selected"]
+    print(f"selected: {s['target']} ({s['name']}, warp size {s['warp_size']}): {s['reason']}")
     return 0

@@ -7,6 +7,7 @@ weights; on the CPU, a bounded amount. The context the engine accepts is the mod
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
@@ -90,19 +91,27 @@ def build_engine(model: str, *, device: str | None = None, dtype: str | None = N
                  num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, progress: bool = True,
                  use_cuda_graphs: bool = True, backend: str | None = None, tensor_parallel: int = 1):
-    """An Engine for `tiny` or a Hugging Face-format directory; backend: 'torch' or 'megakernel'; with
-    `tensor_parallel` N > 1, over N ranks (N GPUs, or N processes on the CPU), each holding 1/N of the
-    model (warploop/llm/tp)."""
+    """An Engine for `tiny`, a Hugging Face-format directory, or a .gguf file (or a directory holding
+    one); backend: 'torch' or 'megakernel'; with `tensor_parallel` N > 1, over N ranks (N GPUs, or
+    N processes on the CPU), each holding 1/N of the model (warploop/llm/tp)."""
     from warploop.llm.engine import Engine
-    from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, resolve_model_dir
+    from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, open_gguf, resolve_model_dir
     from warploop.llm.tokenizer import Tokenizer
 
     backend = check_backend(backend)     # before loading anything
-    path = resolve_model_dir(model)
-    cfg = load_config(path)
-    tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
-    dev = torch_device(device)
-    torch_type = torch_dtype(dtype, cfg, checkpoint_dtype(path))
+    gguf = open_gguf(model)
+    if gguf is not None:
+        if tensor_parallel != 1:
+            raise ValueError("--tensor-parallel does not load .gguf files yet: convert the model to safetensors")
+        cfg, tokenizer, path = gguf.config, gguf.tokenizer(), gguf.path
+        dev = torch_device(device)
+        torch_type = torch_dtype(dtype, cfg)
+    else:
+        path = resolve_model_dir(model)
+        cfg = load_config(path)
+        tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
+        dev = torch_device(device)
+        torch_type = torch_dtype(dtype, cfg, checkpoint_dtype(path))
     if tensor_parallel != 1:
         if backend not in (None, "torch"):
             raise ValueError(f"--backend {backend} does not run under --tensor-parallel yet: use --backend torch")
@@ -113,11 +122,12 @@ def build_engine(model: str, *, device: str | None = None, dtype: str | None = N
                       max_len, use_cuda_graphs)
         backend, max_context = build_tp_backend(cfg, tensor_parallel, dev, job)
     else:
-        weights = load_weights(path, cfg, dev, torch_type, progress=progress)
+        weights = (gguf.load_weights(dev, torch_type, progress=progress) if gguf is not None
+                   else load_weights(path, cfg, dev, torch_type, progress=progress))
         backend, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
                                              max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                              use_cuda_graphs=use_cuda_graphs, backend=backend)
-    name = "tiny" if model == "tiny" else os.path.basename(os.path.normpath(str(path)))
+    name = "tiny" if model == "tiny" else Path(path).stem if gguf else os.path.basename(os.path.normpath(str(path)))
     try:
         return Engine(cfg, backend, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
                       max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)

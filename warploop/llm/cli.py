@@ -3,15 +3,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+
+from warploop.cli import positive_int
+
+
+def flag_error(e: Exception) -> str:
+    """SamplingParams and the loaders name their Python fields; the user typed flags."""
+    return re.sub(r"SamplingParams\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+
+
+def device_error(device: str | None) -> str | None:
+    """One line naming --device or WARPLOOP_DEVICE when the backend asked for has no device here."""
+    from warploop.target import DeviceNotFoundError, select_device
+
+    try:
+        select_device(device)
+    except DeviceNotFoundError as e:
+        if e.from_env:
+            return str(e)
+        return f"--device {device}: {e.reason}; pass --device cpu, or leave --device out to use what is found"
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny",
-                        help="'tiny' (the embedded model, the default) or a Hugging Face-format directory")
+                        help="'tiny' (the embedded model, the default), a Hugging Face-format directory, "
+                             "or a .gguf file (or a directory holding one)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64, help="most tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -25,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the model's own")
     parser.add_argument("--backend", choices=("torch", "megakernel"), default=None,
                         help="the engine's backend: per-op torch (the default) or the decode megakernel")
-    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+    parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N GPUs (N processes on the CPU); default 1")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "token_ids", "ttft_ms", "ms_per_token"} instead of streaming')
@@ -38,13 +60,25 @@ def main(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed,
                                 repetition_penalty=args.repetition_penalty, stop=args.stop)
+    except ValueError as e:
+        print(f"warploop generate: error: {flag_error(e)}", file=sys.stderr)
+        return 2
+    problem = device_error(args.device)
+    if problem:
+        print(f"warploop generate: error: {problem}", file=sys.stderr)
+        return 2
+    try:
         engine = Engine.from_model(args.model, device=args.device, dtype=args.dtype, max_num_seqs=1,
                                    backend=args.backend, progress=not args.json and sys.stderr.isatty(),
                                    tensor_parallel=args.tensor_parallel)
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"warploop generate: {e}", file=sys.stderr)
+        print(f"warploop generate: error: {e}", file=sys.stderr)
         return 2
     try:
+        if args.chat and engine.tokenizer.chat_template is None:
+            print(f"warploop generate: error: --chat: {args.model} has no chat template; drop --chat",
+                  file=sys.stderr)
+            return 2
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat \
             else args.prompt
         ids = engine.tokenizer.encode(text)
@@ -57,12 +91,12 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write(event.text_delta)
             sys.stdout.flush()
             if event.error:
-                print(f"\nwarploop generate: {event.error}", file=sys.stderr)
+                print(f"\nwarploop generate: error: {event.error}", file=sys.stderr)
                 return 1
         sys.stdout.write("\n")
         return 0
     except ValueError as e:  # prompt too long for the context, no chat template, ...
-        print(f"warploop generate: {e}", file=sys.stderr)
+        print(f"warploop generate: error: {e}", file=sys.stderr)
         return 2
     finally:
         engine.close()

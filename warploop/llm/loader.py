@@ -1,4 +1,5 @@
-"""Load a Hugging Face-format model directory: config.json and one or many .safetensors files.
+"""Load a Hugging Face-format model directory: config.json and one or many .safetensors files
+(GGUF files are read by gguf.py; `open_gguf` is the hook that picks them).
 
 Every tensor the config implies is checked for presence and shape before anything is copied to the
 device, so a wrong or truncated checkpoint fails at once with the name of what is wrong.
@@ -19,6 +20,16 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 class ModelLoadError(ValueError):
     """The model directory is missing, incomplete or does not match its config."""
+
+
+def open_gguf(model: str):
+    """A GGUFModel when `model` is a .gguf file or a directory holding one (and no config.json), else None."""
+    from warploop.llm.gguf import GGUFModel, find_gguf
+
+    if model == "tiny":
+        return None
+    path = find_gguf(model)
+    return GGUFModel(path) if path is not None else None
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -61,8 +72,10 @@ def safetensors_files(path: Path) -> list[Path]:
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        others = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf")]
+        others = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth")]
+        ggufs = [p.name for p in path.iterdir() if p.suffix == ".gguf"]
         hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
+        hint += f" (found {', '.join(ggufs)}: pass that file as --model)" if ggufs else ""
         raise ModelLoadError(f"no .safetensors weights in {path}{hint}")
     return files
 

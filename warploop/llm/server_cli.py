@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+from warploop.cli import positive_int
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 
 
@@ -28,20 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backend (default: WARPLOOP_DEVICE, else the best device found)")
     engine.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="weight and activation dtype (default: the model config's)")
-    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
-    engine.add_argument("--num-kv-blocks", type=int, default=None,
+    engine.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV-cache block (default 16)")
+    engine.add_argument("--num-kv-blocks", type=positive_int, default=None,
                         help="KV-cache blocks in the pool (default: sized from free memory)")
-    engine.add_argument("--max-model-len", type=int, default=None,
+    engine.add_argument("--max-model-len", type=positive_int, default=None,
                         help="cap on prompt + output tokens (default: the model's, or what the KV pool holds)")
-    engine.add_argument("--max-num-seqs", type=int, default=32, help="most requests in one batch (default 32)")
-    engine.add_argument("--max-batch-tokens", type=int, default=2048,
+    engine.add_argument("--max-num-seqs", type=positive_int, default=32, help="most requests in one batch (default 32)")
+    engine.add_argument("--max-batch-tokens", type=positive_int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument("--backend", choices=("torch", "megakernel"), default=None,
                         help="per-op torch (the default) or the decode megakernel")
-    engine.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+    engine.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N GPUs (N processes on the CPU); default 1")
-    engine.add_argument("--replicas", type=int, default=1, metavar="N",
+    engine.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                         help="run N engines, each in its own process on its own GPU(s), behind this endpoint; "
                              "requests go to the least busy (default 1; docs/parallel.md)")
     limits = parser.add_argument_group("limits per client")
@@ -114,8 +115,13 @@ def _engine(args: argparse.Namespace):
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from warploop.llm.cli import device_error
     from warploop.llm.server import create_app
 
+    problem = device_error(args.device)
+    if problem:
+        print(f"warploop serve: error: {problem}", file=sys.stderr)
+        return 2
     try:
         limits = ServerLimits(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
                               body_timeout_s=args.body_timeout, max_connections=args.max_connections)

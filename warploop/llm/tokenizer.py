@@ -33,7 +33,7 @@ class Tokenizer:
         if not file.is_file():
             raise TokenizerError(f"{file} does not exist; the model directory needs a Hugging Face tokenizer.json")
         try:
-            self._tok = HFTokenizer.from_file(str(file))
+            hf = HFTokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises a bare Exception for any malformed file
             raise TokenizerError(f"{file} is not a valid tokenizer file ({e}); download it again or "
                                  "re-save it with tokenizers") from None
@@ -45,16 +45,26 @@ class Tokenizer:
         if not isinstance(config, dict):
             raise TokenizerError(f"{config_file} must hold a JSON object, got a {type(config).__name__}; "
                                  "download it again")
+        self._setup(hf, config, _chat_template(config, model_dir),
+                    set(extra_eos_ids) | _generation_eos(model_dir))
+
+    @classmethod
+    def from_parts(cls, tokenizer, config: dict, eos_token_ids: set[int]) -> Tokenizer:
+        """From a `tokenizers.Tokenizer` and a tokenizer_config-style dict (GGUF files carry no tokenizer.json)."""
+        self = cls.__new__(cls)
+        self._setup(tokenizer, config, config.get("chat_template"), set(eos_token_ids))
+        return self
+
+    def _setup(self, tokenizer, config: dict, chat_template: str | None, eos: set[int]) -> None:
+        self._tok = tokenizer
         self.special_tokens = {k: _content(v) for k, v in config.items()
                                if k.endswith("_token") and _content(v) is not None}
         self.bos_token = self.special_tokens.get("bos_token")
         self.eos_token = self.special_tokens.get("eos_token")
         self._add_bos = bool(config.get("add_bos_token", False))
-        self.chat_template = _chat_template(config, model_dir)
-        eos = set(extra_eos_ids)
+        self.chat_template = chat_template
         if self.eos_token is not None and self._tok.token_to_id(self.eos_token) is not None:
             eos.add(self._tok.token_to_id(self.eos_token))
-        eos.update(_generation_eos(model_dir))
         self.eos_token_ids: set[int] = eos
 
     @property

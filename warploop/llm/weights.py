@@ -132,7 +132,9 @@ def random_weights(cfg: ModelConfig, device, dtype, seed: int = 0) -> ModelWeigh
 
 
 def _progress(items, enabled: bool):
-    if not enabled:
+    import sys
+
+    if not enabled or not sys.stderr.isatty():  # a bar only on a terminal, never into a log file
         return items
     from tqdm import tqdm
 
