@@ -205,3 +205,11 @@ def test_trusted_sha256(good, tmp_path):
     bad = forge(tmp_path / "bad.wlb", blobs, b"[" * 200_000)   # refused before its manifest is parsed
     with pytest.raises(BundleHashError, match=f"not the trusted {digest}"):
         warploop.load_bundle(bad, driver=NullDriver(H100), sha256=digest)
+
+
+def test_inspect_says_a_bundle_is_code(tmp_path, capsys):
+    path = two_variant_bundle(tmp_path / "code.wlb")
+    assert main_inspect(argparse.Namespace(bundle=str(path), json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["python_kernels"] == ["add"]
+    assert main_inspect(argparse.Namespace(bundle=str(path), json=False)) == 0
+    assert "a bundle is code" in capsys.readouterr().out

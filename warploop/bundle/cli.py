@@ -78,7 +78,7 @@ def describe(bundle: BundleFile) -> dict:
                         "specializations": [{"label": s.spec.label(), **s.spec.to_dict()} for s in k.specializations],
                         "variants": list(by_target.values())})
     return {"path": bundle.path, "format_version": bundle.header.version, "build": m.build, "verified": True,
-            "size": len(bundle.data), "kernels": kernels}
+            "size": len(bundle.data), "kernels": kernels, "python_kernels": m.python_kernels()}
 
 
 def main_inspect(args: argparse.Namespace) -> int:
@@ -95,6 +95,9 @@ def main_inspect(args: argparse.Namespace) -> int:
     b = data["build"]
     print(f"{args.bundle}: format v{data['format_version']}, {data['size'] / 1e6:.2f} MB, all hashes verified")
     print(f"  built {b.get('date')} from {b.get('source')} with triton {b.get('versions', {}).get('triton')}")
+    if data["python_kernels"]:
+        print(f"  a bundle is code: the cpu variant of {', '.join(data['python_kernels'])} is Python source that "
+              f"loading on the CPU runs; load_bundle(..., allow_python=False) loads GPU variants only")
     for k in data["kernels"]:
         print(f"{k['name']}({', '.join(k['arg_names'])})")
         for v in k["variants"]:
