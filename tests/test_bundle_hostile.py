@@ -118,7 +118,7 @@ def test_malformed_manifest_is_a_format_error_in_load_and_inspect(good, tmp_path
     assert "rebuild it" in str(info.value)
     assert main_inspect(argparse.Namespace(bundle=str(bad), json=True)) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("warploop bundle inspect: error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_forged_file_that_is_well_formed_loads(good, tmp_path):   # forge() itself is right
