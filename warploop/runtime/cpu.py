@@ -25,6 +25,7 @@ from warploop.runtime.descriptor import DESC_WORDS, to_i32
 from warploop.runtime.errors import RuntimeFault
 from warploop.runtime.external import EXTERNAL_TICKET
 from warploop.runtime.status import read_error
+from warploop.runtime.watchdog import Interrupted, Watchdog
 
 DEFAULT_WORKERS = 4
 
@@ -55,6 +56,7 @@ class CpuExecutor:
         self.timeout: float | None = None
         self.what = ""
         self.report: Callable[[], str] = lambda: ""
+        self.watchdog = Watchdog()             # ends a step whose task body outlives the deadline
         self.host[L.HB_STARTED] = 1
 
     # -- words -----------------------------------------------------------------------------------
@@ -180,12 +182,23 @@ class CpuExecutor:
     # -- the backend interface used by Runtime ----------------------------------------------------
     def wait(self, ready: Callable[[], bool], timeout: float | None, what: str,
              report: Callable[[], str] | None = None) -> None:
-        self.deadline = None if timeout is None else time.perf_counter() + timeout
-        self.timeout, self.what, self.report = timeout, what, report or (lambda: "")
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        # A wait inside a wait (a join's, or a submit's inside a host call) keeps the outer deadline.
+        armed = deadline is not None and self.watchdog.arm(deadline)
+        if armed or self.deadline is None:
+            self.deadline = deadline
+            self.timeout, self.what, self.report = timeout, what, report or (lambda: "")
         try:
-            self._drive(ready)
-        finally:
-            self.deadline = None
+            try:
+                self._drive(ready)
+            finally:
+                if armed:
+                    self.watchdog.disarm()
+                    self.deadline = None
+        except Interrupted:
+            raise TimeoutError(f"timed out after {self.timeout:g} s waiting for {self.what}: a task body was "
+                               f"still running at the deadline and was interrupted (its task will never "
+                               f"complete; close this runtime)\n{self.report()}".rstrip()) from None
 
     def check(self) -> None:
         err = read_error(self.host)
@@ -235,6 +248,7 @@ class CpuExecutor:
                 self.wait(idle, timeout, "the runtime to drain")
             except (TimeoutError, RuntimeFault):
                 abort = True
+        self.watchdog.close()
         self.host[L.HB_STOP] = L.ABORT if abort else L.DRAIN
         self.a64[self.layout.ctl_word(L.C_STOP) // 2] = self.host[L.HB_STOP]
         self.host[L.HB_EXITED] = 1
