@@ -85,10 +85,19 @@ def test_bad_graph_descriptor_faults_the_runtime():
         assert int(x) == 0               # the body never ran
 
 
-def test_pool_overflow_is_a_fault_not_a_hang():
+def test_spawns_past_a_full_pool_run_inline():
     with warploop.Runtime(device="cpu", tasks=TASKS, workers=2, pool=8) as rt:
-        with pytest.raises(RuntimeFault, match="pool is full"):
-            rt.submit(flood, torch.zeros(1, dtype=torch.int32), 20).result(timeout=10)
+        x = torch.zeros(1, dtype=torch.int32)
+        rt.submit(flood, x, 20).result(timeout=30)       # 7 children in the pool, 13 in the reserve
+        assert int(x) == 20
+
+
+def test_pool_exhaustion_is_a_fault_naming_pool_not_a_hang():
+    # One body spawning more children than the shared pool and its worker's reserve (64) hold:
+    # on the CPU executor nothing runs while the body loops, so every child is alive at once.
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2, pool=8) as rt:
+        with pytest.raises(RuntimeFault, match=r"pool is full: 72 tasks alive in pool=8 .*Runtime\(pool="):
+            rt.submit(flood, torch.zeros(1, dtype=torch.int32), 100).result(timeout=30)
 
 
 def test_close_after_exception_and_use_after_close():

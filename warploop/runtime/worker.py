@@ -8,6 +8,7 @@ is the same for every runtime:
     loop:                          loop:
       front_step()                   stop word says abort?            -> exit
                                      a graph run was released?        -> run my instruction list
+                                     a task on my inline stack?       -> run it, complete it
                                      a ready task in the ring?        -> run it, complete it
                                      draining and nothing is alive?   -> exit
 
@@ -21,15 +22,18 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
 from warploop.runtime.front import front_step, graph_entry
-from warploop.runtime.sched import complete, report_error, try_pop, write_trace
+from warploop.runtime.sched import complete, pop_inline, report_error, try_pop, write_trace
 from warploop.runtime.sync import (
     ABORT,
     ARG_WORD,
+    CTL,
     CTX_BASE,
     CTX_WORDS,
     DESC_WORDS,
     DRAIN,
+    LINE,
     MAX_PARAMS,
+    UNIFORM,
     acquire,
     clock,
     ctl,
@@ -50,6 +54,31 @@ MAX_ARGS = tl.constexpr(D.MAX_ARGS)
 @triton.jit
 def ctx_of(arena, worker):
     return arena + CTX_BASE + worker * CTX_WORDS
+
+
+@triton.jit
+def poll_words(arena, worker):
+    """(stop word, graph runs released, top of this worker's inline stack) in one round trip: one
+    thread loads the three, a reduction hands them to the others."""
+    k = tl.arange(0, 4)
+    rows = tl.arange(0, UNIFORM)[:, None]
+    top = (CTX_BASE + worker * CTX_WORDS + L.X_STACK) // 2
+    offs = tl.where(k == 0, (CTL + LINE * L.C_STOP) // 2, tl.where(k == 1, (CTL + LINE * L.C_RUN_SEQ) // 2, top))
+    block = tl.load(p64(arena) + (offs[None, :] + 0 * rows), mask=(rows == 0) & (k < 3)[None, :],
+                    other=-(2**62), volatile=True)
+    m = tl.max(block, axis=0)
+    return (tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0),
+            tl.sum(tl.where(k == 2, m, 0), axis=0))
+
+
+@triton.jit
+def next_task(arena, ctx, top, BACKEND: tl.constexpr):
+    """The task this worker runs next: the top of its inline stack (top >= 0), else one from the ring."""
+    if top >= 0:
+        tid = pop_inline(arena, ctx, top)
+    else:
+        tid = try_pop(arena, BACKEND)
+    return tid
 
 
 @triton.jit
@@ -237,7 +266,7 @@ def worker_step(arena, ctx, worker, seen, cache, DISPATCH: tl.constexpr, NSLOTS:
     graph's fixed words, so a replay of the same graph starts after two round trips (the acquire, then
     gid and epoch), not five."""
     gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c = cache
-    stop, runs = uload_ctl2(arena, L.C_STOP, L.C_RUN_SEQ)
+    stop, runs, top = poll_words(arena, worker)
     alive = stop < ABORT
     if alive:
         if runs > seen:
@@ -250,7 +279,7 @@ def worker_step(arena, ctx, worker, seen, cache, DISPATCH: tl.constexpr, NSLOTS:
                       DISPATCH, NSLOTS, TRACE, BACKEND)
             seen = runs
         else:
-            tid = try_pop(arena, BACKEND)
+            tid = next_task(arena, ctx, top, BACKEND)
             if tid >= 0:
                 run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, TRACE, BACKEND)
             else:
@@ -306,3 +335,12 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
                  epoch, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
+
+
+@triton.jit
+def dynamic_step(arena, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr):
+    """CPU executor: run the task `worker` would take next (inline stack, else ring), if any."""
+    ctx = ctx_of(arena, worker)
+    tid = next_task(arena, ctx, tl.load(p64(ctx + L.X_STACK), volatile=True), "cpu")
+    if tid >= 0:
+        run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, False, "cpu")
