@@ -71,6 +71,15 @@ def chain(ctx, depth, out):
     tl.atomic_add(out, 1)
 
 
+@warploop.task(signature={"out": "*i64"})
+@triton.jit
+def every_call(ctx, out):
+    """spawn, then and join in one body, for the compile check (few call sites: ptxas time)."""
+    h = wl.spawn(ctx, dive, out, 0)
+    wl.then(ctx, h, dive, out, 0)
+    wl.join(ctx, h)
+
+
 TASKS = [record, spawn_n, spawn_join, fanout, dive, chain]
 
 
@@ -138,3 +147,18 @@ def test_host_submissions_into_a_full_pool_wait_for_nothing():
         futures = [rt.submit(record, log, cursor, 100 + i) for i in range(12)]    # the front's reserve
         assert [f.result(timeout=60) for f in futures] == [0] * 12
     assert sorted(t for t, _ in entries(log, cursor)) == list(range(100, 112))
+
+
+def test_the_inline_path_compiles_for_a_gpu_without_one():
+    """spawn (shared pool, reserve, inline stack), join (spill) and then, in the real resident kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from warploop.runtime import codegen
+    from warploop.runtime.tasks import lookup
+
+    module = codegen.build([lookup(every_call), lookup(dive)])
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert ".entry resident" in ptx           # it compiled: no recursion, every loop-carried type agrees

@@ -26,16 +26,8 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import external as X
 from warploop.runtime import layout as L
-from warploop.runtime.sched import (
-    alloc_task,
-    attach,
-    never_issued,
-    push,
-    push_inline,
-    report_error,
-    spill_inline,
-    write_header,
-)
+from warploop.runtime.sched import attach, never_issued, push, report_error, write_header
+from warploop.runtime.slots import alloc_task, push_inline, spill_inline
 from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, desc_of, i64, meta32, meta64, p64, wait_ge
 
 ERR_BAD_HANDLE = tl.constexpr(E.ERR_BAD_HANDLE)

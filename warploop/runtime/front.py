@@ -19,7 +19,8 @@ import triton.language as tl
 
 from warploop.runtime import layout as L
 from warploop.runtime.external import is_request, resume_external
-from warploop.runtime.sched import alloc_task, push
+from warploop.runtime.sched import push
+from warploop.runtime.slots import alloc_task
 from warploop.runtime.sync import (
     ABORT,
     DRAIN,

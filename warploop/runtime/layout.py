@@ -52,6 +52,7 @@ X_WAIT_TARGET = 8    # ... and their int64 targets (words 8-9, 10-11)
 X_COUNTERS = 12      # int64: counter array address of the graph being run
 X_TRACE = 14         # trace events written by this worker
 X_STACK = 16         # int64: top of this worker's inline stack (a task handle, -1: empty)
+X_FREE = 18          # int64: first of this worker's free reserved slots (a slot, -1: none), linked by M_THEN_NEXT
 # worker states
 S_IDLE, S_RUNNING, S_WAITING, S_JOINING, S_EXITED = range(5)
 STATE_NAMES = ("idle", "running", "waiting on counter", "joining", "exited")
@@ -248,6 +249,12 @@ def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_s
         words[base + X_NODE] = -1
         words[base + X_WAIT:base + X_WAIT + 2] = -1
         w64[(base + X_STACK) // 2] = -1
+        # The worker's reserved slots, all free: a list through their M_THEN_NEXT words.
+        first = layout.pool + w * layout.reserve
+        w64[(base + X_FREE) // 2] = first
+        link = layout.meta64(M_THEN_NEXT) // 2 + first
+        w64[link:link + layout.reserve] = np.arange(first + 1, first + layout.reserve + 1)
+        w64[link + layout.reserve - 1] = -1
     # Handles in slot s are s + k * slots (k = 0, 1, ...): before the first, the slot's last issued
     # and last completed handle are both s - slots, which makes it free.
     first = np.arange(layout.slots, dtype=np.int64) - layout.slots

@@ -26,6 +26,8 @@ from warploop.runtime.sync import (
     ABORT,
     COMPLETION_WORDS,
     CTL,
+    CTX_BASE,
+    CTX_WORDS,
     HOST_SUBMIT,
     LINE,
     NO_STAMPS,
@@ -64,132 +66,11 @@ def report_error(arena, code, opcode, worker, detail, task, fatal):
         tl.atomic_xchg(ctl(arena, L.C_STOP), i64(ABORT), sem="release")
 
 
-SHARED_TRIES = tl.constexpr(2)      # ids drawn for the shared pool before a spawn goes to the reserve
-RESERVE_BLOCK = tl.constexpr(64)    # reserve slots examined per round trip
-
-
-@triton.jit
-def claim_shared(arena, slots, shared):
-    """Draw task ids until one's shared slot is free and claimed: (handle or -1, ids drawn).
-
-    Id t names shared slot t % P and the handle (t // P) * slots + t % P. A slot held by a long
-    task (the root of a tree) is skipped, not waited for: the next id names another slot. Two
-    drawers of one slot race through the CAS on its issued word; one whose handle is older than the
-    slot's last completed one lost the slot to a later round and draws again.
-    """
-    got = i64(-1)
-    tries = 0
-    while (got < 0) & (tries < SHARED_TRIES):
-        t = tl.atomic_add(ctl(arena, L.C_NEXT_ID), i64(1), sem="relaxed")
-        slot = t % shared
-        handle = (t // shared) * slots + slot
-        done = uload(meta64(arena, L.M_DONE, slot))
-        if done < handle:
-            if tl.atomic_cas(meta64(arena, L.M_ISSUED, slot), done, handle, sem="relaxed") == done:
-                got = handle
-        tries += 1
-    return got, tries
-
-
-@triton.jit
-def claim_reserve(arena, slots, first, count):
-    """A free slot among [first, first + count), which only their owner claims (no CAS): its next
-    handle (issued + slots), or -1. RESERVE_BLOCK slots are examined per round trip."""
-    k = tl.arange(0, RESERVE_BLOCK)
-    got = i64(-1)
-    base = 0
-    while (got < 0) & (base < count):
-        m = base + k < count
-        s = first + base + k
-        done = tl.load(meta64(arena, L.M_DONE, s), mask=m, other=0, volatile=True)
-        issued = tl.load(meta64(arena, L.M_ISSUED, s), mask=m, other=1, volatile=True)
-        pick = tl.min(tl.where(m & (done == issued), k, RESERVE_BLOCK), axis=0)
-        if pick < RESERVE_BLOCK:
-            got = tl.sum(tl.where(k == pick, issued, 0), axis=0) + slots
-            tl.store(meta64(arena, L.M_ISSUED, first + base + pick), got)
-        base += RESERVE_BLOCK
-    return got
-
-
-@triton.jit
-def alloc_task(arena, parent, ticket, worker):
-    """Take a free slot for a new task and initialise it: (handle, reserved), handle -1 if none.
-
-    A shared slot first; else one of the caller's reserved slots (worker -1: the front's), and the
-    task is `reserved`: a spawn runs it on this worker, after the current body (device.spawn). With
-    the reserve full too, a worker reports the fatal ERR_POOL_FULL (with the live count); the front
-    gets -1 and leaves the submission for its next round.
-    """
-    slots = tl.load(arena + L.H_POOL)
-    shared = tl.load(arena + L.H_SHARED)
-    tid, drawn = claim_shared(arena, slots, shared)
-    reserved = tid < 0
-    burned = drawn - 1                  # ids drawn that name no task (a reserved task keeps the last)
-    if reserved:
-        reserve = tl.load(arena + L.H_RESERVE)
-        if worker >= 0:
-            tid = claim_reserve(arena, slots, shared + worker * reserve, reserve)
-        else:
-            front = shared + tl.load(arena + L.H_WORKERS) * reserve
-            tid = claim_reserve(arena, slots, front, tl.load(arena + L.H_FRONT_RESERVE))
-        if tid < 0:
-            burned += 1
-    if burned > 0:
-        tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(burned), sem="relaxed")   # so live = issued - completed
-    if tid < 0:
-        if worker >= 0:
-            live = uload(ctl(arena, L.C_NEXT_ID)) - uload(ctl(arena, L.C_COMPLETED))
-            report_error(arena, E.ERR_POOL_FULL, 0, worker, shared, live, 1)
-    else:
-        slot = tid % slots
-        tl.store(meta64(arena, L.M_PARENT, slot), parent)
-        tl.store(meta64(arena, L.M_THEN_HEAD, slot), -2 * tid - 2)   # "empty list of tid"
-        tl.store(meta64(arena, L.M_RESULT, slot), i64(0))
-        tl.store(meta64(arena, L.M_HOST_TICKET, slot), ticket)
-        tl.store(meta32(arena, L.M_PENDING, slot), 1)
-        tl.store(meta32(arena, L.M_STATUS, slot), 0)
-        if parent >= 0:
-            # The parent completes only after this child does (structured completion).
-            tl.atomic_add(meta32(arena, L.M_PENDING, parent % slots), 1, sem="relaxed")
-    return tid, reserved
-
-
 @triton.jit
 def never_issued(arena, handle):
     """True for a handle no task was ever given (negative, or past its slot's last issued one)."""
     slot = tl.maximum(handle, 0) % tl.load(arena + L.H_POOL)
     return (handle < 0) | (handle > uload(meta64(arena, L.M_ISSUED, slot)))
-
-
-@triton.jit
-def push_inline(arena, ctx, tid):
-    """Put `tid` on top of this worker's inline stack (only this worker touches it: no atomics)."""
-    top = p64(ctx + L.X_STACK)
-    tl.store(meta64(arena, L.M_THEN_NEXT, tid % tl.load(arena + L.H_POOL)), tl.load(top, volatile=True))
-    tl.store(top, tid)
-    tl.debug_barrier()      # thread 0 stored; the worker loop reads the top from another thread
-
-
-@triton.jit
-def pop_inline(arena, ctx, top):
-    """Take `top`, the top of this worker's inline stack, off it; returns it."""
-    after = tl.load(meta64(arena, L.M_THEN_NEXT, top % tl.load(arena + L.H_POOL)), volatile=True)
-    tl.store(p64(ctx + L.X_STACK), after)
-    tl.debug_barrier()
-    return top
-
-
-@triton.jit
-def spill_inline(arena, ctx):
-    """Move this worker's inline stack to the ready ring, oldest last, so any worker can run it
-    (before a join holds this worker: a joined child may be on the stack)."""
-    top = tl.load(p64(ctx + L.X_STACK), volatile=True)
-    tl.store(p64(ctx + L.X_STACK), i64(-1))
-    tl.debug_barrier()
-    while top >= 0:
-        after = tl.load(meta64(arena, L.M_THEN_NEXT, top % tl.load(arena + L.H_POOL)), volatile=True)
-        push(arena, top)
-        top = after
 
 
 @triton.jit
@@ -292,6 +173,7 @@ def complete(arena, tid, status, BACKEND: tl.constexpr = NO_STAMPS):
         if ticket >= 0:
             notify_host(arena, ticket, slot, BACKEND)
         tl.atomic_xchg(meta64(arena, L.M_DONE, slot), cur, sem="release")
+        release_reserved(arena, slot, pool)
         tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="release")
         going = False
         if parent >= 0:
@@ -302,6 +184,23 @@ def complete(arena, tid, status, BACKEND: tl.constexpr = NO_STAMPS):
         cur = parent
     if BACKEND == "cuda":
         tl.store(stamps(arena) + L.ST_BODY_DONE, body_done, mask=on)
+
+
+@triton.jit
+def release_reserved(arena, slot, slots):
+    """A worker's reserved slot is free again (done is published): push it on its owner's free list."""
+    reserve = tl.load(arena + L.H_RESERVE)
+    owner = (slot - tl.load(arena + L.H_SHARED)) // reserve
+    if (slot >= tl.load(arena + L.H_SHARED)) & (owner < tl.load(arena + L.H_WORKERS)):
+        head_p = p64(arena + CTX_BASE + owner * CTX_WORDS + L.X_FREE)
+        old = acquire(head_p)      # one value for every warp: they all follow the CAS loop together
+        going = True
+        while going:
+            tl.store(meta64(arena, L.M_THEN_NEXT, slot), old)
+            tl.debug_barrier()
+            seen = tl.atomic_cas(head_p, old, i64(slot), sem="acq_rel")
+            going = seen != old
+            old = seen
 
 
 @triton.jit

@@ -22,18 +22,16 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
 from warploop.runtime.front import front_step, graph_entry
-from warploop.runtime.sched import complete, pop_inline, report_error, try_pop, write_trace
+from warploop.runtime.sched import complete, report_error, write_trace
+from warploop.runtime.slots import next_task, poll_words
 from warploop.runtime.sync import (
     ABORT,
     ARG_WORD,
-    CTL,
     CTX_BASE,
     CTX_WORDS,
     DESC_WORDS,
     DRAIN,
-    LINE,
     MAX_PARAMS,
-    UNIFORM,
     acquire,
     clock,
     ctl,
@@ -54,31 +52,6 @@ MAX_ARGS = tl.constexpr(D.MAX_ARGS)
 @triton.jit
 def ctx_of(arena, worker):
     return arena + CTX_BASE + worker * CTX_WORDS
-
-
-@triton.jit
-def poll_words(arena, worker):
-    """(stop word, graph runs released, top of this worker's inline stack) in one round trip: one
-    thread loads the three, a reduction hands them to the others."""
-    k = tl.arange(0, 4)
-    rows = tl.arange(0, UNIFORM)[:, None]
-    top = (CTX_BASE + worker * CTX_WORDS + L.X_STACK) // 2
-    offs = tl.where(k == 0, (CTL + LINE * L.C_STOP) // 2, tl.where(k == 1, (CTL + LINE * L.C_RUN_SEQ) // 2, top))
-    block = tl.load(p64(arena) + (offs[None, :] + 0 * rows), mask=(rows == 0) & (k < 3)[None, :],
-                    other=-(2**62), volatile=True)
-    m = tl.max(block, axis=0)
-    return (tl.sum(tl.where(k == 0, m, 0), axis=0), tl.sum(tl.where(k == 1, m, 0), axis=0),
-            tl.sum(tl.where(k == 2, m, 0), axis=0))
-
-
-@triton.jit
-def next_task(arena, ctx, top, BACKEND: tl.constexpr):
-    """The task this worker runs next: the top of its inline stack (top >= 0), else one from the ring."""
-    if top >= 0:
-        tid = pop_inline(arena, ctx, top)
-    else:
-        tid = try_pop(arena, BACKEND)
-    return tid
 
 
 @triton.jit
