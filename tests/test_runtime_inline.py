@@ -162,3 +162,11 @@ def test_the_inline_path_compiles_for_a_gpu_without_one():
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     assert ".entry resident" in ptx           # it compiled: no recursion, every loop-carried type agrees
+
+
+def test_the_fanout_bench_runs_and_checks_itself():
+    from warploop.bench.runtime_fanout import fanout_figures
+
+    fig = fanout_figures(torch, leaves=8, pool=2, device="cpu")
+    assert fig["fanout_tasks"] == 15 and fig["fanout_ok"] and fig["flat_ok"]
+    assert fig["fanout_tasks_per_s"] > 0 and fig["fanout_vs_flat"] > 0
