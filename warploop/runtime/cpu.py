@@ -38,7 +38,7 @@ class CpuExecutor:
         import torch
         self.module = module
         self.workers = DEFAULT_WORKERS if workers is None else workers
-        self.layout = L.ArenaLayout(workers=self.workers, pool=pool)
+        self.layout = L.ArenaLayout(workers=self.workers, pool=pool, front_reserve=submit_slots)
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32)
         self.host = self.host_t.numpy()
