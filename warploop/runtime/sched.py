@@ -215,8 +215,11 @@ def attach(arena, handle, cont, worker):
         slot = handle % pool
         linked = False
         while not linked:
-            done = uload(meta64(arena, L.M_DONE, slot)) >= handle
+            # The list head first, then done: if done still says "not complete", the slot was not
+            # reused before the head was read, so `old` is the head of h's own list, and the CAS
+            # succeeds only if it still is (list heads never repeat: ids are unique, markers encode h).
             old = acquire(meta64(arena, L.M_THEN_HEAD, slot))
+            done = uload(meta64(arena, L.M_DONE, slot)) >= handle
             if done | (old == -2 * handle - 3):
                 push(arena, cont)
                 linked = True
