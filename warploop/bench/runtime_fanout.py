@@ -4,8 +4,8 @@ Each task splits its range of leaves in two and spawns both halves, down to one 
 2 x leaves - 1 tasks (1,048,575 for 2^19 leaves), far more than the pool holds. Tasks spawned
 while the pool is full run inline on their spawner, depth first (docs/runtime.md, "Dynamic work at
 any size"), so the run needs no larger pool. The peer, in the same run, is the flat fan-out of
-`warploop bench runtime` (`tasks_per_s`: spawners of tiny tasks through a 2^18-slot pool, every
-task through the shared ring), at the same task count.
+`warploop bench runtime` (`tasks_per_s`: a spawner per worker, 1000 tiny tasks each, through a
+2^18-slot pool that holds them all, every task through the shared ring).
 
     python -m warploop.bench.runtime_fanout [LEAVES]        # one JSON object
 """
@@ -22,6 +22,8 @@ from warploop.runtime import device as wl
 
 DEFAULT_LEAVES = 1 << 19        # 1,048,575 tasks
 DEFAULT_POOL = 4096             # Runtime's default: the point is that it suffices
+FLAT_POOL = 1 << 18             # the peer's pool: room for every task it spawns
+FLAT_EACH = 1000                # ticks per spawner in the peer (as in runtime_gpu.runtime_tasks)
 
 
 @warploop.task(signature={"out": "*i32", "lo": "i32", "hi": "i32"})
@@ -62,9 +64,11 @@ def fanout_figures(torch, leaves: int = DEFAULT_LEAVES, pool: int = DEFAULT_POOL
         workers = rt.workers
     fig = {"fanout_tasks": tasks, "fanout_pool": pool, "fanout_workers": workers, "fanout_s": elapsed,
            "fanout_tasks_per_s": tasks / elapsed, "fanout_ok": ok and status.issued == status.completed}
-    with warploop.Runtime(device=dev, tasks=HOP_TASKS, workers=workers, pool=1 << 18) as rt:
-        fan = min(rt.workers, tasks)
-        each = max(1, tasks // fan)
+    # The peer: `warploop bench runtime`'s tasks_per_s setup (one 1-warp worker per SM, a spawner per
+    # worker, FLAT_EACH ticks each, a pool that holds them all: every task through the shared ring).
+    peer_workers = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else workers
+    with warploop.Runtime(device=dev, tasks=HOP_TASKS, workers=peer_workers, worker_warps=1, pool=FLAT_POOL) as rt:
+        fan, each = rt.workers, min(FLAT_EACH, max(1, tasks // rt.workers))
         rt.submit(spawn_tree, flat, fan, 1).result(timeout=timeout)           # warm-up
         before = int(flat.cpu()[0])
         t0 = time.perf_counter()
@@ -72,8 +76,8 @@ def fanout_figures(torch, leaves: int = DEFAULT_LEAVES, pool: int = DEFAULT_POOL
         flat_s = time.perf_counter() - t0
         flat_ok = int(flat.cpu()[0]) - before == fan * each
     flat_tasks = fan * each + fan + 1
-    fig.update({"flat_tasks": flat_tasks, "flat_pool": 1 << 18, "flat_tasks_per_s": flat_tasks / flat_s,
-                "flat_ok": flat_ok})
+    fig.update({"flat_tasks": flat_tasks, "flat_pool": FLAT_POOL, "flat_workers": fan,
+                "flat_tasks_per_s": flat_tasks / flat_s, "flat_ok": flat_ok})
     fig["fanout_vs_flat"] = fig["fanout_tasks_per_s"] / fig["flat_tasks_per_s"]
     return fig
 
