@@ -11,6 +11,8 @@ import triton.language as tl
 
 import warploop
 from warploop.runtime import device as wl
+from warploop.runtime import layout as L
+from warploop.runtime.sync import p64
 
 
 @warploop.task(signature={"log": "*i32", "cursor": "*i32", "tag": "i32"})
@@ -170,3 +172,33 @@ def test_the_fanout_bench_runs_and_checks_itself():
     fig = fanout_figures(torch, leaves=8, pool=2, device="cpu")
     assert fig["fanout_tasks"] == 15 and fig["fanout_ok"] and fig["flat_ok"]
     assert fig["fanout_tasks_per_s"] > 0 and fig["fanout_vs_flat"] > 0
+
+
+@warploop.task(signature={"log": "*i32", "cursor": "*i32", "first": "i64"})
+@triton.jit
+def inline_parent(ctx, log, cursor, first):
+    """Runs inline; waits until `first` has completed elsewhere (its shared slot is free again), then
+    spawns: the child stays on this worker's stack although the pool now has room."""
+    wl.join(ctx, first)
+    child = wl.spawn(ctx, record, log, cursor, 21)
+    on_stack = tl.load(p64(ctx + L.X_STACK)) == child        # the top of this worker's inline stack
+    record(ctx, log, cursor, tl.where(on_stack, 20, 19))
+
+
+@warploop.task(signature={"log": "*i32", "cursor": "*i32"})
+@triton.jit
+def subtree_root(ctx, log, cursor):
+    first = wl.spawn(ctx, record, log, cursor, 1)          # the last shared slot: the ring
+    wl.spawn(ctx, inline_parent, log, cursor, first)       # a full pool: inline
+
+
+def test_the_children_of_an_inline_task_are_inline_too():
+    log, cursor = torch.full((32,), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    with warploop.Runtime(device="cpu", tasks=TASKS + [inline_parent, subtree_root], workers=2, pool=2) as rt:
+        rt.submit(subtree_root, log, cursor).result(timeout=60)
+        done = entries(log, cursor)
+    tags = [t for t, _ in done]
+    assert tags == [1, 20, 21]
+    # 1 ran on the other worker during the join; 21 went on the parent's inline stack (20, not 19)
+    # and ran on the parent's worker, though slot 1 was free again when it was spawned.
+    assert done[1][1] == done[2][1] != done[0][1]

@@ -119,11 +119,13 @@ def spawn(ctx, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0, a9=0,
 
     Into a full pool the child takes one of this worker's reserved slots and runs *inline*: on this
     worker, after the running body returns, before the worker takes other work; children inlined
-    by one body run last-spawned first. -1 only when the reserve is full too (the runtime aborts).
+    by one body run last-spawned first. The children of an inline task are inline too, whatever
+    the pool holds, so a subtree that went inline is finished depth first by its worker (which
+    bounds the reserve it needs). -1 only when the reserve is full too (the runtime aborts).
     """
     tid, reserved = _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
     if tid >= 0:
-        if reserved:
+        if reserved | (tl.load(ctx + L.X_INLINE) != 0):
             push_inline(arena_of(ctx), ctx, tid)
         else:
             push(arena_of(ctx), tid)

@@ -53,6 +53,7 @@ X_COUNTERS = 12      # int64: counter array address of the graph being run
 X_TRACE = 14         # trace events written by this worker
 X_STACK = 16         # int64: top of this worker's inline stack (a task handle, -1: empty)
 X_FREE = 18          # int64: first of this worker's free reserved slots (a slot, -1: none), linked by M_THEN_NEXT
+X_INLINE = 20        # 1 while the running task came off this worker's inline stack: its spawns go inline too
 # worker states
 S_IDLE, S_RUNNING, S_WAITING, S_JOINING, S_EXITED = range(5)
 STATE_NAMES = ("idle", "running", "waiting on counter", "joining", "exited")

@@ -186,9 +186,12 @@ def poll_words(arena, worker):
 
 @triton.jit
 def next_task(arena, ctx, top, BACKEND: tl.constexpr):
-    """The task this worker runs next: the top of its inline stack (top >= 0), else one from the ring."""
+    """The task this worker runs next: the top of its inline stack (top >= 0), else one from the ring.
+    Marks the context (X_INLINE) so the task's own spawns stay on the stack (device.spawn)."""
     if top >= 0:
         tid = pop_inline(arena, ctx, top)
     else:
         tid = try_pop(arena, BACKEND)
+    # Only when a task was taken (an idle poll stores nothing); run_dynamic's barrier orders it before the body.
+    tl.store(ctx + L.X_INLINE, (top >= 0).to(tl.int32), mask=tid >= 0)
     return tid

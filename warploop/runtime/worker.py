@@ -184,6 +184,7 @@ def graph_run_start(arena, ctx, worker):
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    tl.store(ctx + L.X_INLINE, 0)
     return first, end, insts, counters, ncounters, params, epoch
 
 
@@ -220,6 +221,7 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    tl.store(ctx + L.X_INLINE, 0)       # a node that spawns queues its children on the ring
     words = inst_words(insts, i, end, NSLOTS)
     while i < end:
         ahead = inst_words(insts, i + 1, end, NSLOTS)
