@@ -51,5 +51,5 @@ def test_inline_children_join_and_then_chains_through_a_two_slot_pool():
     # slot before the next spawn); the exact order is checked on the CPU executor.
     assert sorted(t for t, _ in entries(log.cpu(), cursor.cpu())) == [0, 10, 11, 12, 13, 14]
     joined = [t for t, _ in entries(log2.cpu(), cursor2.cpu())]
-    assert sorted(joined) == [1, 2, 3] and joined.index(2) < joined.index(3)
+    assert sorted(joined) == [0, 1, 2, 3] and joined.index(2) < joined.index(3)
     assert int(links.cpu()[0]) == 1001

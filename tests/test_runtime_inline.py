@@ -36,7 +36,8 @@ def spawn_n(ctx, log, cursor, n):
 @warploop.task(signature={"log": "*i32", "cursor": "*i32"})
 @triton.jit
 def spawn_join(ctx, log, cursor):
-    wl.spawn(ctx, record, log, cursor, 1)             # the pool's last free slot: the ring
+    wl.spawn(ctx, record, log, cursor, 0)             # the pool's 2 shared slots: the ring
+    wl.spawn(ctx, record, log, cursor, 1)
     h = wl.spawn(ctx, record, log, cursor, 2)         # a full pool: this worker's inline stack
     wl.join(ctx, h)                                   # would wait forever for its own stack
     record(ctx, log, cursor, 3)
@@ -99,13 +100,14 @@ def test_inline_children_run_on_the_spawner_right_after_its_body_last_first():
         rt.submit(spawn_n, log, cursor, 5).result(timeout=60)
         done = entries(log, cursor)
         assert rt.status().pending == ()
-    # The root holds one of the 2 shared slots and child 10 the other (queued on the ring);
-    # children 11-14 found the pool full and went on the root's worker's inline stack: they run
-    # there as soon as the root's body returns, before the worker takes the ring's child, newest first.
+    # The root holds a slot of the front's (host submissions have their own); children 10 and 11
+    # took the 2 shared slots (queued on the ring); 12-14 found the pool full and went on the root's
+    # worker's inline stack: they run there as soon as the root's body returns, newest first, before
+    # the worker takes the ring's children.
     tags = [t for t, _ in done]
-    assert tags == [0, 14, 13, 12, 11, 10]
+    assert tags == [0, 14, 13, 12, 10, 11]
     root_worker = done[0][1]
-    assert all(w == root_worker for _, w in done[1:5])
+    assert all(w == root_worker for _, w in done[1:4])
 
 
 def test_join_on_an_inlined_child_hands_it_to_another_worker():
@@ -114,7 +116,7 @@ def test_join_on_an_inlined_child_hands_it_to_another_worker():
         rt.submit(spawn_join, log, cursor).result(timeout=60)
         done = entries(log, cursor)
     tags = [t for t, _ in done]
-    assert sorted(tags) == [1, 2, 3] and tags.index(2) < tags.index(3)
+    assert sorted(tags) == [0, 1, 2, 3] and tags.index(2) < tags.index(3)
     joiner = done[tags.index(3)][1]
     assert done[tags.index(2)][1] != joiner       # spilled to the ring, run by the other worker
 
@@ -188,7 +190,8 @@ def inline_parent(ctx, log, cursor, first):
 @warploop.task(signature={"log": "*i32", "cursor": "*i32"})
 @triton.jit
 def subtree_root(ctx, log, cursor):
-    first = wl.spawn(ctx, record, log, cursor, 1)          # the last shared slot: the ring
+    wl.spawn(ctx, record, log, cursor, 0)                  # the 2 shared slots: the ring
+    first = wl.spawn(ctx, record, log, cursor, 1)
     wl.spawn(ctx, inline_parent, log, cursor, first)       # a full pool: inline
 
 
@@ -198,7 +201,7 @@ def test_the_children_of_an_inline_task_are_inline_too():
         rt.submit(subtree_root, log, cursor).result(timeout=60)
         done = entries(log, cursor)
     tags = [t for t, _ in done]
-    assert tags == [1, 20, 21]
-    # 1 ran on the other worker during the join; 21 went on the parent's inline stack (20, not 19)
-    # and ran on the parent's worker, though slot 1 was free again when it was spawned.
-    assert done[1][1] == done[2][1] != done[0][1]
+    assert tags == [0, 1, 20, 21]
+    # 0 and 1 ran on the other worker during the join; 21 went on the parent's inline stack (20, not
+    # 19) and ran on the parent's worker, though the shared slots were free again when it was spawned.
+    assert done[2][1] == done[3][1] != done[1][1]

@@ -20,8 +20,6 @@ from warploop.runtime import layout as L
 from warploop.runtime.sched import push, report_error, try_pop
 from warploop.runtime.sync import CTL, CTX_BASE, CTX_WORDS, LINE, UNIFORM, acquire, ctl, i64, meta32, meta64, p64, uload
 
-RESERVE_BLOCK = tl.constexpr(64)    # front reserve slots examined per round trip
-
 
 @triton.jit
 def claim_shared(arena, slots, shared):
@@ -69,32 +67,31 @@ def claim_free(arena, ctx, slots):
 
 
 @triton.jit
-def claim_block(arena, slots, first, count):
-    """A free slot among [first, first + count) (count <= RESERVE_BLOCK), in one round trip: its next
-    handle (issued + slots), or -1. Only the slots' owner claims them, so no CAS."""
-    k = tl.arange(0, RESERVE_BLOCK)
-    m = k < count
-    done = tl.load(meta64(arena, L.M_DONE, first + k), mask=m, other=0, volatile=True)
-    issued = tl.load(meta64(arena, L.M_ISSUED, first + k), mask=m, other=1, volatile=True)
-    pick = tl.min(tl.where(m & (done == issued), k, RESERVE_BLOCK), axis=0)
-    got = i64(-1)
-    if pick < RESERVE_BLOCK:
-        # Only this program writes the word (barriers since), so every thread reads the same.
-        issued_p = meta64(arena, L.M_ISSUED, first + pick)
-        got = tl.load(issued_p, volatile=True) + slots
-        tl.store(issued_p, got)
-    return got
+def claim_front(arena, slots, ticket):
+    """The front's slot for host submission `ticket`: reserved slot ticket % S of the front's S, its
+    next handle, or -1 while its last task has not published done yet.
 
-
-@triton.jit
-def claim_front(arena, slots, first, count):
-    """A free slot of the front's reserve (one per submit slot), RESERVE_BLOCK slots per round trip.
-    The front is one program and allocates at one place, so it scans instead of keeping a list."""
+    The host posts ticket t only after collecting ticket t - S's completion record, which the
+    device writes just before it publishes done, so the slot is free or about to be: a busy one
+    leaves the submission in the ring for the next round. Only the front claims these slots, so
+    no CAS, and no id to wait for: one round trip, where a shared slot costs three.
+    """
+    shared = tl.load(arena + L.H_SHARED)
+    count = tl.load(arena + L.H_FRONT_RESERVE)
+    slot = shared + tl.load(arena + L.H_WORKERS) * tl.load(arena + L.H_RESERVE) + ticket % count
+    # Both words in one round trip, loaded by one thread and handed to the others by a reduction,
+    # so every warp takes the same branch (sync.uload's rule).
+    k = tl.arange(0, 2)
+    rows = tl.arange(0, UNIFORM)[:, None]
+    offs = (k * (L.M_ISSUED - L.M_DONE) * slots)[None, :] + 0 * rows
+    words = tl.max(tl.load(meta64(arena, L.M_DONE, slot) + offs, mask=rows == 0, other=-(2**62), volatile=True),
+                   axis=0)
+    done = tl.sum(tl.where(k == 0, words, 0), axis=0)
+    issued = tl.sum(tl.where(k == 1, words, 0), axis=0)
     got = i64(-1)
-    base = tl.full([], 0, tl.int32)
-    while (got < 0) & (base < count):
-        got = claim_block(arena, slots, first + base, tl.minimum(count - base, RESERVE_BLOCK))
-        base += RESERVE_BLOCK
+    if done == issued:
+        got = issued + slots
+        tl.store(meta64(arena, L.M_ISSUED, slot), got)
     return got
 
 
@@ -102,23 +99,25 @@ def claim_front(arena, slots, first, count):
 def alloc_task(arena, parent, ticket, worker):
     """Take a free slot for a new task and initialise it: (handle, reserved), handle -1 if none.
 
-    A shared slot first; else one of the caller's reserved slots (worker -1: the front's), and the
-    task is `reserved`: a spawn runs it on this worker, after the current body (device.spawn). With
-    the reserve full too, a worker reports the fatal ERR_POOL_FULL (with the live count); the front
-    gets -1 and leaves the submission for its next round.
+    A worker takes a shared slot if its id's is free, else one of its reserved slots, and the task
+    is `reserved`: a spawn runs it on this worker, after the current body (device.spawn). With the
+    reserve full too, it reports the fatal ERR_POOL_FULL (with the live count). The front (worker
+    -1) takes the slot of its submit ticket (claim_front), or gets -1 and retries next round.
     """
     slots = tl.load(arena + L.H_POOL)
     shared = tl.load(arena + L.H_SHARED)
-    tid = claim_shared(arena, slots, shared)
-    reserved = tid < 0
-    if reserved:      # the id drawn counts this task (live = drawn - completed) unless none is found
-        if worker >= 0:
+    if worker < 0:      # the front: host submissions have slots of their own
+        tid = claim_front(arena, slots, ticket)
+        reserved = tid >= 0
+        if reserved:      # counted (live = drawn - completed) without waiting for the reply
+            tl.atomic_add(ctl(arena, L.C_NEXT_ID), i64(1), sem="relaxed")
+    else:
+        tid = claim_shared(arena, slots, shared)
+        reserved = tid < 0
+        if reserved:      # the id drawn counts this task unless no reserved slot is free either
             tid = claim_free(arena, arena + CTX_BASE + worker * CTX_WORDS, slots)
-        else:
-            front = shared + tl.load(arena + L.H_WORKERS) * tl.load(arena + L.H_RESERVE)
-            tid = claim_front(arena, slots, front, tl.load(arena + L.H_FRONT_RESERVE))
-        if tid < 0:
-            tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="relaxed")
+            if tid < 0:
+                tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="relaxed")
     if tid < 0:
         if worker >= 0:
             # For the message only (thread 0 stores it), so plain loads: no reduction in every spawn.
