@@ -41,7 +41,8 @@ MARGIN_S = 0.5     # the watchdog's grace (0.05 s) plus a loaded 2-core machine'
 def test_a_looping_body_times_out_within_the_deadline():
     flag = torch.zeros(2, dtype=torch.int32)
     with warploop.Runtime(device="cpu", tasks=TASKS, workers=2) as rt:
-        rt.submit(bump, torch.zeros(2, dtype=torch.int32)).result(timeout=60)   # the interpreter warmed up
+        warm = torch.zeros(2, dtype=torch.int32)           # held while the task can write it
+        rt.submit(bump, warm).result(timeout=60)           # the interpreter warmed up
         future = rt.submit(spin, flag)
         t0 = time.perf_counter()
         with pytest.raises(TimeoutError, match="was interrupted") as info:

@@ -3,30 +3,28 @@
 The CPU executor runs task bodies in the calling thread, through the Triton interpreter, so a body
 that loops forever never returns to the loop that checks the deadline between steps. A watchdog
 thread sleeps until the deadline (plus a grace period, so a step that is about to finish is not cut
-short) and then raises `Interrupted` inside the waiting thread with CPython's
-`PyThreadState_SetAsyncExc`: the interpreter's loops are Python code, so the exception lands at the
-next bytecode boundary. This costs nothing per step; arming and disarming cost a lock each.
+short) and then asks the interpreter bridge to raise `Interrupted` in the waiting thread at its
+next Triton operation (interp.interrupt: a check at the top of every operation, so the exception
+starts in plain Python, never inside the interpreter's C++ code; CPython's asynchronous exceptions
+(PyThreadState_SetAsyncExc) were tried first and corrupted the heap when they landed there). Arming
+and disarming cost a lock each; each interpreted operation pays one dictionary test.
 
 The exception derives from BaseException, so the interpreter and the executor's own `except
 Exception` clauses pass it through untouched. The watchdog fires at most once per arming, and
-`disarm` withdraws an exception not yet delivered, so none can land after the wait has returned.
+`disarm` withdraws a request not yet taken, so none can land after the wait has returned.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
+
+from warploop.runtime import interp
 
 GRACE_S = 0.05    # past the deadline before a running step is interrupted
 
 
 class Interrupted(BaseException):
     """Raised inside the waiting thread when its deadline passed during a step."""
-
-
-def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
-                                               ctypes.py_object(exc) if exc is not None else None)
 
 
 class Watchdog:
@@ -55,7 +53,7 @@ class Watchdog:
     def disarm(self) -> None:
         with self._cond:
             if self._fired and self._target is not None:
-                _raise_in(self._target, None)     # withdraw it if it has not landed yet
+                interp.clear_interrupt(self._target)     # withdraw it if it has not landed yet
             self._target = None
             self._cond.notify()
 
@@ -75,4 +73,4 @@ class Watchdog:
                     self._cond.wait(left)
                     continue
                 self._fired = True
-                _raise_in(self._target, Interrupted)
+                interp.interrupt(self._target, Interrupted)
