@@ -16,6 +16,9 @@ Completion is structured: a task's handle completes only when its body has retur
 task it spawned or attached with `then` has completed. So the host's future for a root task
 resolves when the whole tree is done, and `then` on a handle waits for that handle's tree.
 
+A spawn never waits for room: into a full pool the child runs inline on the spawning worker,
+after the spawning body returns (slots.py; docs/runtime.md, "Dynamic work at any size").
+
 `join` spins, holding its worker: a program whose joins nest deeper than the number of workers
 deadlocks on the GPU (the CPU executor runs other tasks while joining). Prefer `then`.
 """
