@@ -49,7 +49,7 @@ def timed_fanout(rt, torch, counter, leaves: int, timeout: float) -> tuple[float
 
 def fanout_figures(torch, leaves: int = DEFAULT_LEAVES, pool: int = DEFAULT_POOL, device: str | None = None,
                    timeout: float = 300.0) -> dict:
-    """The fan-out's tasks/s through `pool` slots, and the flat peer at the same task count.
+    """The fan-out's tasks/s through `pool` slots, and the flat peer's in the same run.
 
     Tensors are made before each Runtime opens (a resident kernel may hold every SM).
     """
