@@ -57,10 +57,12 @@ def test_word_helpers():
 
 
 def test_arena_regions_are_disjoint_and_aligned():
-    lay = L.ArenaLayout(workers=133, pool=1024, max_graphs=8)
+    lay = L.ArenaLayout(workers=133, pool=1024, max_graphs=8, reserve=16, front_reserve=64)
+    n = lay.slots
+    assert n == 1024 + 133 * 16 + 64             # the shared pool, each worker's reserve, the front's
     regions = [(0, L.HEADER_WORDS), (lay.ctl, lay.ctl + L.N_CTL * L.LINE),
-               (lay.ctx, lay.ctx + 133 * L.CTX_WORDS), (lay.pool_desc, lay.pool_desc + 1024 * DESC_WORDS),
-               (lay.pool_meta, lay.pool_meta + 2 * L.N_META64 * 1024), (lay.pool_i32, lay.pool_i32 + 2 * 1024),
+               (lay.ctx, lay.ctx + 133 * L.CTX_WORDS), (lay.pool_desc, lay.pool_desc + n * DESC_WORDS),
+               (lay.pool_meta, lay.pool_meta + 2 * L.N_META64 * n), (lay.pool_i32, lay.pool_i32 + 2 * n),
                (lay.ring_off, lay.ring_off + 2 * lay.ring), (lay.graphs, lay.words)]
     for (a0, a1), (b0, b1) in zip(regions, regions[1:], strict=False):
         assert a1 <= b0, (a0, a1, b0, b1)

@@ -51,9 +51,7 @@ def cpu_front(arena):
 
 @triton.jit
 def cpu_dynamic(arena, worker):
-    tid = S.try_pop(arena)
-    if tid >= 0:
-        W.run_dynamic(arena, W.ctx_of(arena, worker), worker, tid, dispatch, NSLOTS, False, "cpu")
+    W.dynamic_step(arena, worker, dispatch, NSLOTS)
 
 
 @triton.jit

@@ -25,6 +25,7 @@ from warploop.runtime.descriptor import DESC_WORDS, to_i32
 from warploop.runtime.errors import RuntimeFault
 from warploop.runtime.external import EXTERNAL_TICKET
 from warploop.runtime.status import read_error
+from warploop.runtime.watchdog import Interrupted, Watchdog
 
 DEFAULT_WORKERS = 4
 
@@ -37,7 +38,7 @@ class CpuExecutor:
         import torch
         self.module = module
         self.workers = DEFAULT_WORKERS if workers is None else workers
-        self.layout = L.ArenaLayout(workers=self.workers, pool=pool)
+        self.layout = L.ArenaLayout(workers=self.workers, pool=pool, front_reserve=submit_slots)
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32)
         self.host = self.host_t.numpy()
@@ -55,6 +56,7 @@ class CpuExecutor:
         self.timeout: float | None = None
         self.what = ""
         self.report: Callable[[], str] = lambda: ""
+        self.watchdog = Watchdog()             # ends a step whose task body outlives the deadline
         self.host[L.HB_STARTED] = 1
 
     # -- words -----------------------------------------------------------------------------------
@@ -124,18 +126,27 @@ class CpuExecutor:
             progressed = True
         return progressed
 
+    def _stack_top(self, worker: int) -> int:
+        return int(self.a64[(self.layout.ctx + worker * L.CTX_WORDS + L.X_STACK) // 2])
+
     def _dynamic_step(self) -> bool:
-        head, tail = self.ctl(L.C_RING_HEAD), self.ctl(L.C_RING_TAIL)
-        if head >= tail:
-            return False
+        """Run one dynamic task: a free worker's inline stack first (what the worker loop does after
+        a body that spawned into a full pool), else the ring's head on the first free worker."""
         free = [w for w in range(self.workers) if w not in self.busy and w not in self.position]
-        if not free:
+        stacked = [w for w in free if self._stack_top(w) >= 0]
+        head, tail = self.ctl(L.C_RING_HEAD), self.ctl(L.C_RING_TAIL)
+        if stacked:
+            worker = stacked[0]
+            tid = self._stack_top(worker)
+        elif free and head < tail:
+            worker = free[0]
+            tid = int(self.a64[self.layout.ring_off // 2 + head % self.layout.ring]) - 1
+        else:
             return False
-        tid = int(self.a64[self.layout.ring_off // 2 + head % self.layout.ring]) - 1
-        opcode = int(self.a[self.layout.pool_desc + (tid % self.layout.pool) * DESC_WORDS])
-        t0 = self._launch(self.module.cpu_dynamic, free[0], free[0])
+        opcode = int(self.a[self.layout.pool_desc + (tid % self.layout.slots) * DESC_WORDS])
+        t0 = self._launch(self.module.cpu_dynamic, worker, worker)
         if self.trace:
-            self.events.append((t0, time.perf_counter_ns(), opcode, free[0], tid))
+            self.events.append((t0, time.perf_counter_ns(), opcode, worker, tid))
         return True
 
     def _step(self) -> bool:
@@ -163,29 +174,42 @@ class CpuExecutor:
         """True while an external handle (wl.external) is pending: the host completes it, so a
         step that finds nothing to run is waiting for the host, not deadlocked."""
         lay = self.layout
-        tickets = self.a64[lay.meta64(L.M_HOST_TICKET) // 2:][:lay.pool]
-        pending = self.a[lay.meta32(L.M_PENDING):][:lay.pool]
+        tickets = self.a64[lay.meta64(L.M_HOST_TICKET) // 2:][:lay.slots]
+        pending = self.a[lay.meta32(L.M_PENDING):][:lay.slots]
         return bool(((tickets == EXTERNAL_TICKET) & (pending > 0)).any())
 
     def _join(self, ctx, handle) -> None:
         h = interp.scalar(handle)
-        if not 0 <= h < self.ctl(L.C_NEXT_ID):
-            return interp.call_original(device.join, ctx, handle)
+        slots = self.layout.slots
+        if not 0 <= h <= self.a64[self.layout.meta64(L.M_ISSUED) // 2 + h % slots]:
+            return interp.call_original(device.join, ctx, handle)     # reports the bad handle
+        interp.call_original(device.spill_inline, interp.call_original(device.arena_of, ctx), ctx)
         word = (interp.scalar(ctx) - self.arena.data_ptr()) // 4
         self.a[word + L.X_STATE], self.a[word + L.X_DETAIL] = L.S_JOINING, to_i32(h)
-        slot = self.layout.meta64(L.M_DONE) // 2 + h % self.layout.pool
+        slot = self.layout.meta64(L.M_DONE) // 2 + h % slots
         self._drive(lambda: self.a64[slot] >= h)
         self.a[word + L.X_STATE] = L.S_RUNNING
 
     # -- the backend interface used by Runtime ----------------------------------------------------
     def wait(self, ready: Callable[[], bool], timeout: float | None, what: str,
              report: Callable[[], str] | None = None) -> None:
-        self.deadline = None if timeout is None else time.perf_counter() + timeout
-        self.timeout, self.what, self.report = timeout, what, report or (lambda: "")
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        # A wait inside a wait (a join's, or a submit's inside a host call) keeps the outer deadline.
+        armed = deadline is not None and self.watchdog.arm(deadline)
+        if armed or self.deadline is None:
+            self.deadline = deadline
+            self.timeout, self.what, self.report = timeout, what, report or (lambda: "")
         try:
-            self._drive(ready)
-        finally:
-            self.deadline = None
+            try:
+                self._drive(ready)
+            finally:
+                if armed:
+                    self.watchdog.disarm()
+                    self.deadline = None
+        except Interrupted:
+            raise TimeoutError(f"timed out after {self.timeout:g} s waiting for {self.what}: a task body was "
+                               f"still running at the deadline and was interrupted (its task will never "
+                               f"complete; close this runtime)\n{self.report()}".rstrip()) from None
 
     def check(self) -> None:
         err = read_error(self.host)
@@ -238,6 +262,7 @@ class CpuExecutor:
                 self.wait(idle, timeout, "the runtime to drain")
             except (TimeoutError, RuntimeFault):
                 abort = True
+        self.watchdog.close()
         self.host[L.HB_STOP] = L.ABORT if abort else L.DRAIN
         self.a64[self.layout.ctl_word(L.C_STOP) // 2] = self.host[L.HB_STOP]
         self.host[L.HB_EXITED] = 1

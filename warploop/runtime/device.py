@@ -16,6 +16,9 @@ Completion is structured: a task's handle completes only when its body has retur
 task it spawned or attached with `then` has completed. So the host's future for a root task
 resolves when the whole tree is done, and `then` on a handle waits for that handle's tree.
 
+A spawn never waits for room: into a full pool the child runs inline on the spawning worker,
+after the spawning body returns (slots.py; docs/runtime.md, "Dynamic work at any size").
+
 `join` spins, holding its worker: a program whose joins nest deeper than the number of workers
 deadlocks on the GPU (the CPU executor runs other tasks while joining). Prefer `then`.
 """
@@ -26,8 +29,9 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import external as X
 from warploop.runtime import layout as L
-from warploop.runtime.sched import alloc_task, attach, push, report_error, write_header
-from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, ctl, desc_of, i64, meta32, meta64, p64, uload, wait_ge
+from warploop.runtime.sched import attach, never_issued, push, report_error, write_header
+from warploop.runtime.slots import alloc_task, push_inline, spill_inline
+from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, desc_of, i64, meta32, meta64, p64, wait_ge
 
 ERR_BAD_HANDLE = tl.constexpr(E.ERR_BAD_HANDLE)
 K_PTR = tl.constexpr(D.K_PTR)
@@ -102,29 +106,39 @@ def _store_args(d, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
 
 @triton.jit
 def _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
-    """Allocate a child of the running task and write its descriptor; returns its id or -1."""
+    """Allocate a child of the running task and write its descriptor: (its id or -1, reserved)."""
     arena = arena_of(ctx)
-    tid = alloc_task(arena, task_id(ctx), i64(-1), worker_id(ctx))
+    tid, reserved = alloc_task(arena, task_id(ctx), i64(-1), worker_id(ctx))
     if tid >= 0:
         d = desc_of(arena, tid % tl.load(arena + L.H_POOL))
         write_header(d, task.opcode)
         _store_args(d, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
-    return tid
+    return tid, reserved
 
 
 @triton.jit
 def spawn(ctx, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0, a9=0, a10=0, a11=0):
-    """Queue `task(a0, ...)` to run on any worker; returns its handle (-1: pool full, runtime aborted)."""
-    tid = _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
+    """Queue `task(a0, ...)` to run on any worker; returns its handle.
+
+    Into a full pool the child takes one of this worker's reserved slots and runs *inline*: on this
+    worker, after the running body returns, before the worker takes other work; children inlined
+    by one body run last-spawned first. The children of an inline task are inline too, whatever
+    the pool holds, so a subtree that went inline is finished depth first by its worker (which
+    bounds the reserve it needs). -1 only when the reserve is full too (the runtime aborts).
+    """
+    tid, reserved = _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
     if tid >= 0:
-        push(arena_of(ctx), tid)
+        if reserved | (tl.load(ctx + L.X_INLINE) != 0):
+            push_inline(arena_of(ctx), ctx, tid)
+        else:
+            push(arena_of(ctx), tid)
     return tid
 
 
 @triton.jit
 def then(ctx, handle, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0, a9=0, a10=0, a11=0):
     """Queue `task(a0, ...)` to run once `handle` completes; returns the continuation's handle."""
-    tid = _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
+    tid, reserved = _new_task(ctx, task, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
     if tid >= 0:
         attach(arena_of(ctx), handle, tid, worker_id(ctx))
     return tid
@@ -134,11 +148,12 @@ def then(ctx, handle, task, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0
 def join(ctx, handle, BACKEND: tl.constexpr = PORTABLE):
     """Wait, holding this worker, until `handle` completes (or the runtime is aborted).
 
-    Pass the task's `BACKEND` parameter where it has one: on CUDA one thread then polls.
+    Pass the task's `BACKEND` parameter where it has one: on CUDA one thread then polls. This
+    worker's inline stack goes to the ready ring first (the joined child may be on it).
     """
     arena = arena_of(ctx)
-    issued = uload(ctl(arena, L.C_NEXT_ID))
-    if (handle < 0) | (handle >= issued):
+    spill_inline(arena, ctx)
+    if never_issued(arena, handle):
         report_error(arena, ERR_BAD_HANDLE, 0, worker_id(ctx), 0, handle, 0)
     else:
         tl.store(ctx + L.X_DETAIL, handle.to(tl.int32))
@@ -179,9 +194,9 @@ def set_result(ctx, value):
 def external(ctx):
     """A handle that the host completes: `then`/`join` on it wait for rt.complete_external(h, status,
     result), which the warploop.std server does for a call posted with then=h + 1. It is never
-    queued and has no parent (its status is data, read with `status`). -1 if the pool is full."""
+    queued and has no parent (its status is data, read with `status`). -1 if no slot is left."""
     arena = arena_of(ctx)
-    tid = alloc_task(arena, i64(-1), i64(EXTERNAL_TICKET), worker_id(ctx))
+    tid, reserved = alloc_task(arena, i64(-1), i64(EXTERNAL_TICKET), worker_id(ctx))
     if tid >= 0:
         write_header(desc_of(arena, tid % tl.load(arena + L.H_POOL)), OP_EXTERNAL)
     return tid

@@ -24,7 +24,7 @@ import triton.language as tl
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
 from warploop.runtime.sched import complete, report_error
-from warploop.runtime.sync import ARG_WORD, ctl, meta64, uload
+from warploop.runtime.sync import ARG_WORD, meta64, uload
 
 OP_EXTERNAL = 1          # descriptor opcode of an external handle, and of the host's request completing one
 EXTERNAL_TICKET = -2     # M_HOST_TICKET of an external handle (-1: not host-submitted, >= 0: a submit ticket)
@@ -56,12 +56,12 @@ def resume_external(arena, words, k):
     handle = _word64(words, k, ARG_WORD)
     status = tl.sum(tl.where(k == ARG_WORD + 2, words, 0), axis=0)
     result = _word64(words, k, ARG_WORD + 4)
-    pool = tl.load(arena + L.H_POOL)
-    ok = (handle >= 0) & (handle < uload(ctl(arena, L.C_NEXT_ID)))
-    slot = tl.where(ok, handle, 0) % pool
-    # Both words only grow while the slot holds `handle` (done until it completes, the ticket is
-    # fixed), so uload gives every warp the same answer.
-    ok = ok & (uload(meta64(arena, L.M_DONE, slot)) == handle - pool)
+    slot = tl.maximum(handle, 0) % tl.load(arena + L.H_POOL)
+    # Pending: the slot's last issued handle, not completed. These words only grow while the slot
+    # holds `handle` (done until it completes, the ticket is fixed), so uload gives every warp the
+    # same answer.
+    ok = (handle >= 0) & (uload(meta64(arena, L.M_ISSUED, slot)) == handle)
+    ok = ok & (uload(meta64(arena, L.M_DONE, slot)) < handle)
     ok = ok & (uload(meta64(arena, L.M_HOST_TICKET, slot)) == _TICKET)
     if ok:
         tl.store(meta64(arena, L.M_RESULT, slot), result)

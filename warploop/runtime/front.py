@@ -19,7 +19,8 @@ import triton.language as tl
 
 from warploop.runtime import layout as L
 from warploop.runtime.external import is_request, resume_external
-from warploop.runtime.sched import alloc_task, push
+from warploop.runtime.sched import push
+from warploop.runtime.slots import alloc_task
 from warploop.runtime.sync import (
     ABORT,
     DRAIN,
@@ -171,6 +172,7 @@ def front_step(arena, BACKEND: tl.constexpr):
         tl.atomic_xchg(ctl(arena, L.C_STOP), i64(stop), sem="release")
     slot = host + slot_off
     took = slot_seq == (head + 1).to(tl.int32)
+    placed = took       # taken off the ring (a task submission may have to wait for a slot)
     if took:
         if BACKEND == "cuda":
             t_seen = clock_after(slot_seq, BACKEND)
@@ -182,8 +184,11 @@ def front_step(arena, BACKEND: tl.constexpr):
         if request:      # the host completes an external handle (external.py)
             resume_external(arena, words, k)
         else:
-            tid = alloc_task(arena, i64(-1), head, -1)
-            if tid >= 0:
+            # The front's reserve has a slot per submit slot, so this fails only for a layout built
+            # with fewer: then the submission waits in its slot for a later round.
+            tid, reserved = alloc_task(arena, i64(-1), head, -1)
+            placed = tid >= 0
+            if placed:
                 tl.store(desc_of(arena, tid % tl.load(arena + L.H_POOL)) + k, words)
                 push(arena, tid)
         if BACKEND == "cuda":
@@ -192,8 +197,9 @@ def front_step(arena, BACKEND: tl.constexpr):
             row = tl.where(ks == 0, last_round, tl.where(ks == 1, t_poll, tl.where(ks == 2, t_seen, tl.where(
                 ks == 3, t_desc, tl.where(ks == 4, clock(BACKEND), head)))))
             tl.store(st + L.ST_PREV_ROUND + ks, row, mask=on & (ks < 6))
-        tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
-        tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
+        if placed:
+            tl.store(ctl(arena, L.C_SUBMIT_HEAD), head + 1)
+            tl.atomic_xchg(p64(host + L.HB_SUBMIT_HEAD), head + 1, sem="release", scope="sys")
     # The graph state machine has nothing to do unless a request is in flight or has arrived.
     busy = taken > reported
     if busy | (req_seq == (taken + 1).to(tl.int32)):
@@ -207,7 +213,7 @@ def front_step(arena, BACKEND: tl.constexpr):
     # never finishes must still be abortable.
     alive = seen_stop < ABORT
     if (seen_stop == RUN) & (stop == RUN):
-        if maybe_park(arena, host, head + took.to(tl.int64), taken, took | busy, BACKEND):
+        if maybe_park(arena, host, head + placed.to(tl.int64), taken, took | busy, BACKEND):
             alive = False
     if (seen_stop == DRAIN) & (not took) & (not busy):
         tl.atomic_xchg(ctl(arena, L.C_FRONT_DONE), i64(1), sem="release")

@@ -88,7 +88,8 @@ class GpuBackend:
                              f"({info.sm_count} SMs x {per_sm} programs, one program is the front); "
                              f"spin-waits between workers would deadlock beyond that")
         self.workers, self.per_sm, self.trace = workers, per_sm, trace
-        self.layout = L.ArenaLayout(workers=workers, pool=pool, trace_cap=TRACE_CAP if trace else 0)
+        self.layout = L.ArenaLayout(workers=workers, pool=pool, trace_cap=TRACE_CAP if trace else 0,
+                                    front_reserve=submit_slots)   # a slot of its own per submit slot
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32, pin_memory=True)
         self.host = self.host_t.numpy()

@@ -48,6 +48,8 @@ class Future:
         return self._settled
 
     def result(self, timeout: float | None = None) -> int:
+        """The task's result; TimeoutError after `timeout` s (default: the Runtime's), RuntimeError at
+        once if the Runtime was closed before the task completed."""
         if not self._settled:
             self._rt._settle(self)
             if not self._settled:
@@ -80,7 +82,9 @@ class GraphFuture:
         return self._rt._h64[L.HB_GRAPH_DONE // 2] >= self.seq
 
     def result(self, timeout: float | None = None) -> None:
-        self._rt._wait(self.done, timeout, f"graph request {self.seq}")
+        """Wait for the request's runs: TimeoutError after `timeout` s, RuntimeError once the Runtime is closed."""
+        if not self.done():
+            self._rt._wait(self.done, timeout, f"graph request {self.seq}")
 
     @property
     def device_ns(self) -> int:
@@ -150,7 +154,8 @@ class Runtime:
         self._ticket = 0
         self._greq = 0
         self._graphs = 0
-        self._closed = False
+        self._closed = False      # close() was called: no new work
+        self._stopped = False     # close() has returned: nothing unfinished will ever finish
         self._headers = {}
         self._post_lock = threading.Lock()     # submit and complete_external may come from any thread
 
@@ -166,7 +171,10 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        self._backend.stop(abort, timeout)
+        try:
+            self._backend.stop(abort, timeout)
+        finally:
+            self._stopped = True
 
     @property
     def backend(self) -> str:
@@ -316,9 +324,14 @@ class Runtime:
         return GraphFuture(self, seq)
 
     # -- waiting, status, trace ------------------------------------------------------------------
-    def _wait(self, ready, timeout: float | None, what: str) -> None:
-        self._backend.wait(ready, self.timeout if timeout is None else timeout, what,
-                           report=lambda: self.status().describe())
+    def _wait(self, ready, timeout: float | None, what) -> None:
+        """Wait for `ready()`; TimeoutError after `timeout`, RuntimeError once the runtime has stopped
+        (close() on another thread ends the wait too: nothing unfinished can finish after it)."""
+        if not self._stopped:
+            self._backend.wait(lambda: ready() or self._stopped, self.timeout if timeout is None else timeout, what,
+                               report=lambda: self.status().describe())
+        if not ready():
+            raise RuntimeError(f"{what} cannot complete: its Runtime was closed (close()) first")
 
     def status(self) -> RuntimeStatus:
         """Workers' states, pending tasks and the first device error, from a live snapshot."""

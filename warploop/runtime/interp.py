@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 from collections.abc import Callable
 
 from triton.runtime import interpreter
@@ -27,6 +28,7 @@ _orig_interp_call = InterpretedFunction.__call__
 _orig_patch_tensor = interpreter._patch_lang_tensor
 _orig_set_attr = interpreter._LangPatchScope.set_attr
 _touched: dict = {}      # (id(obj), name) -> (obj, name, value before the first patch)
+_interrupts: dict[int, type[BaseException]] = {}   # thread id -> what it raises at its next operation
 _MISSING = object()
 
 
@@ -37,7 +39,34 @@ def _set_attr(self, obj, name, value) -> None:
     key = (id(obj), name)
     if key not in _touched:
         _touched[key] = (obj, name, getattr(obj, name, _MISSING))
+    if isinstance(value, types.FunctionType):
+        value = _checked(value)
     _orig_set_attr(self, obj, name, value)
+
+
+def interrupt(thread_id: int, exc: type[BaseException]) -> None:
+    """Make thread `thread_id` raise `exc` at its next Triton operation in an interpreted kernel.
+
+    Every builtin (tl.load, tl.atomic_add, ...) and tensor method the interpreter patches checks
+    first, so a body that loops forever is stopped at the top of an operation: in Python code of
+    ours, never inside the interpreter's C++ (an asynchronous exception landing there can corrupt
+    memory). A loop that runs no Triton operation at all is not stopped.
+    """
+    _interrupts[thread_id] = exc
+
+
+def clear_interrupt(thread_id: int) -> None:
+    _interrupts.pop(thread_id, None)
+
+
+def _checked(fn):
+    def checked(*args, **kwargs):
+        if _interrupts:
+            exc = _interrupts.pop(threading.get_ident(), None)
+            if exc is not None:
+                raise exc
+        return fn(*args, **kwargs)
+    return checked
 
 
 def _patch_tensor(tensor, scope) -> None:

@@ -3,7 +3,8 @@
 Two regions of int32 words:
 
 * the *arena*, in device memory (CPU memory for the CPU executor): a header, control words, one
-  context record per worker, the dynamic task pool, the ready ring and the graph table;
+  context record per worker, the dynamic task slots (the shared pool, then each worker's reserve,
+  then the front's), the ready ring and the graph table;
 * the *host block*, in pinned host memory the GPU reads and writes over the bus: the stop word,
   status written by the GPU, graph requests, the submit ring and completion records.
 
@@ -18,7 +19,7 @@ import dataclasses
 from warploop.runtime.descriptor import DESC_WORDS, split64
 
 MAGIC = 0x574C5254  # "WLRT"
-VERSION = 1
+VERSION = 2
 
 LINE = 32          # words per control line: 128 bytes, so hot atomics never share a cache line
 HEADER_WORDS = 64
@@ -29,7 +30,10 @@ H_CTX, H_POOL_DESC, H_POOL_META, H_POOL_I32, H_RING_OFF, H_GRAPHS, H_CTL = range
 H_HOST_ADDR = 16     # int64: address of the host block as the device sees it
 H_TRACE_ADDR = 18    # int64: trace buffer address (0: tracing off)
 H_PORTS_ADDR = 20    # int64: warploop.std port array (Runtime(ports=...)), 0 if none
-H_PARK_NS = 22       # int64: the kernel parks (exits, state kept) after this many ns idle; -1 never
+H_SHARED = 22        # slots in the shared pool (Runtime(pool=...)); H_POOL counts every slot
+H_RESERVE = 23       # slots reserved per worker, after the shared pool
+H_FRONT_RESERVE = 24  # slots reserved for the front (host submissions), after the workers'
+H_PARK_NS = 26       # int64: the kernel parks (exits, state kept) after this many ns idle; -1 never
 
 # Control lines: each is one int64 at the start of its own line, at arena word CTL + LINE * index.
 (C_STOP, C_RING_HEAD, C_RING_TAIL, C_NEXT_ID, C_COMPLETED, C_RUN_SEQ, C_RUN_GID, C_RUN_EPOCH,
@@ -38,7 +42,7 @@ H_PARK_NS = 22       # int64: the kernel parks (exits, state kept) after this ma
 N_CTL = 18
 
 # Context record of one worker (int32 words); `ctx` in task code points at the first word.
-CTX_WORDS = 16
+CTX_WORDS = 32       # one 128-byte line per worker
 CTX_BASE = HEADER_WORDS + N_CTL * LINE   # arena word of worker 0's record
 X_WORKER, X_STATE = 0, 1
 X_TASK = 2           # int64: current dynamic task id (-1 inside a static graph)
@@ -48,6 +52,9 @@ X_WAIT = 6           # two counter indices (words 6, 7) for wl.wait() ...
 X_WAIT_TARGET = 8    # ... and their int64 targets (words 8-9, 10-11)
 X_COUNTERS = 12      # int64: counter array address of the graph being run
 X_TRACE = 14         # trace events written by this worker
+X_STACK = 16         # int64: top of this worker's inline stack (a task handle, -1: empty)
+X_FREE = 18          # int64: first of this worker's free reserved slots (a slot, -1: none), linked by M_THEN_NEXT
+X_INLINE = 20        # 1 while the running task came off this worker's inline stack: its spawns go inline too
 # worker states
 S_IDLE, S_RUNNING, S_WAITING, S_JOINING, S_EXITED = range(5)
 STATE_NAMES = ("idle", "running", "waiting on counter", "joining", "exited")
@@ -57,9 +64,11 @@ STATE_NAMES = ("idle", "running", "waiting on counter", "joining", "exited")
 # launches the kernel again when work arrives (docs/runtime.md, "Parking").
 RUN, DRAIN, ABORT, PARK = 0, 1, 2, 3
 
-# Pool metadata: int64 arrays of P entries, in this order from H_POOL_META ...
-M_DONE, M_PARENT, M_THEN_HEAD, M_THEN_NEXT, M_RESULT, M_HOST_TICKET = range(6)
-N_META64 = 6
+# Pool metadata: int64 arrays of one entry per slot (all of them), in this order from H_POOL_META ...
+# M_DONE / M_ISSUED: the last handle completed / issued in the slot (free when they are equal).
+# M_THEN_NEXT links a continuation list, or the inline stack a spawned task sits on.
+M_DONE, M_PARENT, M_THEN_HEAD, M_THEN_NEXT, M_RESULT, M_HOST_TICKET, M_ISSUED = range(7)
+N_META64 = 7
 # ... and int32 arrays of P entries from H_POOL_I32.
 M_PENDING, M_STATUS = range(2)
 N_META32 = 2
@@ -91,20 +100,29 @@ class ArenaLayout:
     """Word offsets of every arena region, from the sizes chosen at Runtime start."""
 
     workers: int
-    pool: int = 4096
+    pool: int = 4096          # shared slots: any task, from any worker or the host
     max_graphs: int = 64
     trace_cap: int = 0        # trace events per worker (0: tracing off)
+    reserve: int = 64         # slots per worker for spawns into a full pool (run inline: docs/runtime.md)
+    front_reserve: int = 256  # slots for host submissions into a full pool: the submit slots, so one never waits
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.pool < 2 or self.pool & (self.pool - 1):
             raise ValueError(f"pool size must be a power of two >= 2, got {self.pool}")
+        if self.reserve < 1 or self.front_reserve < 1:
+            raise ValueError(f"reserve={self.reserve}, front_reserve={self.front_reserve}: each must be at least 1")
+
+    @property
+    def slots(self) -> int:
+        """Every task slot: the shared pool, each worker's reserve, the front's reserve."""
+        return self.pool + self.workers * self.reserve + self.front_reserve
 
     @property
     def ring(self) -> int:
-        # At most `pool` tasks are alive, so a ring as large as the pool never fills.
-        return self.pool
+        # At most one task per slot is alive, so a ring with a place per slot never fills.
+        return self.slots
 
     @property
     def ctl(self) -> int:
@@ -120,15 +138,15 @@ class ArenaLayout:
 
     @property
     def pool_meta(self) -> int:
-        return self.pool_desc + self.pool * DESC_WORDS
+        return self.pool_desc + self.slots * DESC_WORDS
 
     @property
     def pool_i32(self) -> int:
-        return self.pool_meta + 2 * N_META64 * self.pool
+        return self.pool_meta + 2 * N_META64 * self.slots
 
     @property
     def ring_off(self) -> int:
-        return _align(self.pool_i32 + N_META32 * self.pool, 2)
+        return _align(self.pool_i32 + N_META32 * self.slots, 2)
 
     @property
     def graphs(self) -> int:
@@ -142,16 +160,17 @@ class ArenaLayout:
         return self.ctl + LINE * index
 
     def meta64(self, array: int) -> int:
-        return self.pool_meta + 2 * self.pool * array
+        return self.pool_meta + 2 * self.slots * array
 
     def meta32(self, array: int) -> int:
-        return self.pool_i32 + self.pool * array
+        return self.pool_i32 + self.slots * array
 
     def header(self, host_addr: int, trace_addr: int, submit_slots: int, ports_addr: int = 0,
                park_ns: int = -1) -> list[int]:
         """The header words the host writes at arena[0:HEADER_WORDS]."""
         words = [0] * HEADER_WORDS
-        fields = {H_MAGIC: MAGIC, H_VERSION: VERSION, H_WORKERS: self.workers, H_POOL: self.pool,
+        fields = {H_MAGIC: MAGIC, H_VERSION: VERSION, H_WORKERS: self.workers, H_POOL: self.slots,
+                  H_SHARED: self.pool, H_RESERVE: self.reserve, H_FRONT_RESERVE: self.front_reserve,
                   H_RING: self.ring, H_SUBMIT: submit_slots, H_MAX_GRAPHS: self.max_graphs,
                   H_TRACE_CAP: self.trace_cap, H_CTX: self.ctx, H_POOL_DESC: self.pool_desc,
                   H_POOL_META: self.pool_meta, H_POOL_I32: self.pool_i32, H_RING_OFF: self.ring_off,
@@ -169,8 +188,8 @@ class ArenaLayout:
         """Rebuild the layout from header words (checks magic and version)."""
         if header[H_MAGIC] != MAGIC or header[H_VERSION] != VERSION:
             raise ValueError("not a warploop arena header (bad magic or version)")
-        return cls(workers=header[H_WORKERS], pool=header[H_POOL], max_graphs=header[H_MAX_GRAPHS],
-                   trace_cap=header[H_TRACE_CAP])
+        return cls(workers=header[H_WORKERS], pool=header[H_SHARED], max_graphs=header[H_MAX_GRAPHS],
+                   trace_cap=header[H_TRACE_CAP], reserve=header[H_RESERVE], front_reserve=header[H_FRONT_RESERVE])
 
 
 # Host block word offsets.
@@ -237,7 +256,16 @@ def initial_arena(layout: ArenaLayout, host_addr: int, trace_addr: int, submit_s
         w64[(base + X_TASK) // 2] = -1
         words[base + X_NODE] = -1
         words[base + X_WAIT:base + X_WAIT + 2] = -1
-    # Slot s first holds task s, so its "last completed id" starts one pool-round earlier.
-    done = layout.meta64(M_DONE) // 2
-    w64[done:done + layout.pool] = np.arange(layout.pool, dtype=np.int64) - layout.pool
+        w64[(base + X_STACK) // 2] = -1
+        # The worker's reserved slots, all free: a list through their M_THEN_NEXT words.
+        first = layout.pool + w * layout.reserve
+        w64[(base + X_FREE) // 2] = first
+        link = layout.meta64(M_THEN_NEXT) // 2 + first
+        w64[link:link + layout.reserve] = np.arange(first + 1, first + layout.reserve + 1)
+        w64[link + layout.reserve - 1] = -1
+    # Handles in slot s are s + k * slots (k = 0, 1, ...): before the first, the slot's last issued
+    # and last completed handle are both s - slots, which makes it free.
+    first = np.arange(layout.slots, dtype=np.int64) - layout.slots
+    for array in (M_DONE, M_ISSUED):
+        w64[layout.meta64(array) // 2:][:layout.slots] = first
     return words

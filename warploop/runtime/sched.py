@@ -1,13 +1,16 @@
-"""Device-side scheduler: the task pool, the ready ring, completion and the host bridge ("front").
+"""Device-side scheduler: task slots, the ready ring, inline stacks, completion and errors.
 
 Triton device functions over the arena (layout.py). Everything here runs unchanged on the GPU,
 inside the resident kernel, and on the CPU, through the Triton interpreter (cpu.py), which is
 what makes the CPU executor a faithful reference.
 
-Dynamic tasks live in a pool of P slots. Task ids grow by one per task and id % P names the
-slot; `done[slot]` holds the last id that completed there, so `done[id % P] >= id` means "id is
-complete" for as long as anyone can hold the handle, and a slot is free for id once it reads
-id - P. Ready ids travel through an MPMC ring of int64 entries (0: empty, else id + 1).
+Task slots: the shared pool (P slots), then R reserved slots per worker, then the front's. A
+handle is `s + k * slots` for slot s (so `handle % slots` names the slot and the handles a slot
+holds only grow); `done[s]` and `issued[s]` hold the last handle completed and issued there, so
+"h is complete" is `done[h % slots] >= h` for as long as anyone can hold h, and a slot is free
+when the two are equal. Ready ids travel through an MPMC ring of int64 entries (0: empty, else
+id + 1); a task spawned into a full pool goes onto its spawner's own inline stack instead
+(docs/runtime.md, "Dynamic work at any size").
 
 Every spin checks the stop word, so an abort from the host ends every wait.
 
@@ -23,6 +26,8 @@ from warploop.runtime.sync import (
     ABORT,
     COMPLETION_WORDS,
     CTL,
+    CTX_BASE,
+    CTX_WORDS,
     HOST_SUBMIT,
     LINE,
     NO_STAMPS,
@@ -62,25 +67,10 @@ def report_error(arena, code, opcode, worker, detail, task, fatal):
 
 
 @triton.jit
-def alloc_task(arena, parent, ticket, worker):
-    """Take the next task id and initialise its slot; -1 (and a fatal error) if the pool is full."""
-    pool = tl.load(arena + L.H_POOL)
-    tid = tl.atomic_add(ctl(arena, L.C_NEXT_ID), i64(1), sem="relaxed")
-    slot = tid % pool
-    if uload(meta64(arena, L.M_DONE, slot)) != tid - pool:
-        report_error(arena, E.ERR_POOL_FULL, 0, worker, pool, tid, 1)
-        tid = i64(-1)
-    else:
-        tl.store(meta64(arena, L.M_PARENT, slot), parent)
-        tl.store(meta64(arena, L.M_THEN_HEAD, slot), -2 * tid - 2)   # "empty list of tid"
-        tl.store(meta64(arena, L.M_RESULT, slot), i64(0))
-        tl.store(meta64(arena, L.M_HOST_TICKET, slot), ticket)
-        tl.store(meta32(arena, L.M_PENDING, slot), 1)
-        tl.store(meta32(arena, L.M_STATUS, slot), 0)
-        if parent >= 0:
-            # The parent completes only after this child does (structured completion).
-            tl.atomic_add(meta32(arena, L.M_PENDING, parent % pool), 1, sem="relaxed")
-    return tid
+def never_issued(arena, handle):
+    """True for a handle no task was ever given (negative, or past its slot's last issued one)."""
+    slot = tl.maximum(handle, 0) % tl.load(arena + L.H_POOL)
+    return (handle < 0) | (handle > uload(meta64(arena, L.M_ISSUED, slot)))
 
 
 @triton.jit
@@ -183,6 +173,7 @@ def complete(arena, tid, status, BACKEND: tl.constexpr = NO_STAMPS):
         if ticket >= 0:
             notify_host(arena, ticket, slot, BACKEND)
         tl.atomic_xchg(meta64(arena, L.M_DONE, slot), cur, sem="release")
+        release_reserved(arena, slot, pool)
         tl.atomic_add(ctl(arena, L.C_COMPLETED), i64(1), sem="release")
         going = False
         if parent >= 0:
@@ -196,20 +187,39 @@ def complete(arena, tid, status, BACKEND: tl.constexpr = NO_STAMPS):
 
 
 @triton.jit
+def release_reserved(arena, slot, slots):
+    """A worker's reserved slot is free again (done is published): push it on its owner's free list."""
+    reserve = tl.load(arena + L.H_RESERVE)
+    owner = (slot - tl.load(arena + L.H_SHARED)) // reserve
+    if (slot >= tl.load(arena + L.H_SHARED)) & (owner < tl.load(arena + L.H_WORKERS)):
+        head_p = p64(arena + CTX_BASE + owner * CTX_WORDS + L.X_FREE)
+        old = acquire(head_p)      # one value for every warp: they all follow the CAS loop together
+        going = True
+        while going:
+            tl.store(meta64(arena, L.M_THEN_NEXT, slot), old)
+            tl.debug_barrier()
+            seen = tl.atomic_cas(head_p, old, i64(slot), sem="acq_rel")
+            going = seen != old
+            old = seen
+
+
+@triton.jit
 def attach(arena, handle, cont, worker):
     """Run task `cont` once `handle` completes: link it on the handle's list, or push it now."""
     pool = tl.load(arena + L.H_POOL)
-    issued = uload(ctl(arena, L.C_NEXT_ID))
-    if (handle < 0) | (handle >= issued):
-        if handle >= issued:
+    if never_issued(arena, handle):
+        if handle >= 0:
             report_error(arena, E.ERR_BAD_HANDLE, 0, worker, 0, handle, 0)
         push(arena, cont)
     else:
         slot = handle % pool
         linked = False
         while not linked:
-            done = uload(meta64(arena, L.M_DONE, slot)) >= handle
+            # The list head first, then done: if done still says "not complete", the slot was not
+            # reused before the head was read, so `old` is the head of h's own list, and the CAS
+            # succeeds only if it still is (list heads never repeat: ids are unique, markers encode h).
             old = acquire(meta64(arena, L.M_THEN_HEAD, slot))
+            done = uload(meta64(arena, L.M_DONE, slot)) >= handle
             if done | (old == -2 * handle - 3):
                 push(arena, cont)
                 linked = True

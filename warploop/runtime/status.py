@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from warploop.runtime import layout as L
-from warploop.runtime.errors import describe
+from warploop.runtime.errors import ERR_POOL_FULL, describe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,12 @@ def read_error(host: np.ndarray) -> dict | None:
     if code == 0:
         return None
     task = int(host[base + L.E_TASK:base + L.E_TASK + 2].view(np.int64)[0])
-    return {"code": code, "message": describe(code), "opcode": int(host[base + L.E_OPCODE]),
+    message = describe(code)
+    if code == ERR_POOL_FULL:      # detail: the shared pool's size, task: tasks alive at the time
+        message = (f"dynamic task pool is full: {task} tasks alive in pool={host[base + L.E_DETAIL]} plus "
+                   f"every reserved slot of the spawning worker; raise Runtime(pool=...) or keep fewer tasks "
+                   f"alive (spawn trees, not flat loops: docs/runtime.md)")
+    return {"code": code, "message": message, "opcode": int(host[base + L.E_OPCODE]),
             "worker": int(host[base + L.E_WORKER]), "detail": int(host[base + L.E_DETAIL]), "task": task,
             "fatal": bool(host[base + L.E_FATAL])}
 
@@ -87,18 +92,17 @@ def read_status(arena: np.ndarray, host: np.ndarray, layout: L.ArenaLayout, name
         workers.append(WorkerState(index=w, state=L.STATE_NAMES[state] if 0 <= state < len(L.STATE_NAMES) else "?",
                                    task=int(a64[(base + L.X_TASK) // 2]), node=int(arena[base + L.X_NODE]),
                                    detail=int(arena[base + L.X_DETAIL])))
-    issued, pool = ctl(L.C_NEXT_ID), layout.pool
-    done = a64[layout.meta64(L.M_DONE) // 2:][:pool]
-    parent = a64[layout.meta64(L.M_PARENT) // 2:][:pool]
-    pending_count = arena[layout.meta32(L.M_PENDING):][:pool]
+    slots = layout.slots
+    done = a64[layout.meta64(L.M_DONE) // 2:][:slots]
+    issued = a64[layout.meta64(L.M_ISSUED) // 2:][:slots]
+    parent = a64[layout.meta64(L.M_PARENT) // 2:][:slots]
+    pending_count = arena[layout.meta32(L.M_PENDING):][:slots]
     pending = []
-    for slot in range(min(pool, issued)):
-        occupant = slot + pool * ((issued - 1 - slot) // pool)
-        if done[slot] < occupant:
-            opcode = int(arena[layout.pool_desc + slot * 32])
-            pending.append(PendingTask(id=occupant, opcode=opcode, name=names.get(opcode, f"opcode {opcode}"),
-                                       parent=int(parent[slot]), pending=int(pending_count[slot])))
+    for slot in np.flatnonzero(done < issued):        # a slot is busy until its last issued task completes
+        opcode = int(arena[layout.pool_desc + slot * L.DESC_WORDS])
+        pending.append(PendingTask(id=int(issued[slot]), opcode=opcode, name=names.get(opcode, f"opcode {opcode}"),
+                                   parent=int(parent[slot]), pending=int(pending_count[slot])))
     pending.sort(key=lambda p: p.id)
-    return RuntimeStatus(workers=tuple(workers), pending=tuple(pending), issued=issued,
+    return RuntimeStatus(workers=tuple(workers), pending=tuple(pending), issued=ctl(L.C_NEXT_ID),
                          completed=ctl(L.C_COMPLETED), ready=ctl(L.C_RING_TAIL) - ctl(L.C_RING_HEAD),
                          graph_runs=ctl(L.C_RUN_SEQ), error=read_error(host))

@@ -8,6 +8,7 @@ is the same for every runtime:
     loop:                          loop:
       front_step()                   stop word says abort?            -> exit
                                      a graph run was released?        -> run my instruction list
+                                     a task on my inline stack?       -> run it, complete it
                                      a ready task in the ring?        -> run it, complete it
                                      draining and nothing is alive?   -> exit
 
@@ -21,7 +22,8 @@ from warploop.runtime import descriptor as D
 from warploop.runtime import errors as E
 from warploop.runtime import layout as L
 from warploop.runtime.front import front_step, graph_entry
-from warploop.runtime.sched import complete, report_error, try_pop, write_trace
+from warploop.runtime.sched import complete, report_error, write_trace
+from warploop.runtime.slots import next_task, poll_words
 from warploop.runtime.sync import (
     ABORT,
     ARG_WORD,
@@ -182,6 +184,7 @@ def graph_run_start(arena, ctx, worker):
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    tl.store(ctx + L.X_INLINE, 0)
     return first, end, insts, counters, ncounters, params, epoch
 
 
@@ -218,6 +221,7 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    tl.store(ctx + L.X_INLINE, 0)       # a node that spawns queues its children on the ring
     words = inst_words(insts, i, end, NSLOTS)
     while i < end:
         ahead = inst_words(insts, i + 1, end, NSLOTS)
@@ -237,7 +241,7 @@ def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, N
     end, insts, counters, ncounters, params) holds the last graph's fixed words, so a replay of the
     same graph starts after two round trips (the acquire, then gid and epoch), not five."""
     gid_c, first_c, end_c, insts_c, counters_c, ncounters_c, params_c = cache
-    stop, runs = uload_ctl2(arena, L.C_STOP, L.C_RUN_SEQ)
+    stop, runs, top = poll_words(arena, worker)
     alive = stop < ABORT
     if alive:
         if runs > seen:
@@ -251,7 +255,7 @@ def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, N
             seen = runs
             idle = idle * 0
         else:
-            tid = try_pop(arena, BACKEND)
+            tid = next_task(arena, ctx, top, BACKEND)
             if tid >= 0:
                 run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, TRACE, BACKEND)
                 idle = idle * 0
@@ -314,3 +318,12 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
                  epoch, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
+
+
+@triton.jit
+def dynamic_step(arena, worker, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr):
+    """CPU executor: run the task `worker` would take next (inline stack, else ring), if any."""
+    ctx = ctx_of(arena, worker)
+    tid = next_task(arena, ctx, tl.load(p64(ctx + L.X_STACK), volatile=True), "cpu")
+    if tid >= 0:
+        run_dynamic(arena, ctx, worker, tid, DISPATCH, NSLOTS, False, "cpu")
