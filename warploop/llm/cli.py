@@ -11,7 +11,11 @@ from warploop.cli import positive_int
 
 def flag_error(e: Exception) -> str:
     """SamplingParams and the loaders name their Python fields; the user typed flags."""
-    return re.sub(r"SamplingParams\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+    text = str(e)
+    field = getattr(e, "field", None)      # SamplingParamsError: the message starts with the field's name
+    if field and text.startswith(field):
+        text = "--" + field.replace("_", "-") + text[len(field):]
+    return re.sub(r"SamplingParams\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), text)
 
 
 def device_error(device: str | None) -> str | None:
