@@ -46,7 +46,7 @@ def test_inline_children_join_and_then_chains_through_a_two_slot_pool():
         rt.submit(spawn_n, log, cursor, 5).result(timeout=60)
         rt.submit(spawn_join, log2, cursor2).result(timeout=60)
         # Structured completion keeps every link alive until its continuation completes, so a chain
-        # needs about a slot per link: 50 fit the spawning worker's 64 reserved slots.
+        # needs about a slot per link: 50 fit the spawning worker's reserve (256 slots by default).
         rt.submit(chain, 50, links).result(timeout=60)
         assert clean(rt)
     with warploop.Runtime(tasks=TASKS) as rt:        # the default pool: a long chain

@@ -101,7 +101,7 @@ def test_pool_exhaustion_is_a_fault_naming_pool_not_a_hang():
     # One body spawning more children than the shared pool and its worker's reserve (64) hold:
     # on the CPU executor nothing runs while the body loops, so every child is alive at once.
     x = torch.zeros(1, dtype=torch.int32)
-    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2, pool=8) as rt:
+    with warploop.Runtime(device="cpu", tasks=TASKS, workers=2, pool=8, reserve=64) as rt:
         # alive: the root (in a slot of the front's), 8 children in the pool, 64 in the reserve
         with pytest.raises(RuntimeFault, match=r"pool is full: 73 tasks alive in pool=8 .*Runtime\(pool="):
             rt.submit(flood, x, 100).result(timeout=30)

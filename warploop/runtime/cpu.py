@@ -34,11 +34,11 @@ class CpuExecutor:
     backend = "cpu"
 
     def __init__(self, module, workers: int | None, trace: bool, pool: int, submit_slots: int,
-                 ports_addr: int = 0) -> None:
+                 ports_addr: int = 0, reserve: int = L.ArenaLayout.reserve) -> None:
         import torch
         self.module = module
         self.workers = DEFAULT_WORKERS if workers is None else workers
-        self.layout = L.ArenaLayout(workers=self.workers, pool=pool, front_reserve=submit_slots)
+        self.layout = L.ArenaLayout(workers=self.workers, pool=pool, reserve=reserve, front_reserve=submit_slots)
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32)
         self.host = self.host_t.numpy()

@@ -63,7 +63,7 @@ def _emergency_stop(host: np.ndarray) -> None:
 class GpuBackend:
     def __init__(self, info: DeviceInfo, module, workers: int | None, worker_warps: int, trace: bool,
                  pool: int, submit_slots: int, ports_addr: int = 0, park_ns: int = -1,
-                 sm_fraction: float | None = None) -> None:
+                 sm_fraction: float | None = None, reserve: int = L.ArenaLayout.reserve) -> None:
         import torch
         self.info = info
         self.device = torch.device(info.target.backend if info.target.backend != "hip" else "cuda", 0)
@@ -89,7 +89,7 @@ class GpuBackend:
                              f"spin-waits between workers would deadlock beyond that")
         self.workers, self.per_sm, self.trace = workers, per_sm, trace
         self.layout = L.ArenaLayout(workers=workers, pool=pool, trace_cap=TRACE_CAP if trace else 0,
-                                    front_reserve=submit_slots)   # a slot of its own per submit slot
+                                    reserve=reserve, front_reserve=submit_slots)   # a slot of its own per submit slot
         self.host_layout = L.HostLayout(submit_slots=submit_slots)
         self.host_t = torch.zeros(self.host_layout.words, dtype=torch.int32, pin_memory=True)
         self.host = self.host_t.numpy()

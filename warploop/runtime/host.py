@@ -96,7 +96,7 @@ class Runtime:
     def __init__(self, device=None, workers: int | None = None, worker_warps: int = 4, trace: bool = False, *,
                  tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S,
                  ports=None, park_after_us: float | None = DEFAULT_PARK_AFTER_US,
-                 sm_fraction: float | None = None) -> None:
+                 sm_fraction: float | None = None, reserve: int = 256) -> None:
         """Start the resident kernel for `tasks` (default: every task registered so far).
 
         device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
@@ -109,6 +109,9 @@ class Runtime:
             CUDA work that synchronises the context (a module's first load, torch.cuda.synchronize())
             completes; it is launched again when work arrives. None: never park (such work then
             waits until close()).
+        pool: task slots shared by all workers; reserve: slots per worker that a spawn into a full
+            pool takes (the child then runs inline on the spawner: docs/runtime.md). A subtree run
+            inline needs about depth x (tasks per level) of them.
         sm_fraction: with workers=None, the share of the GPU's SMs the workers take (default all, at
             one program less per SM than fits, which leaves room beside them).
         """
@@ -134,12 +137,12 @@ class Runtime:
         ports_addr = 0 if ports is None else ports.data_ptr()
         if self.info.target.backend == "cpu":
             from warploop.runtime.cpu import CpuExecutor
-            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots, ports_addr)
+            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots, ports_addr, reserve)
         else:
             from warploop.runtime.gpu import GpuBackend
             park_ns = -1 if park_after_us is None else int(park_after_us * 1000)
             self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots,
-                                       ports_addr, park_ns, sm_fraction)
+                                       ports_addr, park_ns, sm_fraction, reserve)
         self.workers, self.layout = self._backend.workers, self._backend.layout
         self._h = self._backend.host
         self._h64 = self._h.view(np.int64)

@@ -103,7 +103,7 @@ class ArenaLayout:
     pool: int = 4096          # shared slots: any task, from any worker or the host
     max_graphs: int = 64
     trace_cap: int = 0        # trace events per worker (0: tracing off)
-    reserve: int = 64         # slots per worker for spawns into a full pool (run inline: docs/runtime.md)
+    reserve: int = 256        # slots per worker for spawns into a full pool (run inline: docs/runtime.md)
     front_reserve: int = 256  # slots for host submissions into a full pool: the submit slots, so one never waits
 
     def __post_init__(self) -> None:
