@@ -324,7 +324,9 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     hops.pop("clocks", None)    # not sampled (paused)
     hop_peer_clocks = peers.pop("clocks", None)
     from warploop.bench.runtime_coexist import coexist_figures
+    from warploop.bench.runtime_fanout import fanout_figures
     coexist = section("coexist", coexist_figures, torch) if only is None else skip
+    coexist.update(section("fanout", fanout_figures, torch) if only is None else {})
     out = {"hops": n, **peers, **hops, "mlp_stack": stack, "coexist": coexist, "clocks": {"hops": hop_peer_clocks}}
     if hops.get("dependent_hop_us") and peers.get("cuda_graph_node_us"):
         out["hop_speedup_vs_cuda_graph"] = peers["cuda_graph_node_us"] / hops["dependent_hop_us"]
