@@ -56,3 +56,24 @@ def test_park_handshake_under_racing_submits():
         relaunches = rt._backend.relaunches
     assert int(counter.item()) == 3000
     assert relaunches > 10
+
+
+def test_graph_runs_across_parks():
+    """A graph replayed with the kernel parked between runs: every relaunched worker must see the
+    next run (workers start from the runs seen at the park, not from a run counter the front may
+    already have bumped)."""
+    import time
+
+    x = torch.zeros(64, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(tasks=[tick], park_after_us=0, timeout=30) as rt:
+        g = rt.graph()
+        for i in range(64):
+            g.add(tick, x[i:i + 1], worker=i % rt.workers)
+        for _ in range(20):
+            g.run(timeout=30)
+            deadline = time.perf_counter() + 1.0
+            while not rt._backend.parked() and time.perf_counter() < deadline:
+                time.sleep(1e-4)
+        relaunches = rt._backend.relaunches
+    assert torch.equal(x.cpu(), torch.full((64,), 20, dtype=torch.int32))
+    assert relaunches >= 10

@@ -139,6 +139,9 @@ def maybe_park(arena, host, head, taken, active, BACKEND: tl.constexpr):
                 tl.atomic_xchg(host + L.HB_PARK, (gen | 1) + 1, sem="release", scope="sys")
                 tl.store(ctl(arena, L.C_IDLE_SINCE), now)
             else:
+                # The runs every worker has seen (none is in flight): a relaunched worker starts from
+                # this, not from C_RUN_SEQ, which the front may already have bumped by then.
+                tl.store(ctl(arena, L.C_PARK_SEQ), uload(ctl(arena, L.C_RUN_SEQ)))
                 tl.atomic_xchg(ctl(arena, L.C_STOP), i64(PARK), sem="release")
                 parked = True
     else:

@@ -38,8 +38,8 @@ H_PARK_NS = 26       # int64: the kernel parks (exits, state kept) after this ma
 # Control lines: each is one int64 at the start of its own line, at arena word CTL + LINE * index.
 (C_STOP, C_RING_HEAD, C_RING_TAIL, C_NEXT_ID, C_COMPLETED, C_RUN_SEQ, C_RUN_GID, C_RUN_EPOCH,
  C_GRAPH_DONE, C_SUBMIT_HEAD, C_GREQ_HEAD, C_GREQ_DONE, C_GREQ_END, C_FRONT_DONE, C_ERROR,
- C_GRAPH_T0, C_EXITED, C_IDLE_SINCE) = range(18)
-N_CTL = 18
+ C_GRAPH_T0, C_EXITED, C_IDLE_SINCE, C_PARK_SEQ) = range(19)
+N_CTL = 19
 
 # Context record of one worker (int32 words); `ctx` in task code points at the first word.
 CTX_WORDS = 32       # one 128-byte line per worker

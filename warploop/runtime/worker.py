@@ -287,8 +287,8 @@ def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: t
         tl.store(ctl(arena, L.C_IDLE_SINCE), clock(BACKEND))
         tl.atomic_xchg(host + L.HB_STARTED, 1, sem="release", scope="sys")
     # Graph runs already seen: 0 at the first launch; after a park (which only happens with no run
-    # in flight) every run released so far.
-    seen = uload(ctl(arena, L.C_RUN_SEQ))
+    # in flight) every run released before it, as the front recorded when it parked.
+    seen = uload(ctl(arena, L.C_PARK_SEQ))
     idle = tl.full([], 0, tl.int32)
     zero = tl.full([], 0, tl.int32)
     cache = (i64(-1), zero, zero, arena, p64(arena), zero, p64(arena))    # no graph yet
