@@ -44,7 +44,8 @@ def backends(cfg: ModelConfig, weights, max_num_seqs: int, block_size: int = 4, 
 
 def run_steps(ref, mk, prompts: list[list[int]], steps: int, block_size: int = 4, seed: int = 0):
     """Prefill `prompts` on both backends, then decode `steps` greedy steps together, feeding both
-    the per-op backend's tokens. Returns [(mk logits, ref logits, the graph's own argmax)] per step.
+    the per-op backend's tokens. Returns [(mk logits, ref logits, the graph's own argmax)] per step,
+    each step's own logits (copied, whatever buffer a backend returns them in).
     Block tables are scattered (a permutation of the pool), so paging is exercised."""
     order = torch.randperm(ref.layout.num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
     tables, lens = [], [len(p) for p in prompts]
@@ -59,7 +60,9 @@ def run_steps(ref, mk, prompts: list[list[int]], steps: int, block_size: int = 4
     out = []
     for _ in range(steps):
         batch = ModelBatch(tokens.tolist(), lens[:], [1] * len(lens), [n + 1 for n in lens], tables)
-        got, want = mk.forward(batch), ref.forward(batch)
+        # clones: the per-op backend's CUDA-graph replay returns a view of its static output
+        # buffer, which the next step overwrites (the Backend contract: valid until the next forward)
+        got, want = mk.forward(batch).clone(), ref.forward(batch).clone()
         out.append((got, want, mk.last_greedy_tokens()))
         tokens, lens = want.argmax(-1), [n + 1 for n in lens]
     return out

@@ -28,6 +28,33 @@ def test_random_models_match_per_op_backend_batch_1_and_3(cfg):
         mk.close()
 
 
+class StaticOutput:
+    """A backend whose forward returns one reused buffer, as the per-op backend's CUDA-graph replay
+    does on a GPU (a view of the graph's static output): valid only until the next forward."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.layout, self.out = inner, inner.layout, None
+
+    def forward(self, batch):
+        logits = self.inner.forward(batch)
+        if self.out is None or self.out.shape != logits.shape:
+            self.out = torch.empty_like(logits)
+        return self.out.copy_(logits)
+
+
+def test_run_steps_keeps_each_steps_logits_from_a_reused_output_buffer():
+    """The GPU test compared step 0's megakernel logits with the per-op logits of the last step: the
+    CUDA-graph output was overwritten by every later step before the comparison."""
+    ref, mk = backends(LLAMA_GQA, model_weights(LLAMA_GQA), max_num_seqs=1)
+    try:
+        steps = run_steps(StaticOutput(ref), mk, [[3, 1, 4, 1, 5]], steps=3)
+        check(steps)
+        assert steps[0][1].data_ptr() != steps[1][1].data_ptr()
+        assert not torch.equal(steps[0][1], steps[2][1])
+    finally:
+        mk.close()
+
+
 def test_tiny_model_greedy_through_the_engine_matches_torch_backend():
     from warploop.llm.engine import Engine, SamplingParams
 

@@ -6,7 +6,9 @@ implementation; a resident decode megakernel is meant to be another, under the s
 
 - `forward` writes the KV of every token in the batch to its slot in the paged cache, attends
   over the sequence's whole context through its block table, and returns float32 logits for the
-  rows `logits_indices` names (default: the last token of each sequence), in that order.
+  rows `logits_indices` names (default: the last token of each sequence), in that order. The
+  logits may live in the backend's own buffer (the per-op backend's CUDA-graph output): they are
+  valid until the next `forward`, so a caller that keeps them across steps copies them.
 - KV for positions before `context_len - query_len` is already in the cache (earlier steps or
   prefix-cache hits) and must be read from there, never recomputed.
 """
@@ -78,7 +80,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, batch: ModelBatch):
-        """float32 logits [len(batch.rows_for_logits()), vocab_size] (a torch.Tensor on the device)."""
+        """float32 logits [len(batch.rows_for_logits()), vocab_size] (a torch.Tensor on the device),
+        valid until the next forward."""
 
     def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""

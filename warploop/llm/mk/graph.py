@@ -74,6 +74,7 @@ class DecodeGraph:
     batch: int
     width: int
     kinds: collections.Counter     # nodes per task kind
+    labels: list[str]              # each node's task kind, by node index (hazards.py reads them)
 
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
@@ -86,11 +87,13 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     g = rt.graph()
     inp = g.param("inp", "*i32")
     kinds: collections.Counter = collections.Counter()
+    labels: list[str] = []
     d, q, kvs, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
     group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
 
     def add(kind, task, *args, after=(), cost=1.0):
         kinds[kind] += 1
+        labels.append(kind)
         return g.add(task, *args, after=after, cost=float(cost))
 
     def opt(t):
@@ -125,7 +128,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     heads = [add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d, cfg.vocab_size,
                  *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]
     add("argmax", tasks.argmax, inp, b.logits, b.tokens, cfg.vocab_size, after=heads, cost=batch * cfg.vocab_size)
-    return DecodeGraph(g, buffers, batch, width, kinds)
+    return DecodeGraph(g, buffers, batch, width, kinds, labels)
 
 
 def describe(dg: DecodeGraph) -> dict:

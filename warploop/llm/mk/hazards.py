@@ -1,0 +1,196 @@
+"""Memory hazards of a decode graph: what each node reads and writes, and whether every
+conflicting pair of nodes is ordered.
+
+The CPU executor runs a graph's nodes one at a time in one fixed legal order, so a missing
+dependency edge never shows there; on a GPU the two nodes run at once on different workers and
+race. `hazards(dg)` finds such pairs without running anything.
+
+Footprints are declared per task kind from the node's arguments (the same positions as in
+graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
+
+| kind | reads | writes |
+|---|---|---|
+| embed | - | res[:, 0:d] |
+| qkv, gate_up, lm_head | res[:, 0:k] | out[:, row0:end] |
+| o_proj, down | x[:, 0:k], res[:, row0:end] | res[:, row0:end] |
+| rope_kv[g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
+| attn[g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
+| combine[g] | parts and lse: g's heads, every split | attn: g's heads |
+| argmax | logits[:, 0:vocab] | tokens |
+
+Rows are not listed: every node covers every live batch row (a node owns columns, never rows),
+and a KV-cache node any slot, so only columns tell two accesses apart. Weights, norms, the RoPE
+tables and the step inputs are never written by a graph and are left out. tests/test_mk_hazards.py
+checks these declarations against the loads and stores the interpreter really makes.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+from warploop.llm.mk.layout import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    buffer: int          # the buffer's address
+    lo: int              # columns [lo, hi) of each row
+    hi: int
+    write: bool
+
+
+def address(value) -> int:
+    return value.data_ptr() if hasattr(value, "data_ptr") else int(value)
+
+
+def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
+    """The accesses of one node of `kind` with these graph arguments (see the table above)."""
+    G, H, KVH, HD, S = plan.group, plan.heads, plan.kv_heads, plan.head_dim, plan.splits
+
+    def acc(buf, lo, hi, write=False):
+        return Access(address(buf), int(lo), int(hi), write)
+
+    if kind == "embed":
+        _, _, res, d = args
+        return [acc(res, 0, d, True)]
+    if kind in ("qkv", "gate_up"):
+        _, _, _, res, _, out, k, n, row0, count, _, _ = args
+        return [acc(res, 0, k), acc(out, row0, min(row0 + count, n), True)]
+    if kind == "lm_head":
+        _, _, res, _, logits, k, vocab, row0, count, _ = args
+        return [acc(res, 0, k), acc(logits, row0, min(row0 + count, vocab), True)]
+    if kind in ("o_proj", "down"):
+        _, _, _, x, res, k, n, row0, count, _ = args
+        end = min(row0 + count, n)
+        return [acc(x, 0, k), acc(res, row0, end), acc(res, row0, end, True)]
+    if kind == "rope_kv":
+        _, qkv, _, _, _, _, kc, vc, g, _, _ = args
+        q = (g * G * HD, (g + 1) * G * HD)
+        k = ((H + g) * HD, (H + g + 1) * HD)
+        v = ((H + KVH + g) * HD, (H + KVH + g + 1) * HD)
+        return [acc(qkv, *q), acc(qkv, *k), acc(qkv, *v), acc(qkv, *q, True), acc(qkv, *k, True),
+                acc(kc, g * HD, (g + 1) * HD, True), acc(vc, g * HD, (g + 1) * HD, True)]
+    if kind == "attn":
+        _, qkv, kc, vc, parts, lse, g, split, _ = args
+        heads = range(g * G, (g + 1) * G)
+        return ([acc(qkv, g * G * HD, (g + 1) * G * HD), acc(kc, g * HD, (g + 1) * HD),
+                 acc(vc, g * HD, (g + 1) * HD)]
+                + [acc(parts, (h * S + split) * HD, (h * S + split + 1) * HD, True) for h in heads]
+                + [acc(lse, h * S + split, h * S + split + 1, True) for h in heads])
+    if kind == "combine":
+        _, parts, lse, out, g = args
+        return [acc(parts, g * G * S * HD, (g + 1) * G * S * HD), acc(lse, g * G * S, (g + 1) * G * S),
+                acc(out, g * G * HD, (g + 1) * G * HD, True)]
+    if kind == "argmax":
+        _, logits, tokens, vocab = args
+        return [acc(logits, 0, vocab), acc(tokens, 0, 1, True)]
+    raise ValueError(f"no footprint declared for node kind {kind!r}: add it to hazards.footprint")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hazard:
+    kind: str            # RAW, WAR or WAW
+    first: int           # node indices, first < second in recording (program) order
+    second: int
+    buffer: int
+    columns: tuple[int, int]
+
+    def describe(self, labels: list[str]) -> str:
+        return (f"{self.kind} on buffer {self.buffer:#x} columns {self.columns[0]}:{self.columns[1]}: node "
+                f"{self.first} ({labels[self.first]}) and node {self.second} ({labels[self.second]}) are not ordered")
+
+
+def ancestors(deps: list[tuple[int, ...]]) -> list[int]:
+    """Bit sets: bit a of result[b] is set when node a reaches node b through dependency edges."""
+    out: list[int] = []
+    for ds in deps:
+        bits = 0
+        for d in ds:
+            bits |= out[d] | (1 << d)
+        out.append(bits)
+    return out
+
+
+def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list[Access]]) -> list[Hazard]:
+    """Every pair of nodes that touch the same columns of a buffer, one of them writing, must be
+    ordered: by dependency edges (transitively) when on different workers; on one worker, by its
+    list (recording) order, which holds by construction. Returns the pairs that are not.
+
+    Per buffer the columns are cut into elementary intervals, each keeping its last writer and the
+    readers since: checking a new access against those suffices, as every earlier access was
+    checked against them in turn and the order is transitive.
+    """
+    anc = ancestors(deps)
+    cuts: dict[int, list[int]] = {}
+    for accs in accesses:
+        for a in accs:
+            cuts.setdefault(a.buffer, set()).update((a.lo, a.hi))
+    cuts = {b: sorted(c) for b, c in cuts.items()}
+    writer: dict[tuple[int, int], int] = {}
+    readers: dict[tuple[int, int], list[int]] = {}
+    found: dict[tuple[int, int, str], Hazard] = {}
+
+    def ordered(a: int, b: int) -> bool:
+        return worker_of[a] == worker_of[b] or bool((anc[b] >> a) & 1)
+
+    for node, accs in enumerate(accesses):
+        updates = []
+        for a in accs:
+            lo, hi = bisect.bisect_left(cuts[a.buffer], a.lo), bisect.bisect_left(cuts[a.buffer], a.hi)
+            for k in range(lo, hi):
+                key = (a.buffer, k)
+                cols = (cuts[a.buffer][k], cuts[a.buffer][k + 1])
+                w = writer.get(key)
+                if w is not None and w != node and not ordered(w, node):
+                    kind = "WAW" if a.write else "RAW"
+                    found.setdefault((w, node, kind), Hazard(kind, w, node, a.buffer, cols))
+                if a.write:
+                    for r in readers.get(key, ()):
+                        if r != node and not ordered(r, node):
+                            found.setdefault((r, node, "WAR"), Hazard("WAR", r, node, a.buffer, cols))
+                updates.append((key, a.write))
+        for key, write in updates:
+            if write:
+                writer[key], readers[key] = node, []
+        for key, write in updates:
+            if not write:
+                readers.setdefault(key, []).append(node)
+    return sorted(found.values(), key=lambda h: (h.second, h.first))
+
+
+def graph_accesses(dg, plan: Plan) -> list[list[Access]]:
+    return [footprint(plan, kind, node.args) for kind, node in zip(dg.labels, dg.graph.nodes, strict=True)]
+
+
+def hazards(dg, plan: Plan) -> list[Hazard]:
+    """The unordered conflicting node pairs of decode graph `dg` (graph.DecodeGraph) as placed."""
+    if dg.graph.schedule is None:
+        dg.graph.descriptors()          # placement and counters only: nothing is uploaded
+    return check([n.deps for n in dg.graph.nodes], list(dg.graph.schedule.worker_of), graph_accesses(dg, plan))
+
+
+def unrealised_edges(deps: list[tuple[int, ...]], schedule) -> list[tuple[int, int]]:
+    """Dependency edges (d, i) the compiled schedule does not enforce: d neither precedes i on
+    i's worker nor signals a counter that i (or a join point just before it) waits on to the
+    count of that counter's signallers."""
+    position, waits_of, signal = {}, {}, {}
+    for lst in schedule.lists:
+        pending: list = []
+        for k, inst in enumerate(lst):
+            pending += inst.waits
+            if inst.node >= 0:
+                position[inst.node], waits_of[inst.node], signal[inst.node] = k, set(pending), inst.signal
+                pending = []
+    signallers: dict[int, int] = {}
+    for s in signal.values():
+        if s >= 0:
+            signallers[s] = signallers.get(s, 0) + 1
+    worker_of = schedule.worker_of
+    missing = []
+    for i, ds in enumerate(deps):
+        for d in ds:
+            local = worker_of[d] == worker_of[i] and position[d] < position[i]
+            counted = signal[d] >= 0 and (signal[d], signallers[signal[d]]) in waits_of[i]
+            if not (local or counted):
+                missing.append((d, i))
+    return missing
