@@ -1,8 +1,8 @@
 """Dynamic work at any size on a real GPU (skipped without one): the 1M-task fan-out and depth-20
 recursion through the default 4096-slot pool, joins and then-chains through a 2-slot pool.
 
-Every tensor is made before its Runtime opens: CUDA's lazy module loading synchronises the
-context, which waits for the resident kernel (docs/runtime.md).
+Tensors may be made before or after a Runtime opens: the kernel parks when idle, so CUDA work that
+synchronises the context completes beside it (docs/runtime.md, tests/test_runtime_coexist_gpu.py).
 """
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """The resident kernel on a real GPU, diffed against the CPU executor (skipped without a GPU).
 
-Inputs are made before a runtime opens: the resident kernel may hold every SM, so other kernels
-(torch's random number generator, for one) could wait behind it.
+Most inputs are made before a runtime opens, as this file always did; tests/test_runtime_coexist_gpu.py
+and tests/test_examples_gpu.py make them after, as users do.
 """
 import json
 
