@@ -8,7 +8,7 @@ import pytest
 
 CONTRACT = {
     "runtime": {"dependent_hop_us", "cuda_graph_node_us", "triton_launch_us", "tasks_per_s",
-                "submit_p50_us", "submit_p99_us", "mlp_stack"},
+                "submit_p50_us", "submit_p99_us", "mlp_stack", "cross_worker_hop_us", "coexist"},
     "hostcall": {"call_p50_us", "call_p99_us", "calls_per_s", "print_lines_per_s", "print_lost",
                  "file_read_gbps", "plain_read_gbps"},
 }
@@ -27,6 +27,8 @@ def test_bench_runs_on_the_cpu_with_contract_keys(bench):
     if bench == "runtime":
         assert set(data["mlp_stack"]) == {"warploop_us", "cuda_graph_us", "torch_eager_us", "floor_us"}
         assert data["cuda_graph_node_us"] is None          # GPU-only keys are null on the CPU
+        assert {"matmul_alone_tflops", "matmul_beside_tflops", "copy_alone_gbps", "copy_beside_gbps",
+                "fanout_tasks_per_s"} <= set(data["coexist"])
         assert data["dependent_hop_us"] > 0 and data["tasks_per_s"] > 0
     else:
         assert data["print_lost"] == 0

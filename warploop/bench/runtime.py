@@ -88,7 +88,10 @@ def cpu_figures(quick: bool) -> dict:
     return {"executor": "cpu (Triton interpreter)", "ok": ok, "dependent_hop_us": hop_us,
             "cuda_graph_node_us": None, "triton_launch_us": None, "tasks_per_s": tasks_per_s,
             "submit_p50_us": p50, "submit_p99_us": p99, "submit_host_p50_us": host_us,
-            "mlp_stack": {"warploop_us": None, "cuda_graph_us": None, "torch_eager_us": None, "floor_us": None}}
+            "cross_worker_hop_us": None,
+            "mlp_stack": {"warploop_us": None, "cuda_graph_us": None, "torch_eager_us": None, "floor_us": None},
+            "coexist": {k: None for k in ("matmul_alone_tflops", "matmul_beside_tflops", "copy_alone_gbps",
+                                          "copy_beside_gbps", "fanout_tasks_per_s")}}
 
 
 def main(args: argparse.Namespace) -> int:
