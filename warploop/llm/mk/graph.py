@@ -60,7 +60,8 @@ class StepBuffers:
                    parts=z(batch, cfg.num_heads, plan.splits, cfg.head_dim, dt=torch.float32),
                    lse=z(batch, cfg.num_heads, plan.splits, dt=torch.float32),
                    logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32),
-                   fstat=z(batch, tiles, 3, dt=torch.float32), istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32))
+                   fstat=z(batch, tiles, 3, dt=torch.float32),
+                   istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32))
 
 
 def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
@@ -137,7 +138,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                  *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]
     vocab_spans = spans(cfg.vocab_size, plan.bn, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
-                 len(vocab_spans), after=[head], cost=batch * s[1]) for t, (s, head) in enumerate(zip(vocab_spans, heads))]
+                 len(vocab_spans), after=[head], cost=batch * s[1])
+             for t, (s, head) in enumerate(zip(vocab_spans, heads, strict=True))]
     add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
         len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
