@@ -162,3 +162,15 @@ def test_backend_samples_in_the_graph_greedy_seeded_and_falls_back(model):
     assert mk.last.buffers.tokens[:3].tolist() == [-1, -1, -1]    # drawn on the host instead
     assert tokens.dtype == torch.int64 and all(0 <= t < ref.config.vocab_size for t in tokens.tolist())
     assert not math.isnan(float(tokens.sum()))
+
+
+def test_tiny_model_seeded_sampling_through_the_engine_repeats():
+    from warploop.llm.engine import Engine
+
+    params = SamplingParams(max_tokens=3, temperature=0.9, top_k=20, seed=11, ignore_eos=True)
+    with Engine.from_model("tiny", device="cpu", backend="megakernel", max_num_seqs=1, num_kv_blocks=64,
+                           progress=False) as engine:
+        first = engine.generate("def main(", params).token_ids
+        assert engine.backend.last is not None, "decode steps did not run on the graph"
+        assert int(engine.backend.last.buffers.tokens[0]) == first[-1]      # the graph drew the last token
+        assert engine.generate("def main(", params).token_ids == first
