@@ -96,7 +96,7 @@ class MegakernelBackend(Backend):
         a batch past the largest bucket): the host sampler over the logits."""
         if not self.on_graph(batch):
             return sample_on_device(self.per_op.forward(batch), seqs)
-        sampling = tuple(self.row_sampling(seq) for seq in seqs)
+        sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
         history = tuple(tuple(sorted(set(seq.token_ids))) if r.repetition_penalty != 1.0 else ()
                         for seq, r in zip(seqs, sampling, strict=True))
         logits = self.decode(batch, sampling, history if any(history) else ())
@@ -109,13 +109,15 @@ class MegakernelBackend(Backend):
             tokens[index] = sample_on_device(logits[index], rows).to(tokens.device)
         return tokens
 
-    def row_sampling(self, seq) -> RowSampling:
-        """A sequence's parameters for the graph: its seed, or a fresh one; the counter is its length,
-        so each step of a seeded sequence draws new noise and a rerun draws the same."""
+    def row_sampling(self, seq, context_len: int) -> RowSampling:
+        """A sequence's parameters for the graph: its seed, or a fresh one. The counter is the step's
+        context length, not len(seq): a step launched ahead (engine overlap) runs before the host has
+        appended the token before it, so only the batch knows which position is drawn; each step of
+        a seeded sequence gets new noise, and a rerun, overlapped or not, the same."""
         p = seq.params
         seed = p.seed if p.seed is not None else int(self.seeds.integers(0, 2 ** 63))
         return RowSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, seed,
-                           len(seq.token_ids) % 2 ** 31)
+                           context_len % 2 ** 31)
 
     def decode(self, batch: ModelBatch, sampling: tuple = (), history: tuple = ()) -> torch.Tensor:
         """One decode step on the graph; float32 logits [num_seqs, vocab] (penalised where a row has a
