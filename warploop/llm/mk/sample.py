@@ -4,11 +4,11 @@ Split the way lm_head is: one sample tile per lm_head span, then one combine nod
 
 sample_tile_node     for its vocab span and every live row: the repetition penalty in place (the
                      row's distinct previous tokens that fall in the span), then in one pass the
-                     span's largest logit and its first index (greedy), its sum of exp(x / T)
-                     relative to its max (the softmax's denominator, merged by log-sum-exp), the
-                     winner of an exponential race over the whole span (Gumbel-max: x / T + G
-                     with G = -log(-log(U)), which picks token i with probability softmax(x / T)_i),
-                     and its KC largest logits as candidates
+                     span's largest logit and its first index (greedy), the winner of an
+                     exponential race over the whole span (Gumbel-max: x / T + G with
+                     G = -log(-log(U)), which picks token i with probability softmax(x / T)_i),
+                     and for filtered rows its sum of exp(x / T) relative to its max (the
+                     softmax's denominator, merged by log-sum-exp) and its KC largest logits
 sample_combine_node  per row: greedy rows take the first index of the largest logit; rows with no
                      filter take the race winner among tiles; filtered rows (top-k, top-p, min-p)
                      merge the tiles' candidates into the row's KC largest, apply the filters to
@@ -112,16 +112,16 @@ def sample_tile_node(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles
             at = tl.min(tl.where(x == top, c, vocab), axis=0)
             arg = tl.where(top > best, at, arg)
             best = tl.maximum(best, top)
-            m_new = tl.maximum(m, top)
-            s = s * tl.exp((m - m_new) / tn) + tl.sum(tl.where(valid, tl.exp((x - m_new) / tn), 0.0), axis=0)
-            m = m_new
             if sampled:       # greedy rows need no noise, unfiltered ones no candidates
                 g = tl.where(valid, x / tn + gumbel(seed, counter, c), float("-inf"))
                 gtop = tl.max(g, axis=0)
                 gat = tl.min(tl.where(g == gtop, c, vocab), axis=0)
                 winner = tl.where(gtop > race, gat, winner)
                 race = tl.maximum(race, gtop)
-            if filtered:
+            if filtered:      # only filtered rows need exact probabilities: the softmax's sum and candidates
+                m_new = tl.maximum(m, top)
+                s = s * tl.exp((m - m_new) / tn) + tl.sum(tl.where(valid, tl.exp((x - m_new) / tn), 0.0), axis=0)
+                m = m_new
                 cand = merge_top(cand, tl.where(valid, order_key(x, c), NO_KEY), KC)
         f = fstat + (i64(b) * ntiles + tile) * F_STATS
         tl.store(f, best)
