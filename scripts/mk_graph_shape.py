@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 
 from warploop.bench.decode import LLAMA_3_2_1B
@@ -36,7 +37,7 @@ def main() -> None:
     out = {"model": "Llama-3.2-1B shapes", "plan": plan.key, "workers": args.workers, "graphs": []}
     with Runtime(device="cpu", workers=args.workers, tasks=tasks.all) as rt:
         for batch in args.batch:
-            buffers = StepBuffers(*([0] * 9))
+            buffers = StepBuffers(*([0] * len(dataclasses.fields(StepBuffers))))
             dg = build_decode_graph(rt, tasks, plan, cfg, weights, kv, 0, 0, buffers, batch, width, args.workers)
             out["graphs"].append(describe(dg))
     print(json.dumps(out, indent=1))

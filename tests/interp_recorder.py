@@ -20,7 +20,8 @@ def regions(mk, dg) -> list[tuple[int, int, int, int]]:
     heads, splits, hd = cfg.num_heads, mk.plan.splits, cfg.head_dim
     widths = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
               "act": cfg.intermediate_size, "parts": heads * splits * hd, "lse": heads * splits,
-              "logits": cfg.vocab_size, "tokens": 1}
+              "logits": cfg.vocab_size, "tokens": 1, "fstat": b.fstat.shape[1] * 3,
+              "istat": b.istat.shape[1] * b.istat.shape[2]}
     tensors = [(getattr(b, name), width) for name, width in widths.items()]
     tensors += [(mk.kv[i, j], cfg.kv_size) for i in range(cfg.num_layers) for j in range(2)]
     return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t.element_size(), w) for t, w in tensors]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from warploop.llm.mk.graph import DecodeGraph
-from warploop.llm.mk.layout import StepInputs
+from warploop.llm.mk.layout import RowSampling, StepInputs
 from warploop.runtime.graph import Param
 
 
@@ -63,8 +63,14 @@ def prime(mk, dg: DecodeGraph, contexts: list[int], seed: int = 0) -> None:
     ids = torch.randint(0, mk.config.vocab_size, (len(contexts),), generator=gen).tolist()
     positions = [c - 1 for c in contexts]
     slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+    # every sampling path, one per row in turn: top-k with a repetition penalty, greedy, the race over
+    # the whole vocabulary, top-p (which may leave the row to the host: -1, on both sides alike)
+    kinds = [RowSampling(0.8, top_k=8, repetition_penalty=1.3, seed=5, counter=3), RowSampling(),
+             RowSampling(1.1, seed=6, counter=3), RowSampling(1.0, top_p=0.9, seed=7, counter=3)]
+    sampling = tuple(kinds[i % 4] for i in range(len(contexts)))
+    history = tuple(tuple(sorted(set(ids + [3, 77]))) if i % 4 == 0 else () for i in range(len(contexts)))
     words = StepInputs(dg.batch, dg.width, tuple(ids), tuple(positions), tuple(contexts), tuple(slots),
-                       tuple(tables)).serialize()
+                       tuple(tables), sampling, history, dg.history_width).serialize()
     dg.buffers.inp.copy_(torch.from_numpy(words))
 
 

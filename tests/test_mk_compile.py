@@ -2,7 +2,7 @@
 step-input layout and plan refuse bad values with a message naming the field."""
 import pytest
 
-from warploop.llm.mk.layout import Plan, StepInputs
+from warploop.llm.mk.layout import Plan, RowSampling, StepInputs
 
 
 def test_step_inputs_round_trip_and_pad_rows_without_slots():
@@ -10,20 +10,45 @@ def test_step_inputs_round_trip_and_pad_rows_without_slots():
     words = s.serialize()
     assert len(words) == StepInputs.words(4, 3) and tuple(words[:4]) == (4, 3, 2, 0)
     assert list(words[4 + 12:4 + 16]) == [41, 7, -1, -1]       # padding rows: no KV slot
-    # tables come back padded to the width (the device reads only what context_lens covers)
-    assert StepInputs.parse(words) == StepInputs(4, 3, (5, 6), (10, 2), (11, 3), (41, 7), ((2, 0, 1), (7, 0, 0)))
+    # tables come back padded to the width (the device reads only what context_lens covers), and
+    # rows given no sampling parameters come back greedy
+    assert StepInputs.parse(words) == StepInputs(4, 3, (5, 6), (10, 2), (11, 3), (41, 7), ((2, 0, 1), (7, 0, 0)),
+                                                 (RowSampling(),) * 2)
+
+
+def test_step_inputs_carry_sampling_parameters_and_history_last():
+    rows = (RowSampling(0.7, 40, 0.9, 0.05, 1.3, seed=-5, counter=12), RowSampling(seed=2 ** 64 - 1))
+    s = StepInputs(4, 3, (5, 6), (10, 2), (11, 3), (41, 7), ((2, 0, 1), (7, 0, 0)), rows, ((3, 5, 9), ()), 8)
+    words = s.serialize()
+    assert len(words) == StepInputs.words(4, 3, 8) == s.used_words and words[3] == 8
+    back = StepInputs.parse(words)
+    assert back.sampling[0].seed == 2 ** 64 - 5 and back.sampling[1].seed == 2 ** 64 - 1    # 64-bit words
+    assert back.history == ((3, 5, 9), ()) and back.sampling[0].top_k == 40 and back.sampling[0].counter == 12
+    assert abs(back.sampling[0].top_p - 0.9) < 1e-7 and abs(back.sampling[0].repetition_penalty - 1.3) < 1e-6
+    # no history listed: the block ends before the history region (the copy to the GPU stops there)
+    plain = StepInputs(4, 3, (5,), (1,), (2,), (3,), ((1,),), (), (), 8)
+    assert plain.used_words == StepInputs.words(4, 3) < len(plain.serialize())
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(batch=1), "a step of 2 sequences does not fit a graph of batch 1"),
     (dict(width=2), "a block table of 3 blocks exceeds the graph's width 2"),
     (dict(slots=(1,)), "StepInputs.slots has 1 rows, token_ids 2"),
+    (dict(sampling=(RowSampling(),)), "StepInputs.sampling has 1 rows, token_ids 2"),
+    (dict(history=((1, 2, 3), ()), history_width=2), "a history of 3 tokens exceeds the graph's history width 2"),
 ])
 def test_step_inputs_refuse_what_does_not_fit(kwargs, message):
     base = dict(batch=4, width=3, token_ids=(5, 6), positions=(1, 2), context_lens=(2, 3), slots=(1, 2),
                 block_tables=((2, 0, 1), (7,)))
     with pytest.raises(ValueError, match=message):
         StepInputs(**{**base, **kwargs})
+
+
+def test_row_sampling_refuses_values_out_of_range():
+    with pytest.raises(ValueError, match="RowSampling out of range"):
+        RowSampling(top_p=0.0)
+    with pytest.raises(ValueError, match="RowSampling out of range"):
+        RowSampling(temperature=-1.0)
 
 
 def test_plan_refuses_tiles_tl_dot_cannot_take():
@@ -59,3 +84,32 @@ def test_resident_decode_kernel_compiles_without_a_gpu(target):
     if backend == "cuda":
         assert ".target sm_90" in asm
         assert "ld.global.L1::evict_first" in asm             # weight loads streamed, not cached in L1
+
+
+@pytest.mark.parametrize("target", [("cuda", 90, 32), ("hip", "gfx942", 64)], ids=["sm_90", "gfx942"])
+def test_sampling_tasks_compile_without_a_gpu(target):
+    """The sampling tile and combine alone (philox, the rank merge, the cumulative sum) in a resident kernel."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from warploop.llm.mk.tasks import tasks_for
+    from warploop.runtime import codegen
+    from warploop.runtime.tasks import lookup
+
+    tasks = tasks_for(Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256))
+    module = codegen.build([lookup(t) for t in (tasks.sample_tile, tasks.sample_combine)])
+    backend = target[0]
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": backend})
+    try:
+        kernel = triton.compile(src, target=GPUTarget(*target), options={"num_warps": 4})
+    except RuntimeError as e:    # no ROCm toolchain in this Triton build
+        if backend == "hip" and "ld.lld" in str(e):
+            pytest.skip(f"hip toolchain missing: {e}")
+        raise
+    if backend == "cuda":
+        ptx = kernel.asm["ptx"]
+        assert ".target sm_90" in ptx and "mul.hi.u32" in ptx      # philox's rounds
+    else:
+        assert "v_mul_hi_u32" in kernel.asm["amdgcn"]

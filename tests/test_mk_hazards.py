@@ -8,6 +8,7 @@ counts; then the declared footprints (hazards.py) are checked against the loads 
 interpreter really makes, so the static check cannot pass on a wrong declaration.
 """
 import collections
+import dataclasses
 import itertools
 
 import pytest
@@ -33,7 +34,7 @@ def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size:
                              for name in LayerWeights.__dataclass_fields__)) for _ in range(cfg.num_layers)]
     weights = ModelWeights(next(fresh), layers, next(fresh), next(fresh))
     kv = collections.defaultdict(lambda: next(fresh))
-    buffers = StepBuffers(*(next(fresh) for _ in range(9)))
+    buffers = StepBuffers(*(next(fresh) for _ in dataclasses.fields(StepBuffers)))
     with Runtime(device="cpu", workers=workers, tasks=tasks.all) as rt:
         dg = build_decode_graph(rt, tasks, plan, cfg, weights, kv, next(fresh), next(fresh), buffers, batch, width,
                                 workers)
@@ -94,9 +95,9 @@ def test_check_finds_war_and_waw():
 def test_unrealised_edges_names_a_dependency_the_schedule_drops():
     dg, _ = addressed_graph(LLAMA_GQA, "cuda", 1, 131)
     deps = [n.deps for n in dg.graph.nodes]
-    argmax = len(deps) - 1
-    deps[argmax] = deps[argmax] + (0,)          # the embedding: no counter of it is waited on there
-    assert unrealised_edges(deps, dg.graph.schedule) == [(0, argmax)]
+    last = len(deps) - 1                        # the sample combine
+    deps[last] = deps[last] + (0,)              # the embedding: no counter of it is waited on there
+    assert unrealised_edges(deps, dg.graph.schedule) == [(0, last)]
 
 
 @pytest.mark.parametrize("cfg", [LLAMA_GQA, QWEN3_LIKE], ids=["llama_gqa", "qwen3_like"])

@@ -83,6 +83,13 @@ class Backend(abc.ABC):
         """float32 logits [len(batch.rows_for_logits()), vocab_size] (a torch.Tensor on the device),
         valid until the next forward."""
 
+    def forward_sample(self, batch: ModelBatch, seqs: list):
+        """forward, then one token id per sequence (int64 [len(seqs)] on the device), each drawn with
+        its sequence's parameters (warploop/llm/sampler.py). A backend that samples inside its own
+        step (the megakernel) overrides this."""
+        from warploop.llm.sampler import sample_on_device
+        return sample_on_device(self.forward(batch), seqs)
+
     def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""
 

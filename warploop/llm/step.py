@@ -11,7 +11,6 @@ import dataclasses
 import torch
 
 from warploop.llm.backend import Backend, ModelBatch
-from warploop.llm.sampler import sample_on_device
 
 
 @dataclasses.dataclass
@@ -31,7 +30,7 @@ class Step:
 
 
 def launch(backend: Backend, batch: ModelBatch, seqs: list, prefill: bool) -> Step:
-    tokens = sample_on_device(backend.forward(batch), seqs)
+    tokens = backend.forward_sample(batch, seqs)
     if tokens.is_cuda:
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)

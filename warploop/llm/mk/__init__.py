@@ -3,9 +3,10 @@ runtime (warploop/runtime). docs/megakernel.md describes the graph.
 
     layout.py     the step's input block (the one graph parameter) and the plan's sizes, as data
     numerics.py   rounding and dots made the same in the Triton interpreter as on the GPU
-    tokens.py     embedding gather (token ids in) and greedy argmax (token ids out)
+    tokens.py     embedding gather (token ids in)
     gemv.py       GEMV tile bodies: fused RMSNorm prologue, batch rows, residual / SiLU epilogues
     attention.py  RoPE + paged KV write, split paged decode attention with GQA, the split combine
+    sample.py     sampling per row (greedy, temperature, top-k/p, min-p, penalty, seeds): token ids out
     tasks.py      the task registrations, one set per plan (dtype and model shapes as constexprs)
     graph.py      the per-step graph for a config and a batch bucket
     backend.py    MegakernelBackend: decode on the graph, prefill on the per-op path

@@ -6,9 +6,17 @@ bucket that holds it; the graph writes the new tokens' KV into the same paged ca
 path uses, so prefill (and any batch the graph does not take) runs on the per-op TorchBackend
 over that cache. On the CPU the graph runs on the runtime's CPU executor, through the Triton
 interpreter: the reference the GPU is checked against.
+
+`forward_sample` hands the engine token ids the graph sampled itself (warploop/llm/mk/sample.py),
+each row with its own parameters in the step inputs; a row the graph cannot draw exactly (its
+filters reach past the candidates) is sampled on the host path from the same logits.
 """
 from __future__ import annotations
 
+import dataclasses
+import types
+
+import numpy as np
 import torch
 
 from warploop.llm.backend import Backend, ModelBatch
@@ -17,8 +25,9 @@ from warploop.llm.config import ModelConfig
 from warploop.llm.cuda_graphs import buckets
 from warploop.llm.kv_cache import KVCacheLayout
 from warploop.llm.mk.graph import DecodeGraph, StepBuffers, build_decode_graph
-from warploop.llm.mk.layout import F_ROWS, TRITON_DTYPES, Plan, StepInputs
+from warploop.llm.mk.layout import F_ROWS, TRITON_DTYPES, Plan, RowSampling, StepInputs
 from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.sampler import sample_on_device
 from warploop.llm.weights import ModelWeights
 
 CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the interpreter pays per op
@@ -50,35 +59,69 @@ class MegakernelBackend(Backend):
         self.graphs: dict[int, DecodeGraph] = {}
         self.host_inputs = None     # pinned staging for the GPU copy of the step inputs
         self.copy_stream = None
+        self.seeds = np.random.default_rng()    # a fresh seed per step for rows that ask for none
 
     def warmup(self, max_num_seqs: int) -> None:
         """Allocate every bucket's buffers, then start the resident kernel and record the graphs.
         Each graph is compiled (placed, uploaded) on its first run."""
         self.per_op.warmup(max_num_seqs)
         self.buckets = buckets(max_num_seqs)
-        dtype = self.w.embed.dtype
-        buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device)
-                   for b in self.buckets}
-        if self.device.type == "cuda":
-            self.host_inputs = torch.zeros(StepInputs.words(max(self.buckets), self.width),
-                                           dtype=torch.int32).pin_memory()
-            self.copy_stream = torch.cuda.Stream(self.device)
         from warploop.runtime import Runtime
         self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
                           tasks=self.tasks.all, timeout=self.timeout)
         nodes = self.rt.workers
+        dtype = self.w.embed.dtype
+        buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device, nodes)
+                   for b in self.buckets}
+        if self.device.type == "cuda":
+            self.host_inputs = torch.zeros(StepInputs.words(max(self.buckets), self.width,
+                                                            self.width * self.plan.block_size),
+                                           dtype=torch.int32).pin_memory()
+            self.copy_stream = torch.cuda.Stream(self.device)
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
                                                 self.sin, buffers[b], b, self.width, nodes)
 
+    def on_graph(self, batch: ModelBatch) -> bool:
+        return self.rt is not None and batch.is_decode and batch.logits_indices is None \
+            and batch.num_seqs <= self.buckets[-1]
+
     def forward(self, batch: ModelBatch) -> torch.Tensor:
-        if self.rt is None or not batch.is_decode or batch.logits_indices is not None \
-                or batch.num_seqs > self.buckets[-1]:
+        if not self.on_graph(batch):
             return self.per_op.forward(batch)
         return self.decode(batch)
 
-    def decode(self, batch: ModelBatch) -> torch.Tensor:
-        """One decode step on the graph; float32 logits [num_seqs, vocab]."""
+    def forward_sample(self, batch: ModelBatch, seqs: list) -> torch.Tensor:
+        """Decode steps: the graph's own sampled ids; rows it marks -1 and every other batch (prefill,
+        a batch past the largest bucket): the host sampler over the logits."""
+        if not self.on_graph(batch):
+            return sample_on_device(self.per_op.forward(batch), seqs)
+        sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
+        history = tuple(tuple(sorted(set(seq.token_ids))) if r.repetition_penalty != 1.0 else ()
+                        for seq, r in zip(seqs, sampling, strict=True))
+        logits = self.decode(batch, sampling, history if any(history) else ())
+        tokens = self.last.buffers.tokens[:len(seqs)].to(torch.int64)
+        missed = (tokens < 0).nonzero().flatten().tolist()
+        if missed:      # the graph already applied these rows' penalty to the logits
+            rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
+                                          token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
+            index = torch.tensor(missed, device=tokens.device)
+            tokens[index] = sample_on_device(logits[index], rows).to(tokens.device)
+        return tokens
+
+    def row_sampling(self, seq, context_len: int) -> RowSampling:
+        """A sequence's parameters for the graph: its seed, or a fresh one. The counter is the step's
+        context length, not len(seq): a step launched ahead (engine overlap) runs before the host has
+        appended the token before it, so only the batch knows which position is drawn; each step of
+        a seeded sequence gets new noise, and a rerun, overlapped or not, the same."""
+        p = seq.params
+        seed = p.seed if p.seed is not None else int(self.seeds.integers(0, 2 ** 63))
+        return RowSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, seed,
+                           context_len % 2 ** 31)
+
+    def decode(self, batch: ModelBatch, sampling: tuple = (), history: tuple = ()) -> torch.Tensor:
+        """One decode step on the graph; float32 logits [num_seqs, vocab] (penalised where a row has a
+        repetition penalty). `sampling` and `history`: per row, as in StepInputs (default: greedy)."""
         n = batch.num_seqs
         dg = self.graphs[next(b for b in self.buckets if b >= n)]
         if self.device.type == "cuda":
@@ -87,11 +130,13 @@ class MegakernelBackend(Backend):
             torch.cuda.current_stream(self.device).synchronize()
         ids = batch.token_ids.tolist() if isinstance(batch.token_ids, torch.Tensor) else list(batch.token_ids)
         slots = batch.slot_mapping(self.layout.block_size).tolist()
-        words = StepInputs(dg.batch, dg.width, tuple(ids), tuple(batch.positions), tuple(batch.context_lens),
-                           tuple(slots), tuple(tuple(t) for t in batch.block_tables)).serialize()
+        step = StepInputs(dg.batch, dg.width, tuple(ids), tuple(batch.positions), tuple(batch.context_lens),
+                          tuple(slots), tuple(tuple(t) for t in batch.block_tables), sampling, history,
+                          dg.history_width)
+        words = step.serialize()[:step.used_words]    # the history travels only when a row is penalised
         inp = dg.buffers.inp
         if self.copy_stream is None:
-            inp.numpy()[:] = words
+            inp.numpy()[:len(words)] = words
         else:
             # a copy, not a kernel: it runs beside the resident kernel on a stream of its own
             self.host_inputs.numpy()[:len(words)] = words
@@ -103,7 +148,8 @@ class MegakernelBackend(Backend):
         return dg.buffers.logits[:n].clone()
 
     def last_greedy_tokens(self) -> list[int]:
-        """The graph's own argmax for each sequence of the latest decode step."""
+        """The graph's own pick for each sequence of the latest decode step (the argmax for a step
+        run through `forward`)."""
         if self.last is None:
             raise RuntimeError("no decode step has run on the megakernel yet")
         return self.last.buffers.tokens[:int(self.last.buffers.inp[F_ROWS])].tolist()

@@ -7,7 +7,8 @@ Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
     every combine -> o-proj tiles (residual add fused) -> gate_up tiles (post norm fused, SiLU * up)
     every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
 
-then lm_head tiles (final norm fused) -> argmax. The embedding starts the residual stream. Each
+then lm_head tiles (final norm fused) -> a sample tile per lm_head tile (its span) -> one sample
+combine (warploop/llm/mk/sample.py): the token id per row. The embedding starts the residual stream. Each
 run reads its per-step values (ids, positions, context lengths, KV slots, block tables) from the
 one parameter `inp` (layout.StepInputs), so the graph is built once per batch bucket and replayed
 every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
@@ -31,7 +32,7 @@ ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention sp
 class StepBuffers:
     """A graph's own memory: the step inputs and every activation, for `batch` rows."""
 
-    inp: object          # int32 [StepInputs.words(batch, width)]
+    inp: object          # int32 [StepInputs.words(batch, width, width * block_size)]
     res: object          # [batch, hidden]: the residual stream
     qkv: object          # [batch, q + 2 kv]
     attn: object         # [batch, q]
@@ -39,21 +40,28 @@ class StepBuffers:
     parts: object        # float32 [batch, heads, splits, head_dim]
     lse: object          # float32 [batch, heads, splits]
     logits: object       # float32 [batch, vocab]
-    tokens: object       # int32 [batch]: the graph's greedy pick
+    tokens: object       # int32 [batch]: the graph's pick (sampled or greedy; -1: sample on the host)
+    fstat: object        # float32 [batch, sample tiles, 3]: each tile's max, sum of exp, race value
+    istat: object        # int32 [batch, sample tiles, 2 + KC]: its argmax, race winner, candidates
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device) -> StepBuffers:
+    def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device,
+                 gemv_nodes: int) -> StepBuffers:
         import torch
 
         def z(*shape, dt=dtype):
             return torch.zeros(shape, dtype=dt, device=device)
 
-        return cls(inp=z(StepInputs.words(batch, width), dt=torch.int32), res=z(batch, cfg.hidden_size),
+        tiles = len(spans(cfg.vocab_size, plan.bn, gemv_nodes))
+        return cls(inp=z(StepInputs.words(batch, width, width * plan.block_size), dt=torch.int32),
+                   res=z(batch, cfg.hidden_size),
                    qkv=z(batch, cfg.q_size + 2 * cfg.kv_size), attn=z(batch, cfg.q_size),
                    act=z(batch, cfg.intermediate_size),
                    parts=z(batch, cfg.num_heads, plan.splits, cfg.head_dim, dt=torch.float32),
                    lse=z(batch, cfg.num_heads, plan.splits, dt=torch.float32),
-                   logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32))
+                   logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32),
+                   fstat=z(batch, tiles, 3, dt=torch.float32),
+                   istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32))
 
 
 def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
@@ -73,6 +81,7 @@ class DecodeGraph:
     buffers: StepBuffers
     batch: int
     width: int
+    history_width: int             # previous-token entries per row in the step inputs (max context)
     kinds: collections.Counter     # nodes per task kind
     labels: list[str]              # each node's task kind, by node index (hazards.py reads them)
 
@@ -127,8 +136,13 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                     cost=s[1] * f) for s in spans(d, plan.bn, gemv_nodes)]
     heads = [add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d, cfg.vocab_size,
                  *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]
-    add("argmax", tasks.argmax, inp, b.logits, b.tokens, cfg.vocab_size, after=heads, cost=batch * cfg.vocab_size)
-    return DecodeGraph(g, buffers, batch, width, kinds, labels)
+    vocab_spans = spans(cfg.vocab_size, plan.bn, gemv_nodes)
+    tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
+                 len(vocab_spans), after=[head], cost=batch * s[1])
+             for t, (s, head) in enumerate(zip(vocab_spans, heads, strict=True))]
+    add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
+        len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
+    return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
 
 
 def describe(dg: DecodeGraph) -> dict:

@@ -16,7 +16,8 @@ graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
 | rope_kv[g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
 | attn[g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
 | combine[g] | parts and lse: g's heads, every split | attn: g's heads |
-| argmax | logits[:, 0:vocab] | tokens |
+| sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
+| sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
 
 Rows are not listed: every node covers every live batch row (a node owns columns, never rows),
 and a KV-cache node any slot, so only columns tell two accesses apart. Weights, norms, the RoPE
@@ -81,9 +82,15 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
         _, parts, lse, out, g = args
         return [acc(parts, g * G * S * HD, (g + 1) * G * S * HD), acc(lse, g * G * S, (g + 1) * G * S),
                 acc(out, g * G * HD, (g + 1) * G * HD, True)]
-    if kind == "argmax":
-        _, logits, tokens, vocab = args
-        return [acc(logits, 0, vocab), acc(tokens, 0, 1, True)]
+    if kind == "sample_tile":
+        _, logits, fstat, istat, vocab, row0, count, tile, _ = args
+        end, per = min(row0 + count, vocab), 2 + plan.candidates
+        return [acc(logits, row0, end), acc(logits, row0, end, True), acc(fstat, 3 * tile, 3 * tile + 3, True),
+                acc(istat, per * tile, per * tile + per, True)]
+    if kind == "sample_combine":
+        _, logits, fstat, istat, tokens, vocab, ntiles = args
+        return [acc(logits, 0, vocab), acc(fstat, 0, 3 * ntiles), acc(istat, 0, (2 + plan.candidates) * ntiles),
+                acc(tokens, 0, 1, True)]
     raise ValueError(f"no footprint declared for node kind {kind!r}: add it to hazards.footprint")
 
 

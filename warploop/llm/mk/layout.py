@@ -8,15 +8,26 @@ run; every task that needs per-step values reads them from here, so the graph ne
 | 0 | batch: rows the graph was built for (B) |
 | 1 | width: block-table entries per row (W) |
 | 2 | rows: live rows this step (n <= B); rows past n are skipped |
-| 3 | reserved (0) |
+| 3 | history width: previous-token entries per row (P; 0 when the graph has no room for them) |
 | 4 + [0, B) | token ids |
 | 4 + [B, 2B) | positions (of the token being decoded) |
 | 4 + [2B, 3B) | context lengths (tokens with KV after this step) |
 | 4 + [3B, 4B) | KV slots of the new token (block * block_size + offset) |
-| 4 + 4B + [0, B * W) | block tables, row-major |
+| 4 + [4B, 5B) | sampling: temperature (float32 bits; 0 = greedy) |
+| 4 + [5B, 6B) | sampling: top_k (0 = off) |
+| 4 + [6B, 7B) | sampling: top_p (float32 bits; 1 = off) |
+| 4 + [7B, 8B) | sampling: min_p (float32 bits; 0 = off) |
+| 4 + [8B, 9B) | sampling: repetition penalty (float32 bits; 1 = off) |
+| 4 + [9B, 10B), [10B, 11B) | sampling: seed, low and high 32 bits |
+| 4 + [11B, 12B) | sampling: step counter (the RNG's second key: a fresh draw every step) |
+| 4 + [12B, 13B) | previous tokens listed for the penalty (0 when the row has no penalty) |
+| 4 + 13B + [0, B * W) | block tables, row-major |
+| 4 + 13B + B * W + [0, B * P) | each row's distinct previous tokens (prompt and output), row-major |
 
-`STEP_INPUT_FIELDS` names these offsets for the device code (gemv.py, attention.py read them
-through `step_*` helpers), so the layout is defined once, here.
+The history comes last so that a step with no penalised row copies only the words before it.
+
+The device code (gemv.py, attention.py, sample.py) reads these offsets through the `step_*`
+helpers below, so the layout is defined once, here.
 """
 from __future__ import annotations
 
@@ -27,7 +38,48 @@ import triton
 import triton.language as tl
 
 HEADER = 4
-F_BATCH, F_WIDTH, F_ROWS = 0, 1, 2
+F_BATCH, F_WIDTH, F_ROWS, F_HISTORY = 0, 1, 2, 3
+ROW_FIELDS = 13     # per-row fields before the block tables (the table above)
+FLOAT_FIELDS = (4, 6, 7, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """One row's sampling parameters as the graph reads them (warploop/llm/mk/sample.py)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and 0 <= self.top_k < 2 ** 31 and 0 < self.top_p <= 1
+                and 0 <= self.min_p <= 1 and self.repetition_penalty > 0 and 0 <= self.counter < 2 ** 31):
+            raise ValueError(f"RowSampling out of range: {self} (temperature >= 0, top_p in (0, 1], min_p in "
+                             "[0, 1], repetition_penalty > 0, top_k and counter in [0, 2**31))")
+
+    def words(self) -> tuple[int, ...]:
+        """Fields 4 to 11 of the row, as int32 values (floats by their bits)."""
+        seed = self.seed & (2 ** 64 - 1)
+        lo, hi = (np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32).view(np.int32))
+        values = (self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
+        return tuple(int(np.array(v, dtype=np.float32).view(np.int32)) if k + 4 in FLOAT_FIELDS else int(v)
+                     for k, v in enumerate(values)) + (int(lo), int(hi), self.counter)
+
+    @classmethod
+    def from_words(cls, w) -> RowSampling:
+        def f(x):
+            return float(np.array(x, dtype=np.int32).view(np.float32))
+
+        seed = int(np.array(w[5:7], dtype=np.int32).view(np.uint32)[0]) | \
+            (int(np.array(w[5:7], dtype=np.int32).view(np.uint32)[1]) << 32)
+        return cls(f(w[0]), int(w[1]), f(w[2]), f(w[3]), f(w[4]), seed, int(w[7]))
+
+
+GREEDY = RowSampling()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +93,9 @@ class StepInputs:
     context_lens: tuple[int, ...]
     slots: tuple[int, ...]
     block_tables: tuple[tuple[int, ...], ...]
+    sampling: tuple[RowSampling, ...] = ()             # per row; () = greedy for every row
+    history: tuple[tuple[int, ...], ...] = ()          # per row: distinct previous tokens; () = none
+    history_width: int = 0                             # P: entries per row the block has room for
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -49,43 +104,76 @@ class StepInputs:
         for name in ("positions", "context_lens", "slots", "block_tables"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"StepInputs.{name} has {len(getattr(self, name))} rows, token_ids {n}")
+        for name in ("sampling", "history"):
+            if len(getattr(self, name)) not in (0, n):
+                raise ValueError(f"StepInputs.{name} has {len(getattr(self, name))} rows, token_ids {n}")
+        most = max((len(h) for h in self.history), default=0)
+        if most > self.history_width:
+            raise ValueError(f"a history of {most} tokens exceeds the graph's history width {self.history_width} "
+                             "(max_context)")
         longest = max(len(t) for t in self.block_tables)
         if longest > self.width:
             raise ValueError(f"a block table of {longest} blocks exceeds the graph's width {self.width} "
                              "(max_context / block_size)")
 
     @staticmethod
-    def words(batch: int, width: int) -> int:
-        return HEADER + 4 * batch + batch * width
+    def words(batch: int, width: int, history_width: int = 0) -> int:
+        return StepInputs.history_start(batch, width) + batch * history_width
+
+    @staticmethod
+    def history_start(batch: int, width: int) -> int:
+        return HEADER + ROW_FIELDS * batch + batch * width
+
+    @property
+    def used_words(self) -> int:
+        """The prefix the device needs: the history only when some row has previous tokens listed."""
+        if any(self.history):
+            return self.words(self.batch, self.width, self.history_width)
+        return self.history_start(self.batch, self.width)
 
     def serialize(self) -> np.ndarray:
         b, n = self.batch, len(self.token_ids)
-        out = np.zeros(self.words(b, self.width), dtype=np.int32)
-        out[:HEADER] = (b, self.width, n, 0)
+        out = np.zeros(self.words(b, self.width, self.history_width), dtype=np.int32)
+        out[:HEADER] = (b, self.width, n, self.history_width)
         base = HEADER
         for k, values in enumerate((self.token_ids, self.positions, self.context_lens, self.slots)):
             out[base + k * b:base + k * b + n] = values
         out[base + 3 * b + n:base + 4 * b] = -1          # padding rows: no KV slot
-        tables = out[base + 4 * b:].reshape(b, self.width)
+        rows = np.array([s.words() for s in (self.sampling or (GREEDY,) * n)], dtype=np.int32)   # [n, 8]
+        for k in range(8):
+            out[base + (4 + k) * b:base + (4 + k) * b + n] = rows[:, k]
+        for i, h in enumerate(self.history):
+            out[base + 12 * b + i] = len(h)
+        tables = out[base + ROW_FIELDS * b:self.history_start(b, self.width)].reshape(b, self.width)
         for i, table in enumerate(self.block_tables):
             tables[i, :len(table)] = table
+        hist = out[self.history_start(b, self.width):].reshape(b, self.history_width)
+        for i, h in enumerate(self.history):
+            hist[i, :len(h)] = h
         return out
 
     @classmethod
     def parse(cls, words) -> StepInputs:
         words = np.asarray(words, dtype=np.int32)
-        b, w, n = (int(x) for x in words[:3])
+        b, w, n, p = (int(x) for x in words[:4])
         base = HEADER
 
         def field(k):
             return tuple(int(x) for x in words[base + k * b:base + k * b + n])
 
-        tables = words[base + 4 * b:base + 4 * b + b * w].reshape(b, w)[:n]
-        return cls(b, w, field(0), field(1), field(2), field(3), tuple(tuple(int(x) for x in t) for t in tables))
+        start = cls.history_start(b, w)
+        tables = words[base + ROW_FIELDS * b:start].reshape(b, w)[:n]
+        sampling = tuple(RowSampling.from_words([field(k)[i] for k in range(4, 12)]) for i in range(n))
+        counts = field(12)
+        hist = words[start:start + b * p].reshape(b, p)[:n] if p else np.zeros((n, 0), np.int32)
+        history = tuple(tuple(int(x) for x in hist[i, :counts[i]]) for i in range(n)) if any(counts) else ()
+        return cls(b, w, field(0), field(1), field(2), field(3), tuple(tuple(int(x) for x in t) for t in tables),
+                   sampling, history, p)
 
 
 # -- device-side readers of the same layout -----------------------------------------------------------
-D_HEADER, D_BATCH, D_WIDTH, D_ROWS = (tl.constexpr(v) for v in (HEADER, F_BATCH, F_WIDTH, F_ROWS))
+D_HEADER, D_BATCH, D_WIDTH, D_ROWS, D_HISTORY, D_ROW_FIELDS = (
+    tl.constexpr(v) for v in (HEADER, F_BATCH, F_WIDTH, F_ROWS, F_HISTORY, ROW_FIELDS))
 
 
 @triton.jit
@@ -96,15 +184,28 @@ def step_rows(inp):
 
 @triton.jit
 def step_field(inp, k, row):
-    """Field k (0 ids, 1 positions, 2 context lengths, 3 slots) of batch row `row`."""
+    """Field k (0 ids, 1 positions, 2 context lengths, 3 slots, 4-12 sampling) of batch row `row`."""
     return tl.load(inp + D_HEADER + k * tl.load(inp + D_BATCH) + row)
+
+
+@triton.jit
+def step_float(inp, k, row):
+    """A float32 field (temperature 4, top_p 6, min_p 7, repetition penalty 8) of batch row `row`."""
+    return step_field(inp, k, row).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def step_history(inp, row):
+    """Pointer to batch row `row`'s distinct previous tokens (step_field(inp, 12, row) of them)."""
+    b = tl.load(inp + D_BATCH)
+    return inp + D_HEADER + D_ROW_FIELDS * b + b * tl.load(inp + D_WIDTH) + row * tl.load(inp + D_HISTORY)
 
 
 @triton.jit
 def step_table(inp, row):
     """Pointer to batch row `row`'s block table."""
     b = tl.load(inp + D_BATCH)
-    return inp + D_HEADER + 4 * b + row * tl.load(inp + D_WIDTH)
+    return inp + D_HEADER + D_ROW_FIELDS * b + row * tl.load(inp + D_WIDTH)
 
 
 TRITON_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -129,11 +230,12 @@ class Plan:
     bk: int = 128           # columns per GEMV chunk
     rows: int = 16          # batch rows per tl.dot block (>= 16)
     tile: int = 64          # context tokens per attention step
+    candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
             raise ValueError(f"Plan.dtype {self.dtype!r}: use one of {', '.join(TRITON_DTYPES.values())}")
-        for name in ("bn", "bk", "rows", "tile"):
+        for name in ("bn", "bk", "rows", "tile", "candidates"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"Plan.{name} must be a power of two >= 16 (tl.dot's smallest), got {v}")
@@ -148,10 +250,10 @@ class Plan:
     @property
     def key(self) -> str:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
-                f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}")
+                f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}")
 
     def constexprs(self) -> dict[str, int]:
         return {"H": self.heads, "KVH": self.kv_heads, "HD": self.head_dim, "HDP": max(16, _pow2(self.head_dim)),
                 "HALFP": _pow2(self.head_dim // 2), "GP": max(16, _pow2(self.group)), "GP1": _pow2(self.group + 1),
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
-                "R": self.rows, "BN": self.bn, "BK": self.bk}
+                "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates}

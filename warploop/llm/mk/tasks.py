@@ -21,7 +21,8 @@ import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
 from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
 from warploop.llm.mk.layout import Plan
-from warploop.llm.mk.tokens import argmax_node, embed_node
+from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
+from warploop.llm.mk.tokens import embed_node
 
 
 def mk_embed(inp, table, res, d, BK: tl.constexpr):
@@ -68,8 +69,12 @@ def mk_combine(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: 
     combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP, BACKEND)
 
 
-def mk_argmax(inp, logits, tokens, vocab, BK: tl.constexpr):
-    argmax_node(inp, logits, tokens, vocab, BK)
+def mk_sample_tile(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles, KC: tl.constexpr):
+    sample_tile_node(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles, KC)
+
+
+def mk_sample_combine(inp, logits, fstat, istat, tokens, vocab, ntiles, KC: tl.constexpr):
+    sample_combine_node(inp, logits, fstat, istat, tokens, vocab, ntiles, KC)
 
 
 def _signatures(dt: str) -> dict:
@@ -89,7 +94,10 @@ def _signatures(dt: str) -> dict:
         mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "g": "i32", "split": "i32",
                   "scale": "fp32"},
         mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "g": "i32"},
-        mk_argmax: {"inp": "*i32", "logits": f32, "tokens": "*i32", "vocab": "i32"},
+        mk_sample_tile: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "vocab": "i32", "row0": "i32",
+                         "count": "i32", "tile": "i32", "ntiles": "i32"},
+        mk_sample_combine: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "tokens": "*i32",
+                            "vocab": "i32", "ntiles": "i32"},
     }
 
 
@@ -106,7 +114,8 @@ class MkTasks:
     rope_kv: object
     attn: object
     combine: object
-    argmax: object
+    sample_tile: object
+    sample_combine: object
 
     @property
     def all(self) -> list:
