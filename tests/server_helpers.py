@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
-import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+httpx = pytest.importorskip("httpx")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SERVE = [sys.executable, "-m", "warploop.cli", "serve"]

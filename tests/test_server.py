@@ -11,10 +11,11 @@ import signal
 import socket
 import time
 
-import httpx
-import openai
 import pytest
 from server_helpers import ABORTED, KEY, ROOT, Server
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
 
 NEEDED = ["warploop/llm/engine.py", "warploop/llm/tiny/config.json"]
 MISSING = [p for p in NEEDED if not (ROOT / p).exists()]

@@ -9,9 +9,10 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 from server_helpers import ROOT, Server
+
+httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.skipif(not (ROOT / "warploop/llm/tiny/config.json").exists(), reason="needs the tiny model")
 

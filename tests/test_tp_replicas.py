@@ -14,10 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from warploop.llm.params import SamplingParams
+
+httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
