@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from warploop.bench.runtime_gpu import events_us
 from warploop.runtime import layout as L
 
 MATMUL_N = 8192
@@ -34,26 +35,9 @@ def _settle(event, deadline_s: float = 30.0) -> None:
         time.sleep(1e-4)
 
 
-def _events_us(torch, fn, reps: int, trials: int = 5) -> float:
-    warm = torch.cuda.Event()
-    fn()
-    warm.record()
-    _settle(warm)
-    times = []
-    for _ in range(trials):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        _settle(e)
-        times.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(times)
-
-
 def _pair(torch, a, b, out, src, dst) -> tuple[float, float]:
-    mm_us = _events_us(torch, lambda: torch.matmul(a, b, out=out), reps=10)
-    cp_us = _events_us(torch, lambda: dst.copy_(src), reps=10)
+    mm_us = events_us(torch, lambda: torch.matmul(a, b, out=out), reps=10, trials=5, wait=_settle)
+    cp_us = events_us(torch, lambda: dst.copy_(src), reps=10, trials=5, wait=_settle)
     return 2 * MATMUL_N**3 / mm_us / 1e6, 2 * COPY_BYTES / cp_us / 1e3     # TFLOP/s, GB/s (read + write)
 
 

@@ -16,10 +16,17 @@ MLP_WORKERS = 256
 CLOCKS = ClockSampler()         # started by gpu_figures; each section reports the clocks it saw
 
 
-def events_us(torch, fn, reps: int = 1, trials: int = 7) -> float:
-    """Median over trials of device time per call of fn (CUDA events; no runtime may be open)."""
+def events_us(torch, fn, reps: int = 1, trials: int = 7, wait=None) -> float:
+    """Median over trials of device time per call of fn (CUDA events). `wait(event)` waits for an
+    event; by default a device synchronisation, so no runtime may be open (runtime_coexist passes
+    a polling wait with a deadline instead)."""
     fn()
-    torch.cuda.synchronize()
+    if wait is None:
+        torch.cuda.synchronize()
+    else:
+        warm = torch.cuda.Event()
+        warm.record()
+        wait(warm)
     times = []
     for _ in range(trials):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -27,7 +34,7 @@ def events_us(torch, fn, reps: int = 1, trials: int = 7) -> float:
         for _ in range(reps):
             fn()
         e.record()
-        e.synchronize()
+        e.synchronize() if wait is None else wait(e)
         times.append(s.elapsed_time(e) * 1e3 / reps)
     return statistics.median(times)
 
