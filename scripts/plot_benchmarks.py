@@ -71,6 +71,15 @@ def newest_results(results: Path) -> dict[tuple[str, str], Path]:
     return {key: file for key, (_, file) in sorted(newest.items())}
 
 
+def panels_of(bench: str, data: dict) -> list[tuple[tuple, dict]]:
+    """(figure, the data its paths read) for each panel: a decode run with `models` has a panel per
+    model (the figure's title names it); an older run (no `models`) one panel."""
+    if bench == "decode" and isinstance(data.get("models"), dict):
+        return [((f"{name}: {f[0]}", *f[1:]), entry) for name, entry in data["models"].items()
+                for f in FIGURES[bench]]
+    return [(f, data) for f in FIGURES[bench]]
+
+
 def bars(data: dict, figure: tuple) -> tuple[float | None, list[tuple[str, float, float]]]:
     """(floor, [(system, value, % of floor)]) for the systems this run measured."""
     _, _, floor_path, systems = figure
@@ -90,7 +99,7 @@ def plot(bench: str, data: dict, out: Path) -> bool:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    panels = [(f, *bars(data, f)) for f in FIGURES[bench]]
+    panels = [(f, *bars(d, f)) for f, d in panels_of(bench, data)]
     panels = [p for p in panels if p[2]]
     if not panels:
         return False

@@ -13,10 +13,23 @@ def test_bench_decode_on_cpu_prints_the_contract_keys(capsys, tmp_path):
                      str(tmp_path / "decode.json")])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and json.loads((tmp_path / "decode.json").read_text()) == out
-    for key in ("floor_ms", "copy_gbps", "device", "date", "versions"):
+    for key in ("models", "copy_gbps", "device", "date", "versions"):
         assert key in out
-    assert "CPU run" in out["model"]["config"]
+    (name, entry), = out["models"].items()
+    assert name == "small-cpu" and "CPU run" in entry["model"]["config"] and entry["floor_ms"] > 0
     for system in ("warploop", "hf_eager"):
-        assert all(out[system][k] > 0 for k in KEYS), out[system]
-    assert out["warploop"]["check"]["rel_err_vs_fp32"] < 1e-4  # float32 on the CPU
-    assert "skipped" in out["torch_compile"]
+        assert all(entry[system][k] > 0 for k in KEYS), entry[system]
+    check = entry["warploop"]["check"]
+    assert check["rel_err_vs_fp32"] < 1e-4 and check["positions"] == 9    # float32 on the CPU: prefill + 8 steps
+    assert entry["warploop"]["host_cpu_us_per_token_bs1"] > 0
+    assert "skipped" in entry["torch_compile"] and "skipped" in entry["megakernel"]
+    assert entry["ratios"]["floor_over_warploop_bs1"] > 0
+
+
+def test_bench_decode_refuses_unknown_models_and_batches():
+    import pytest
+
+    with pytest.raises(SystemExit, match="unknown model llama-7b; choose from llama-3.2-1b"):
+        cli.main(["bench", "decode", "--models", "llama-7b"])
+    with pytest.raises(SystemExit, match="--batches '0,8'"):
+        cli.main(["bench", "decode", "--batches", "0,8"])

@@ -50,5 +50,13 @@ def test_without_matplotlib_says_how_to_install_it(monkeypatch, capsys):
 def test_every_figure_path_exists_in_a_committed_result():
     for (bench, _), file in plot_benchmarks.newest_results(ROOT / "bench" / "results").items():
         data = json.loads(file.read_text())
-        for figure in plot_benchmarks.FIGURES[bench]:
-            assert plot_benchmarks.bars(data, figure)[1], f"{file.name}: no system of {figure[0]!r}"
+        for figure, part in plot_benchmarks.panels_of(bench, data):
+            assert plot_benchmarks.bars(part, figure)[1], f"{file.name}: no system of {figure[0]!r}"
+
+
+def test_a_decode_run_with_models_has_a_panel_per_model():
+    data = {"models": {"a": {"floor_ms": 0.5, "megakernel": {"ms_per_token_bs1": 0.6}},
+                       "b": {"floor_ms": 0.1, "warploop": {"ms_per_token_bs1": 1.0}}}}
+    panels = plot_benchmarks.panels_of("decode", data)
+    assert [f[0].split(":")[0] for f, _ in panels] == ["a", "b"]
+    assert plot_benchmarks.bars(panels[1][1], panels[1][0])[1] == [("warploop (per-op)", 1.0, 10.0)]

@@ -1,14 +1,16 @@
-"""`warploop bench decode`: LLM decode speed of the engine against HF transformers eager and a
-gpt-fast-style torch.compile model, on the exact Llama-3.2-1B configuration with random bf16 weights.
+"""`warploop bench decode`: LLM decode speed of the engine's two backends (the decode megakernel
+and the per-op torch backend) against HF transformers eager and a gpt-fast-style torch.compile
+model, per model shape (Llama-3.2-1B, Qwen3-0.6B, SmolLM2-135M; random bf16 weights).
 
-All three are measured in one run, the same way: ms per output token at batch 1 and tokens/s at
+Every system is measured in one run, the same way: ms per output token at batch 1 and tokens/s at
 batch 8 and 32 count decode steps only (prompt 32 tokens, prefill excluded), TTFT is one 1,024-token
 prompt to its first token; each figure is the median of several runs. The floor is weight bytes
-over the measured device-to-device copy bandwidth (bytes read + written). Before timing, the
-engine's logits are checked against transformers on the same weights.
+over the measured device-to-device copy bandwidth (bytes read + written). Before timing, each
+backend's decode-step logits are checked against transformers on the same weights (float32 reference).
 
 Without a GPU the command runs a small config on the CPU (the JSON says so) and skips the
-torch.compile peer, which needs CUDA graphs.
+torch.compile peer (it needs CUDA graphs) and the megakernel (the CPU executor runs its graph
+through the Triton interpreter: a reference for correctness, not a speed).
 """
 from __future__ import annotations
 
@@ -30,10 +32,23 @@ LLAMA_3_2_1B = ModelConfig(
     rope=RopeConfig(rope_type="llama3", theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=8192),
     dtype="bfloat16", eos_token_ids=(128001,), bos_token_id=128000)
+QWEN3_0_6B = ModelConfig(
+    family="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=True,
+    qk_norm=True, rope=RopeConfig(rope_type="default", theta=1000000.0), dtype="bfloat16", eos_token_ids=(151645,))
+SMOLLM2_135M = ModelConfig(
+    family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+    num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192, tie_word_embeddings=True,
+    rope=RopeConfig(rope_type="default", theta=100000.0), dtype="bfloat16", eos_token_ids=(0,))
 SMALL_CPU = ModelConfig(
     family="llama", vocab_size=8192, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8,
     num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=True,
     rope=LLAMA_3_2_1B.rope, dtype="float32")
+GPU_MODELS = {"llama-3.2-1b": ("Llama-3.2-1B (exact shapes)", LLAMA_3_2_1B),
+              "qwen3-0.6b": ("Qwen3-0.6B (exact shapes)", QWEN3_0_6B),
+              "smollm2-135m": ("SmolLM2-135M (exact shapes)", SMOLLM2_135M)}
+CPU_MODELS = {"small-cpu": ("small Llama (no GPU: CPU run, not Llama-3.2-1B)", SMALL_CPU)}
+SYSTEMS = ("megakernel", "warploop", "torch_compile", "hf_eager")
 PROMPT_LEN, TTFT_LEN, BATCHES = 32, 1024, (1, 8, 32)
 
 
@@ -41,12 +56,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from warploop.cli import positive_int
 
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated model shapes (default: all of " + ", ".join(GPU_MODELS) +
+                        " on a GPU; small-cpu without one)")
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="decode steps per run (default 128 on a GPU, 16 on the CPU)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--batches", default=None,
+                        help="comma-separated batch sizes for tokens/s (default 8,32; batch 1 is always measured)")
+    parser.add_argument("--no-ttft", action="store_true", help="leave out the 1,024-token TTFT figures")
     parser.add_argument("--save", default=None, help="also write the JSON here (default: bench/results/ on a GPU)")
-    parser.add_argument("--skip", action="append", default=[], choices=("hf_eager", "torch_compile"),
-                        help="leave out a peer")
+    parser.add_argument("--skip", action="append", default=[], choices=SYSTEMS, help="leave out a system")
+
+
+def _parse_models(text: str | None, gpu: bool) -> dict:
+    known = GPU_MODELS | CPU_MODELS
+    if text is None:
+        return GPU_MODELS if gpu else CPU_MODELS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise SystemExit(f"bench decode: --models {text!r}: unknown model {', '.join(bad) or '(none)'}; "
+                         f"choose from {', '.join(known)}")
+    return {n: known[n] for n in names}
+
+
+def _parse_batches(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return BATCHES[1:]
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(not 1 < v <= 256 for v in values):
+        raise SystemExit(f"bench decode: --batches {text!r}: give batch sizes in 2..256, e.g. --batches 8,32")
+    return values
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,74 +98,114 @@ def main(args: argparse.Namespace) -> int:
 
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
-    cfg, dtype = (LLAMA_3_2_1B, torch.bfloat16) if gpu else (SMALL_CPU, torch.float32)
+    models = _parse_models(args.models, gpu)
+    batches = _parse_batches(args.batches)
+    skip = set(args.skip) | (set() if gpu else {"megakernel", "torch_compile"})
     steps = args.steps or (128 if gpu else 16)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     result = header("decode")
     result["torch_device"] = torch.cuda.get_device_name(device) if gpu else "cpu"
-    result.update(model=_describe(cfg, dtype, gpu), method={
+    result["method"] = {
         "prompt_tokens": PROMPT_LEN, "decode_steps": steps, "repeats": args.repeats, "ttft_prompt_tokens": TTFT_LEN,
         "ms_per_token": "decode steps only: (last token - first token) / steps, median of repeats",
         "tok_s": "batch x steps / decode time, all requests submitted together, median of repeats",
-        "floor": "weight bytes / copy_gbps (device-to-device copy, bytes read + written)"})
+        "floor": "weight bytes / copy_gbps (device-to-device copy, bytes read + written)",
+        "check": "decode-step logits vs transformers in float32 on the same weights (max relative L2 error)"}
+    result["copy_gbps"] = round(_copy_gbps(device), 1)
+    result["models"] = {}
+    for name, (title, cfg) in models.items():
+        say(f"== {name}")
+        entry = result["models"][name] = _bench_model(title, cfg, device, gpu, skip, steps, args.repeats, batches,
+                                                      not args.no_ttft, result["copy_gbps"], say)
+        entry["ratios"] = _ratios(entry, batches)
+    emit(result, args.save or (result_path("decode") if gpu else None))
+    return 0
+
+
+def _bench_model(title, cfg, device, gpu, skip, steps, repeats, batches, ttft, copy_gbps, say) -> dict:
+    import torch
+
+    dtype = torch.bfloat16 if gpu else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
 
     def prompts(batch: int, length: int = PROMPT_LEN):
         return torch.randint(0, cfg.vocab_size, (batch, length), device=device, generator=gen)
 
-    result["copy_gbps"] = round(_copy_gbps(device), 1)
+    entry = {"model": _describe(title, cfg, dtype)}
     nbytes = cfg.num_parameters() * torch.finfo(dtype).bits // 8
-    result["weight_bytes"] = nbytes
-    result["floor_ms"] = round(nbytes / (result["copy_gbps"] * 1e9) * 1e3, 4)
-    say(f"floor {result['floor_ms']} ms ({nbytes / 1e9:.2f} GB at {result['copy_gbps']} GB/s)")
+    entry["weight_bytes"] = nbytes
+    entry["floor_ms"] = round(nbytes / (copy_gbps * 1e9) * 1e3, 4)
+    say(f"floor {entry['floor_ms']} ms ({nbytes / 1e9:.3f} GB at {copy_gbps} GB/s)")
 
     from warploop.bench import decode_peers
     from warploop.llm.weights import fuse, random_weights
 
+    hf = hf32 = None
     if importlib.util.find_spec("transformers") is None:
         # The engine still runs (on random weights of the same shapes); transformers' figures and the
         # check against it cannot. Said on stderr so --json output stays one object.
-        missing = {"skipped": "needs transformers: pip install transformers"}
         print("bench decode: hf_eager and the check against transformers skipped: pip install transformers",
               file=sys.stderr)
-        engine = _engine(cfg, random_weights(cfg, device, dtype), device)
-        result["warploop"] = {"check": missing}
-        result["hf_eager"] = missing
+        weights = random_weights(cfg, device, dtype)
+        entry["hf_eager"] = {"skipped": "needs transformers: pip install transformers"}
     else:
         hf = decode_peers.hf_model(cfg, device, dtype)
         hf32 = decode_peers.hf_model(cfg, device, torch.float32)
         hf32.load_state_dict(hf.state_dict())
         state = hf.state_dict()
-        engine = _engine(cfg, fuse(cfg, lambda name: state[name], device, dtype), device)
-        result["warploop"] = {"check": _check(engine, hf, hf32, prompts(1)[0].tolist())}
-        del hf32, state
-        say(f"check against transformers: {result['warploop']['check']}")
-        if "hf_eager" not in args.skip:
-            result["hf_eager"] = _guard(_measure_hf, hf, prompts, args.repeats, max(8, steps // 4))
-            say(f"hf_eager: {result['hf_eager']}")
-        del hf
-    result["warploop"].update(_guard(_measure_engine, engine, prompts, args.repeats, steps))
-    say(f"warploop: {result['warploop']}")
-    engine.close()
-    del engine
+        weights = fuse(cfg, lambda n: state[n], device, dtype)
+        del state
+    check_prompt = prompts(1)[0].tolist()
+    for system, backend in (("warploop", "torch"), ("megakernel", "megakernel")):
+        if system in skip:
+            entry[system] = {"skipped": "--skip" if gpu or system != "megakernel" else
+                             "CPU: the graph runs through the Triton interpreter (a reference, not a speed)"}
+            continue
+        entry[system] = _guard(_measure_system, cfg, weights, device, backend, hf, hf32, check_prompt, prompts,
+                               repeats, steps, batches, ttft)
+        say(f"{system}: {entry[system]}")
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+    del hf32, weights
+    if hf is not None and "hf_eager" not in skip:
+        entry["hf_eager"] = _guard(_measure_hf, hf, prompts, repeats, max(8, steps // 4), batches, ttft)
+        say(f"hf_eager: {entry['hf_eager']}")
+    del hf
     gc.collect()
     if gpu:
         torch.cuda.empty_cache()
-    if "torch_compile" not in args.skip:
-        result["torch_compile"] = _guard(_measure_compiled, cfg, device, dtype, prompts, args.repeats, steps) \
-            if gpu else {"skipped": "needs a CUDA device (CUDA graphs)"}
-        say(f"torch_compile: {result['torch_compile']}")
-    result["ratios"] = _ratios(result)
-    emit(result, args.save or (result_path("decode") if gpu else None))
-    return 0
+    if "torch_compile" not in skip:
+        entry["torch_compile"] = _guard(_measure_compiled, cfg, device, dtype, prompts, repeats, steps, batches, ttft)
+        say(f"torch_compile: {entry['torch_compile']}")
+    elif not gpu:
+        entry["torch_compile"] = {"skipped": "needs a CUDA device (CUDA graphs)"}
+    gc.collect()
+    if gpu:
+        torch.cuda.empty_cache()
+    return entry
 
 
-def _describe(cfg: ModelConfig, dtype, gpu: bool) -> dict:
-    return {"config": "Llama-3.2-1B (exact shapes)" if gpu else "small Llama (no GPU: CPU run, not Llama-3.2-1B)",
-            "hidden": cfg.hidden_size, "layers": cfg.num_layers, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads,
+def _measure_system(cfg, weights, device, backend, hf, hf32, check_prompt, prompts, repeats, steps, batches,
+                    ttft) -> dict:
+    t0 = time.perf_counter()
+    engine = _engine(cfg, weights, device, backend)
+    out = {"start_s": round(time.perf_counter() - t0, 1)}   # the megakernel's: its compile, on a cold cache
+    try:
+        if hf is not None:
+            out["check"] = _check(engine, hf, hf32, check_prompt)
+        out.update(_measure_engine(engine, prompts, repeats, steps, batches, ttft))
+    finally:
+        engine.close()
+    return out
+
+
+def _describe(title: str, cfg: ModelConfig, dtype) -> dict:
+    return {"config": title, "family": cfg.family, "hidden": cfg.hidden_size, "layers": cfg.num_layers,
+            "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
             "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "tied": cfg.tie_word_embeddings,
-            "rope": cfg.rope.rope_type, "dtype": str(dtype).removeprefix("torch."), "weights": "random",
-            "parameters": cfg.num_parameters()}
+            "qk_norm": cfg.qk_norm, "rope": cfg.rope.rope_type, "dtype": str(dtype).removeprefix("torch."),
+            "weights": "random", "parameters": cfg.num_parameters()}
 
 
 def _copy_gbps(device) -> float:
@@ -149,27 +233,43 @@ def _timed(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def _engine(cfg: ModelConfig, weights, device):
+def _engine(cfg: ModelConfig, weights, device, backend: str):
     """The engine over `weights` (a copy of the transformers model's, fused, when transformers is installed)."""
     from warploop.llm.build import build_backend
     from warploop.llm.engine import Engine
 
     max_len = 2048
     backend, max_context = build_backend(cfg, weights, device, block_size=16, num_kv_blocks=(64 * max_len) // 16,
-                                         max_num_seqs=max(BATCHES), max_model_len=max_len)
-    return Engine(cfg, backend, None, model_name="llama-3.2-1b-random", max_context=max_context,
+                                         max_num_seqs=max(BATCHES), max_model_len=max_len, backend=backend)
+    return Engine(cfg, backend, None, model_name="random", max_context=max_context,
                   max_num_seqs=max(BATCHES), max_batch_tokens=4096, enable_prefix_caching=False)
 
 
-def _check(engine, hf, hf32, prompt: list[int]) -> dict:
-    """Engine vs transformers on the same weights, both against transformers in float32 (the
-    reference): logits of the prompt's last token and of 8 decode steps fed the same tokens, and
-    how many of 16 greedy tokens agree with transformers' in the same dtype."""
+def _decode_logits(backend, prompt: list[int], fed: list[int]):
+    """float32 logits of the prompt's last token (a prefill) and then of one decode step per token
+    of `fed`, each its own forward: the path a decode step takes (the megakernel's graph, the
+    per-op backend's CUDA graph)."""
     import torch
 
     from warploop.llm.backend import ModelBatch
+
+    bs = backend.layout.block_size
+    table = list(range(-(-(len(prompt) + len(fed)) // bs)))
+    n = len(prompt)
+    rows = [backend.forward(ModelBatch(prompt, list(range(n)), [n], [n], [table])).float()[-1:].clone()]
+    for i, tok in enumerate(fed):
+        pos = n + i
+        rows.append(backend.forward(ModelBatch([tok], [pos], [1], [pos + 1], [table])).float().clone())
+    return torch.cat(rows)
+
+
+def _check(engine, hf, hf32, prompt: list[int]) -> dict:
+    """The backend against transformers on the same weights, both against transformers in float32
+    (the reference): logits of the prompt's last token and of 8 decode steps fed the same tokens,
+    and how many of 16 greedy tokens agree with transformers' in the same dtype."""
+    import torch
+
     from warploop.llm.params import SamplingParams
-    from warploop.llm.sequence import Sequence
 
     out = engine.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)).token_ids
     n = len(prompt)
@@ -179,19 +279,15 @@ def _check(engine, hf, hf32, prompt: list[int]) -> dict:
         theirs = hf(ids).logits[0, n - 1:].float()
         ref_tokens = hf.generate(ids[:, :n], attention_mask=torch.ones_like(ids[:, :n]), max_new_tokens=16,
                                  min_new_tokens=16, do_sample=False)[0, n:].tolist()
-    seq = Sequence(prompt + out[:8], None)
-    engine.blocks.allocate(seq)  # safe: the engine is idle between requests
-    batch = ModelBatch(seq.token_ids, list(range(len(seq))), [len(seq)], [len(seq)], [seq.block_table],
-                       logits_indices=list(range(n - 1, len(seq))))
-    ours = engine.backend.forward(batch)
-    engine.blocks.free(seq)
+    # the engine is idle between requests: its pool's first blocks are free
+    ours = _decode_logits(engine.backend, prompt, out[:8])
 
     def err(a, b):
         return round(((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item(), 5)
 
     agree = next((i for i, (a, b) in enumerate(zip(out, ref_tokens, strict=True)) if a != b), len(out))
     return {"rel_err_vs_fp32": err(ours, ref), "hf_same_dtype_rel_err_vs_fp32": err(theirs, ref),
-            "rel_err_vs_hf_same_dtype": err(ours, theirs), "positions": len(seq) - n + 1,
+            "rel_err_vs_hf_same_dtype": err(ours, theirs), "positions": ours.shape[0],
             "greedy_tokens_equal_to_transformers": agree, "of": len(out)}
 
 
@@ -205,17 +301,26 @@ def _guard(fn, *args) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def _measure_engine(engine, prompts, repeats: int, steps: int) -> dict:
+def _measure_engine(engine, prompts, repeats: int, steps: int, batches=BATCHES[1:], ttft: bool = True) -> dict:
+    import resource
+
     from warploop.llm.params import SamplingParams
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
     engine.generate(prompts(1)[0].tolist(), params)  # warm-up
+    cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     out = {"ms_per_token_bs1": _median(repeats, lambda: engine.generate(prompts(1)[0].tolist(), params).ms_per_token)}
-    for batch in BATCHES[1:]:
+    cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    # host CPU time (user + system, every thread of the process) per generated token at batch 1
+    cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    out["host_cpu_us_per_token_bs1"] = round(cpu_s / (repeats * (steps + 1)) * 1e6, 1)
+    out["host_cpu_fraction_bs1"] = round(cpu_s / (wall1 - wall0), 3)
+    for batch in batches:
         out[f"tok_s_bs{batch}"] = _median(repeats, lambda b=batch: _engine_tok_s(engine, prompts(b), params, steps))
-    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    engine.generate(prompts(1, TTFT_LEN)[0].tolist(), one)
-    out["ttft_ms_1024"] = _median(repeats, lambda: engine.generate(prompts(1, TTFT_LEN)[0].tolist(), one).ttft_ms)
+    if ttft:
+        one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+        engine.generate(prompts(1, TTFT_LEN)[0].tolist(), one)
+        out["ttft_ms_1024"] = _median(repeats, lambda: engine.generate(prompts(1, TTFT_LEN)[0].tolist(), one).ttft_ms)
     out["engine_stats"] = engine.stats()
     return out
 
@@ -239,7 +344,7 @@ def _engine_tok_s(engine, batch, params, steps: int) -> float:
     return len(batch) * steps / (max(lasts) - max(firsts))
 
 
-def _measure_hf(model, prompts, repeats: int, steps: int) -> dict:
+def _measure_hf(model, prompts, repeats: int, steps: int, batches=BATCHES[1:], ttft: bool = True) -> dict:
     from warploop.bench.decode_peers import hf_generate_s
 
     def decode_s(batch):
@@ -248,20 +353,22 @@ def _measure_hf(model, prompts, repeats: int, steps: int) -> dict:
 
     decode_s(1)  # warm-up
     out = {"ms_per_token_bs1": _median(repeats, lambda: decode_s(1) / steps * 1e3), "decode_steps": steps}
-    for batch in BATCHES[1:]:
+    for batch in batches:
         out[f"tok_s_bs{batch}"] = _median(repeats, lambda b=batch: b * steps / decode_s(b))
-    hf_generate_s(model, prompts(1, TTFT_LEN), 1)
-    out["ttft_ms_1024"] = _median(repeats, lambda: hf_generate_s(model, prompts(1, TTFT_LEN), 1) * 1e3)
+    if ttft:
+        hf_generate_s(model, prompts(1, TTFT_LEN), 1)
+        out["ttft_ms_1024"] = _median(repeats, lambda: hf_generate_s(model, prompts(1, TTFT_LEN), 1) * 1e3)
     return out
 
 
-def _measure_compiled(cfg, device, dtype, prompts, repeats: int, steps: int) -> dict:
+def _measure_compiled(cfg, device, dtype, prompts, repeats: int, steps: int, batches=BATCHES[1:],
+                      ttft: bool = True) -> dict:
     from warploop.bench.decode_peers import CompiledDecoder, gptfast_model
 
     decoder = CompiledDecoder(gptfast_model(cfg, device, dtype), use_cuda_graphs=True)
     max_len = -(-(PROMPT_LEN + steps + 1) // 64) * 64
     out, compile_s = {}, {}
-    for batch in BATCHES:
+    for batch in (1, *batches):
         t0 = time.perf_counter()
         decoder.decode_s(prompts(batch), 8, max_len)  # compiles and records the graph for this batch size
         decoder.decode_s(prompts(batch), 8, max_len)
@@ -269,10 +376,11 @@ def _measure_compiled(cfg, device, dtype, prompts, repeats: int, steps: int) -> 
         runs = _median(repeats, lambda b=batch: decoder.decode_s(prompts(b), steps, max_len))
         out["ms_per_token_bs1" if batch == 1 else f"tok_s_bs{batch}"] = \
             runs / steps * 1e3 if batch == 1 else batch * steps / runs
-    t0 = time.perf_counter()
-    decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64)
-    compile_s["prefill_1024"] = round(time.perf_counter() - t0, 1)
-    out["ttft_ms_1024"] = _median(repeats, lambda: decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64) * 1e3)
+    if ttft:
+        t0 = time.perf_counter()
+        decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64)
+        compile_s["prefill_1024"] = round(time.perf_counter() - t0, 1)
+        out["ttft_ms_1024"] = _median(repeats, lambda: decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64) * 1e3)
     out["compile_s"] = compile_s
     return out
 
@@ -281,23 +389,28 @@ def _median(repeats: int, fn) -> float:
     return round(statistics.median(fn() for _ in range(repeats)), 3)
 
 
-def _ratios(result: dict) -> dict:
+def _ratios(entry: dict, batches=BATCHES[1:]) -> dict:
+    """Per backend of ours: floor / ms, and each peer's figure over ours (> 1: ours is faster)."""
     def get(system, key):
-        value = result.get(system, {}).get(key)
+        value = entry.get(system, {}).get(key)
         return value if isinstance(value, (int, float)) and value > 0 else None
 
     out = {}
-    ours = get("warploop", "ms_per_token_bs1")
-    if ours:
-        out["floor_over_warploop_bs1"] = round(result["floor_ms"] / ours, 3)
-        for peer in ("hf_eager", "torch_compile"):
-            theirs = get(peer, "ms_per_token_bs1")
-            if theirs:
-                out[f"{peer}_ms_over_warploop_ms_bs1"] = round(theirs / ours, 3)
-    for batch in BATCHES[1:]:
-        ours = get("warploop", f"tok_s_bs{batch}")
-        for peer in ("hf_eager", "torch_compile"):
-            theirs = get(peer, f"tok_s_bs{batch}")
-            if ours and theirs:
-                out[f"warploop_over_{peer}_tok_s_bs{batch}"] = round(ours / theirs, 3)
+    for ours_name in ("megakernel", "warploop"):
+        ours = get(ours_name, "ms_per_token_bs1")
+        if ours:
+            out[f"floor_over_{ours_name}_bs1"] = round(entry["floor_ms"] / ours, 3)
+            for peer in ("hf_eager", "torch_compile", "warploop"):
+                theirs = get(peer, "ms_per_token_bs1")
+                if theirs and peer != ours_name:
+                    out[f"{peer}_ms_over_{ours_name}_ms_bs1"] = round(theirs / ours, 3)
+        for batch in batches:
+            ours = get(ours_name, f"tok_s_bs{batch}")
+            for peer in ("hf_eager", "torch_compile", "warploop"):
+                theirs = get(peer, f"tok_s_bs{batch}")
+                if ours and theirs and peer != ours_name:
+                    out[f"{ours_name}_over_{peer}_tok_s_bs{batch}"] = round(ours / theirs, 3)
+        ours, theirs = get(ours_name, "ttft_ms_1024"), get("warploop", "ttft_ms_1024")
+        if ours_name == "megakernel" and ours and theirs:
+            out["megakernel_ttft_over_warploop_ttft"] = round(ours / theirs, 3)
     return out

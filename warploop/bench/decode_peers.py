@@ -2,7 +2,7 @@
 
 - HF transformers eager: what a user gets from `model.generate`. Decode time is the difference
   between generating n + 1 tokens and 1 token, so prefill stays out of the per-token figure.
-- gpt-fast style: a minimal Llama with a static KV cache, its decode step compiled with
+- gpt-fast style: a minimal Llama (q/k norm for Qwen3 shapes) with a static KV cache, its decode step compiled with
   torch.compile(mode="reduce-overhead") (CUDA graphs), one static compile per batch size; prefill
   compiled separately without CUDA graphs, as gpt-fast does.
 """
@@ -18,25 +18,32 @@ from warploop.llm.config import ModelConfig
 from warploop.llm.rope import cos_sin_table
 
 
+HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+              "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+
+
 def hf_config(cfg: ModelConfig):
     import transformers
 
-    rope = {"rope_type": cfg.rope.rope_type, "rope_theta": cfg.rope.theta, "factor": cfg.rope.factor,
-            "low_freq_factor": cfg.rope.low_freq_factor, "high_freq_factor": cfg.rope.high_freq_factor,
-            "original_max_position_embeddings": cfg.rope.original_max_position_embeddings}
-    return transformers.LlamaConfig(
+    rope = {"rope_type": cfg.rope.rope_type, "rope_theta": cfg.rope.theta}
+    if cfg.rope.rope_type == "llama3":
+        rope.update(factor=cfg.rope.factor, low_freq_factor=cfg.rope.low_freq_factor,
+                    high_freq_factor=cfg.rope.high_freq_factor,
+                    original_max_position_embeddings=cfg.rope.original_max_position_embeddings)
+    extra = {"attention_bias": cfg.o_bias} if cfg.family != "qwen2" else {}
+    return getattr(transformers, HF_CLASSES[cfg.family][0])(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope, bos_token_id=0, eos_token_id=1,
-        pad_token_id=0)
+        pad_token_id=0, **extra)
 
 
 def hf_model(cfg: ModelConfig, device, dtype):
     import transformers
 
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(hf_config(cfg))
+        model = getattr(transformers, HF_CLASSES[cfg.family][1])(hf_config(cfg))
     return model.to(dtype).eval()
 
 
@@ -65,13 +72,16 @@ class _Layer(nn.Module):
         self.w13 = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)
         self.w2 = nn.Linear(cfg.intermediate_size, d, bias=False)
         self.n1, self.n2 = nn.RMSNorm(d, eps=cfg.rms_norm_eps), nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        # Qwen3: RMSNorm over head_dim on q and k before RoPE
+        self.qn = nn.RMSNorm(hd, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.kn = nn.RMSNorm(hd, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, pos, mask):
         c, hd = self.cfg, self.cfg.head_dim
         b, t, _ = x.shape
         q, k, v = self.wqkv(self.n1(x)).split([c.num_heads * hd, c.num_kv_heads * hd, c.num_kv_heads * hd], -1)
-        q = q.view(b, t, c.num_heads, hd).transpose(1, 2)
-        k = k.view(b, t, c.num_kv_heads, hd).transpose(1, 2)
+        q = self.qn(q.view(b, t, c.num_heads, hd)).transpose(1, 2)
+        k = self.kn(k.view(b, t, c.num_kv_heads, hd)).transpose(1, 2)
         v = v.view(b, t, c.num_kv_heads, hd).transpose(1, 2)
 
         def rope(u):
