@@ -44,7 +44,8 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
 
 class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
-                 workers: int | None = None, timeout: float = 60.0, **plan_overrides) -> None:
+                 workers: int | None = None, timeout: float = 60.0, trace: bool = False,
+                 **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = weights, self.per_op.kv, max_context
@@ -52,7 +53,7 @@ class MegakernelBackend(Backend):
         self.plan = plan_for(config, weights.embed.dtype, layout.block_size, self.device.type, **plan_overrides)
         self.tasks = tasks_for(self.plan)
         self.width = -(max_context // -layout.block_size)
-        self.workers, self.timeout = workers, timeout
+        self.workers, self.timeout, self.trace = workers, timeout, trace
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
@@ -68,7 +69,7 @@ class MegakernelBackend(Backend):
         self.buckets = buckets(max_num_seqs)
         from warploop.runtime import Runtime
         self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
-                          tasks=self.tasks.all, timeout=self.timeout)
+                          tasks=self.tasks.all, timeout=self.timeout, trace=self.trace)
         nodes = self.rt.workers
         dtype = self.w.embed.dtype
         buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device, nodes)
@@ -141,7 +142,7 @@ class MegakernelBackend(Backend):
             # a copy, not a kernel: it runs beside the resident kernel on a stream of its own
             self.host_inputs.numpy()[:len(words)] = words
             with torch.cuda.stream(self.copy_stream):
-                inp.copy_(self.host_inputs[:len(words)], non_blocking=True)
+                inp[:len(words)].copy_(self.host_inputs[:len(words)], non_blocking=True)
             self.copy_stream.synchronize()
         dg.graph.run(inp=inp, timeout=self.timeout)
         self.last = dg

@@ -1,0 +1,145 @@
+"""Where a decode megakernel step's time goes, on a GPU (random bf16 weights of a model's shapes).
+
+    PYTHONPATH=$PWD python scripts/mk_probe.py --model llama-3.2-1b --batch 1 8 --trace OUT_DIR [--plan '{"bn": 16}']
+
+Per batch: the device time of one step (a graph replayed `--repeat` times, the runtime's own
+clock), the host's full `decode()` (step inputs, copy, run, wait, logits), and the host-only
+parts. With --trace, a second runtime records one batch-1 step; the Perfetto trace is written to
+OUT_DIR and summarised per task kind (busy time summed over workers, count, mean) and per layer.
+One JSON object is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from warploop.bench.decode import CPU_MODELS, GPU_MODELS
+from warploop.llm.backend import ModelBatch
+from warploop.llm.kv_cache import KVCacheLayout
+from warploop.llm.mk.backend import MegakernelBackend
+from warploop.llm.mk.layout import StepInputs
+from warploop.llm.weights import random_weights
+
+PROMPT, MAX_CONTEXT, BLOCK = 32, 2048, 16
+
+
+def make(cfg, plan: dict, batches, trace: bool):
+    w = random_weights(cfg, "cuda", torch.bfloat16)
+    layout = KVCacheLayout(cfg.num_layers, (max(batches) + 1) * MAX_CONTEXT // BLOCK, BLOCK, cfg.num_kv_heads,
+                           cfg.head_dim, "bfloat16")
+    t0 = time.perf_counter()
+    mk = MegakernelBackend(cfg, w, layout, "cuda", MAX_CONTEXT, trace=trace, **plan)
+    mk.warmup(max(batches))
+    return mk, time.perf_counter() - t0
+
+
+def prefill(mk, n: int):
+    tables = [list(range(i * MAX_CONTEXT // BLOCK, (i + 1) * MAX_CONTEXT // BLOCK)) for i in range(n)]
+    prompts = [[(7 * i + j) % 1000 + 1 for j in range(PROMPT)] for i in range(n)]
+    mk.forward(ModelBatch([t for p in prompts for t in p], [j for _ in prompts for j in range(PROMPT)], [PROMPT] * n,
+                          [PROMPT] * n, tables))
+    return ModelBatch([5] * n, [PROMPT] * n, [1] * n, [PROMPT + 1] * n, tables)
+
+
+def timing(mk, n: int, repeat: int) -> dict:
+    batch = prefill(mk, n)
+    mk.decode(batch)
+    dg = mk.last
+    device = []
+    for _ in range(5):
+        f = dg.graph.launch(repeat=repeat, inp=dg.buffers.inp)
+        f.result(timeout=60)
+        device.append(f.device_ns / 1e3 / repeat)
+    host = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        mk.decode(batch)
+        host.append((time.perf_counter() - t0) * 1e6)
+    run = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        dg.graph.run(inp=dg.buffers.inp, timeout=60)
+        run.append((time.perf_counter() - t0) * 1e6)
+    ser = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        StepInputs(dg.batch, dg.width, tuple(batch.token_ids), tuple(batch.positions), tuple(batch.context_lens),
+                   tuple(batch.slot_mapping(BLOCK).tolist()), tuple(tuple(t) for t in batch.block_tables), (), (),
+                   dg.history_width).serialize()
+        ser.append((time.perf_counter() - t0) * 1e6)
+    med = statistics.median
+    return {"device_us_per_step": round(med(device), 1), "device_runs_us": [round(x, 1) for x in device],
+            "graph_run_wall_us": round(med(run), 1), "decode_wall_us": round(med(host), 1),
+            "step_inputs_us": round(med(ser), 1), "nodes": len(dg.graph), "kinds": dict(dg.kinds)}
+
+
+def anatomy(mk, out_dir: str) -> dict:
+    batch = prefill(mk, 1)
+    for _ in range(3):
+        mk.decode(batch)
+    rt = mk.rt
+    rt._backend.trace_events()  # noqa: SLF001 (drain: the newest events are the last step's)
+    mk.decode(batch)
+    events = rt._backend.trace_events()  # noqa: SLF001
+    path = os.path.join(out_dir, "mk-step-trace.json")
+    rt.save_trace(path)
+    names = rt.names
+    dg = mk.last
+    # the last step's events: the graph's node count per worker is known; keep the newest per worker
+    last = sorted(events)[-len(dg.graph):]
+    t0, t1 = min(e[0] for e in last), max(e[1] for e in last)
+    kinds = collections.defaultdict(lambda: [0, 0])
+    for start, end, opcode, worker, ident in last:
+        k = dg.labels[ident] if 0 <= ident < len(dg.labels) else names.get(opcode, str(opcode))
+        kinds[k][0] += end - start
+        kinds[k][1] += 1
+    workers = len({e[3] for e in last})
+    busy = sum(e[1] - e[0] for e in last)
+    # per kind: the wall span from its first start to its last end, summed over layers is not
+    # separable here; report busy (sum over workers) / workers as the average per worker
+    return {"step_span_us": round((t1 - t0) / 1e3, 1), "workers": workers,
+            "busy_fraction": round(busy / (workers * (t1 - t0)), 3),
+            "per_kind": {k: {"count": c, "busy_us_total": round(b / 1e3, 1), "mean_us": round(b / c / 1e3, 2),
+                             "avg_per_worker_us": round(b / workers / 1e3, 1)}
+                         for k, (b, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
+            "trace": path}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama-3.2-1b", choices=list(GPU_MODELS) + list(CPU_MODELS))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"bn\": 32}'")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--trace", default=None, help="also record one batch-1 step into this folder")
+    args = parser.parse_args()
+    cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
+    plan = json.loads(args.plan)
+    mk, start_s = make(cfg, plan, args.batch, False)
+    out = {"model": args.model, "plan": str(mk.plan), "workers": mk.rt.workers, "start_s": round(start_s, 1),
+           "per_sm": getattr(mk.rt._backend, "per_sm", None)}  # noqa: SLF001
+    try:
+        for n in args.batch:
+            out[f"bs{n}"] = timing(mk, n, args.repeat)
+            print(json.dumps({f"bs{n}": out[f"bs{n}"]}), flush=True)
+    finally:
+        mk.close()
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
+        mk, s = make(cfg, plan, [1], True)
+        out["trace_start_s"] = round(s, 1)
+        try:
+            out["anatomy_bs1"] = anatomy(mk, args.trace)
+        finally:
+            mk.close()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
