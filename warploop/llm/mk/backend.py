@@ -38,7 +38,9 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
     name = TRITON_DTYPES.get(str(dtype).removeprefix("torch."))
     if name is None:
         raise ValueError(f"the megakernel backend runs float32, bfloat16 or float16 weights, not {dtype}")
-    sizes = {**(CPU_PLAN if device_type == "cpu" else GPU_PLAN), **overrides}
+    # on a GPU the batch-1 GEMVs stream unrolled chunks over the model's widths (compile-time)
+    widths = {} if device_type == "cpu" else {"hidden": config.hidden_size, "inter": config.intermediate_size}
+    sizes = {**(CPU_PLAN if device_type == "cpu" else GPU_PLAN), **widths, **overrides}
     return Plan(name, config.num_heads, config.num_kv_heads, config.head_dim, block_size, **sizes)
 
 

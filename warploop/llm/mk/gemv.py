@@ -105,24 +105,12 @@ def with_bias(acc, bias, rows, rmask, has_bias, dt: tl.constexpr, BACKEND: tl.co
 
 
 @triton.jit
-def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM: tl.constexpr,
-          EPI: tl.constexpr, HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, BACKEND: tl.constexpr):
-    """One BN-row weight block for one batch block: products, then the epilogue's stores."""
-    dt = w.dtype.element_ty
-    rows = r + tl.arange(0, BN)
-    rmask = rows < end
-    acc = rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, HAS_FIRST, SINGLE, R, BN, BK,
-                       BACKEND)
-    if SINGLE:
-        bo = b0 + tl.arange(0, 1)
-    else:
-        bo = b0 + tl.arange(0, R)
-    mask = (bo < nb)[:, None] & rmask[None, :]
+def epilogue(acc, up_acc, bias, out, rows, rmask, bo, bmask, n_out, f, has_bias, dt: tl.constexpr,
+             EPI: tl.constexpr, BACKEND: tl.constexpr):
+    """Store a block's products [rows of bo, BN] by EPI (up_acc: the matching up rows, EPI_SILU only)."""
+    mask = bmask[:, None] & rmask[None, :]
     if EPI == EPI_SILU:
         gate = with_bias(acc, bias, rows, rmask, has_bias, dt, BACKEND)
-        up_acc = rows_product(w, k, rows + f, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, False, SINGLE, R,
-                              BN, BK, BACKEND)
         up = with_bias(up_acc, bias, rows + f, rmask, has_bias, dt, BACKEND)
         act = rnd(gate * tl.sigmoid(gate), dt, BACKEND).to(tl.float32) * up
         tl.store(out + bo.to(tl.int64)[:, None] * f + rows[None, :], rnd(act, dt, BACKEND), mask=mask)
@@ -136,6 +124,113 @@ def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first,
         y = with_bias(acc, bias, rows, rmask, has_bias, dt, BACKEND)
         dst = out + bo.to(tl.int64)[:, None] * n_out + rows[None, :]
         tl.store(dst, rnd(y, out.dtype.element_ty, BACKEND), mask=mask)
+
+
+@triton.jit
+def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM: tl.constexpr,
+          EPI: tl.constexpr, HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
+          BK: tl.constexpr, BACKEND: tl.constexpr):
+    """One BN-row weight block for one batch block: products, then the epilogue's stores."""
+    dt = w.dtype.element_ty
+    rows = r + tl.arange(0, BN)
+    rmask = rows < end
+    acc = rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, HAS_FIRST, SINGLE, R, BN, BK,
+                       BACKEND)
+    if SINGLE:
+        bo = b0 + tl.arange(0, 1)
+    else:
+        bo = b0 + tl.arange(0, R)
+    up_acc = acc
+    if EPI == EPI_SILU:
+        up_acc = rows_product(w, k, rows + f, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, False, SINGLE, R,
+                              BN, BK, BACKEND)
+    epilogue(acc, up_acc, bias, out, rows, rmask, bo, bo < nb, n_out, f, has_bias, dt, EPI, BACKEND)
+
+
+@triton.jit
+def lead_chunks(w, rows, rmask, K: tl.constexpr, BK: tl.constexpr):
+    """The first two [BN, BK] chunks of weight rows `rows` (row stride K): loads issued now, used later."""
+    cols = tl.arange(0, BK)
+    tile = w + rows.to(tl.int64)[:, None] * K + cols[None, :]
+    a = tl.load(tile, mask=rmask[:, None] & (cols < K)[None, :], other=0.0, eviction_policy="evict_first")
+    b = tl.load(tile + BK, mask=rmask[:, None] & (BK + cols < K)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    return a, b
+
+
+@triton.jit
+def stream_product(w, rows, rmask, a, b, nxt, nmask, x, norm_w, rstd, NORM: tl.constexpr, K: tl.constexpr,
+                   BK: tl.constexpr, BACKEND: tl.constexpr):
+    """Batch row 0 of x @ w[rows]^T over a compile-time K, float32 [1, BN], and the lead chunks of the
+    rows `nxt` (masked by nmask) that come next in this node's stream.
+
+    a, b: this block's first two chunks, loaded before. The chunk loop is unrolled and the products
+    accumulate in a [BN, BK] float32 block reduced once, so nothing orders the loads but registers:
+    they are all in flight together. The next block's first chunks are issued first, so HBM keeps
+    streaming through this block's reduction and epilogue and the loop back.
+    """
+    na, nb = lead_chunks(w, nxt, nmask, K, BK)
+    cols = tl.arange(0, BK)
+    tile = w + rows.to(tl.int64)[:, None] * K + cols[None, :]
+    brow = 0 * rows               # row stride 0: x in the tile's [BN, BK] layout, no conversion
+    bmask = brow < 1
+    acc = a.to(tl.float32) * x_chunk(x, K, brow, bmask, cols, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
+    acc += b.to(tl.float32) * x_chunk(x, K, brow, bmask, BK + cols, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
+    for i in tl.static_range(2, (K + BK - 1) // BK):
+        c = i * BK + cols
+        if (i + 1) * BK > K:
+            wv = tl.load(tile + i * BK, mask=rmask[:, None] & (c < K)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+        else:
+            wv = tl.load(tile + i * BK, mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
+        acc += wv.to(tl.float32) * x_chunk(x, K, brow, bmask, c, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
+    return tl.sum(acc, axis=1)[None, :], na, nb
+
+
+@triton.jit
+def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
+                EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                BACKEND: tl.constexpr):
+    """gemv_node for a compile-time width K (the model's hidden, q or intermediate size).
+
+    One live row streams the node's weights as one sequence of chunks: each block's chunks are
+    unrolled, the next block's (for EPI_SILU, gate then up rows) first two are in flight before
+    the current one is reduced, and the node's first two are issued before `wl.wait`.
+    """
+    dt = w.dtype.element_ty
+    end = tl.minimum(row0 + count, n_out)
+    rows = row0 + tl.arange(0, BN)
+    a, b = lead_chunks(w, rows, rows < end, K, BK)
+    wl.wait(ctx, BACKEND)
+    nb = step_rows(inp)
+    if nb == 1:
+        one = tl.arange(0, 1)
+        rstd = tl.full([1], 1.0, tl.float32)
+        if NORM:
+            rstd = row_rstd(x, K, one, one < 1, K, eps, BK)
+        for r in range(row0, end, BN):
+            rows = r + tl.arange(0, BN)
+            rmask = rows < end
+            nxt = rows + BN
+            if EPI == EPI_SILU:
+                acc, a, b = stream_product(w, rows, rmask, a, b, rows + f, rmask, x, norm_w, rstd, NORM, K, BK,
+                                           BACKEND)
+                up_acc, a, b = stream_product(w, rows + f, rmask, a, b, nxt, nxt < end, x, norm_w, rstd, NORM, K,
+                                              BK, BACKEND)
+            else:
+                acc, a, b = stream_product(w, rows, rmask, a, b, nxt, nxt < end, x, norm_w, rstd, NORM, K, BK,
+                                           BACKEND)
+                up_acc = acc
+            epilogue(acc, up_acc, bias, out, rows, rmask, one, one < 1, n_out, f, has_bias, dt, EPI, BACKEND)
+    else:
+        for b0 in range(0, nb, R):
+            brow = b0 + tl.arange(0, R)
+            rstd = tl.full([R], 1.0, tl.float32)
+            if NORM:
+                rstd = row_rstd(x, K, brow, brow < nb, K, eps, BK)
+            for r in range(row0, end, BN):
+                block(w, bias, x, K, norm_w, out, K, n_out, f, r, end, b0, nb, rstd, a, has_bias, NORM, EPI,
+                      False, False, R, BN, BK, BACKEND)
 
 
 @triton.jit

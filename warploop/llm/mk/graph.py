@@ -126,13 +126,13 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
             combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, kvh, after=splits,
                                 cost=batch * group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
-        o = [add("o_proj", tasks.proj_res, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
+        o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
                  cost=s[1] * q) for s in spans(d, plan.bn, gemv_nodes)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
                        has, after=o, cost=2 * s[1] * d) for s in spans(f, plan.bn, gemv_nodes)]
         bias, has = opt(lw.down_bias)
-        prev = [add("down", tasks.proj_res, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
+        prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
                     cost=s[1] * f) for s in spans(d, plan.bn, gemv_nodes)]
     heads = [add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d, cfg.vocab_size,
                  *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]

@@ -19,7 +19,7 @@ import triton.language as tl
 
 import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
-from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
+from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node, gemv_node_k
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
 from warploop.llm.mk.tokens import embed_node
@@ -30,27 +30,53 @@ def mk_embed(inp, table, res, d, BK: tl.constexpr):
 
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_node(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, R, BN, BK,
-              BACKEND)
+           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+    if KD != 0:
+        gemv_node_k(ctx, inp, w, bias, res, norm_w, out, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R,
+                    BN, BK, BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, R, BN,
+                  BK, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_node(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, R, BN, BK,
-              BACKEND)
+               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+    if KD != 0:
+        gemv_node_k(ctx, inp, w, bias, res, norm_w, out, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN,
+                    BK, BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, R, BN, BK,
+                  BACKEND)
 
 
-def mk_proj_res(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
-              BACKEND)
+def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr, KQ: tl.constexpr, BACKEND: tl.constexpr):
+    if KQ != 0:
+        gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK,
+                    BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
+                  BACKEND)
+
+
+def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
+            BK: tl.constexpr, KF: tl.constexpr, BACKEND: tl.constexpr):
+    if KF != 0:
+        gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK,
+                    BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
+                  BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_node(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, R, BN, BK,
-              BACKEND)
+               BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+    if KD != 0:
+        gemv_node_k(ctx, inp, w, w, res, norm_w, logits, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK,
+                    BACKEND)
+    else:
+        gemv_node(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, R, BN, BK,
+                  BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
@@ -81,12 +107,14 @@ def _signatures(dt: str) -> dict:
     w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
     gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": p, "out": a, "k": "i32", "row0": "i32",
             "count": "i32", "eps": "fp32", "has_bias": "i32"}
+    proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
+            "count": "i32", "has_bias": "i32"}
     return {
         mk_embed: {"inp": "*i32", "table": w, "res": a, "d": "i32"},
         mk_qkv: {**gemv, "n_out": "i32"},
         mk_gate_up: {**gemv, "f": "i32"},
-        mk_proj_res: {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
-                      "count": "i32", "has_bias": "i32"},
+        mk_o_proj: proj,
+        mk_down: proj,
         mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": p, "logits": f32, "k": "i32", "vocab": "i32",
                      "row0": "i32", "count": "i32", "eps": "fp32"},
         mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "g": "i32",
@@ -101,7 +129,7 @@ def _signatures(dt: str) -> dict:
     }
 
 
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_proj_res, mk_lm_head)   # they issue weight loads, then wl.wait
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head)   # they issue weight loads, then wl.wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +137,8 @@ class MkTasks:
     embed: object
     qkv: object
     gate_up: object
-    proj_res: object
+    o_proj: object
+    down: object
     lm_head: object
     rope_kv: object
     attn: object
