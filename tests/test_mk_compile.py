@@ -68,7 +68,7 @@ def test_resident_decode_kernel_compiles_without_a_gpu(target):
     from warploop.runtime import codegen
     from warploop.runtime.tasks import lookup
 
-    plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256)     # Llama-3.2-1B's attention shapes
+    plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192)   # Llama-3.2-1B shapes
     module = codegen.build([lookup(t) for t in tasks_for(plan).all])
     backend = "cuda" if target[0] == "cuda" else "hip"
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},

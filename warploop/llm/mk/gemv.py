@@ -148,59 +148,102 @@ def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first,
 
 
 @triton.jit
-def lead_chunks(w, rows, rmask, K: tl.constexpr, BK: tl.constexpr):
-    """The first two [BN, BK] chunks of weight rows `rows` (row stride K): loads issued now, used later."""
-    cols = tl.arange(0, BK)
-    tile = w + rows.to(tl.int64)[:, None] * K + cols[None, :]
-    a = tl.load(tile, mask=rmask[:, None] & (cols < K)[None, :], other=0.0, eviction_policy="evict_first")
-    b = tl.load(tile + BK, mask=rmask[:, None] & (BK + cols < K)[None, :], other=0.0,
-                eviction_policy="evict_first")
-    return a, b
+def chunk_at(w, j, row0, end, f, K: tl.constexpr, NCH: tl.constexpr, SUB: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, J):
+    """Chunk j of a node's weight stream: (pointers, mask) of a [BN, BK] block. The stream runs
+    block by block (SUB = 2: gate rows, then the up rows f further down), NCH chunks per row block;
+    j >= J is masked off (nothing read)."""
+    sb = j // NCH
+    c = j - sb * NCH
+    blk = sb // SUB
+    half = sb - blk * SUB
+    rows = row0 + blk * BN + tl.arange(0, BN)
+    cols = c * BK + tl.arange(0, BK)
+    ptr = w + (rows + half * f).to(tl.int64)[:, None] * K + cols[None, :]
+    return ptr, ((rows < end) & (j < J))[:, None] & (cols < K)[None, :]
 
 
 @triton.jit
-def stream_product(w, rows, rmask, a, b, nxt, nmask, x, norm_w, rstd, NORM: tl.constexpr, K: tl.constexpr,
-                   BK: tl.constexpr, BACKEND: tl.constexpr):
-    """Batch row 0 of x @ w[rows]^T over a compile-time K, float32 [1, BN], and the lead chunks of the
-    rows `nxt` (masked by nmask) that come next in this node's stream.
-
-    a, b: this block's first two chunks, loaded before. The chunk loop is unrolled and the products
-    accumulate in a [BN, BK] float32 block reduced once, so nothing orders the loads but registers:
-    they are all in flight together. The next block's first chunks are issued first, so HBM keeps
-    streaming through this block's reduction and epilogue and the loop back.
-    """
-    na, nb = lead_chunks(w, nxt, nmask, K, BK)
-    cols = tl.arange(0, BK)
-    tile = w + rows.to(tl.int64)[:, None] * K + cols[None, :]
-    brow = 0 * rows               # row stride 0: x in the tile's [BN, BK] layout, no conversion
-    bmask = brow < 1
-    acc = a.to(tl.float32) * x_chunk(x, K, brow, bmask, cols, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
-    acc += b.to(tl.float32) * x_chunk(x, K, brow, bmask, BK + cols, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
-    for i in tl.static_range(2, (K + BK - 1) // BK):
-        c = i * BK + cols
-        if (i + 1) * BK > K:
-            wv = tl.load(tile + i * BK, mask=rmask[:, None] & (c < K)[None, :], other=0.0,
-                         eviction_policy="evict_first")
+def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, has_bias,
+                NORM: tl.constexpr, EPI: tl.constexpr, SINGLE: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    """The node's rows [row0, end) for batch rows b0.. (SINGLE: b0 only) as one stream of [BN, BK]
+    weight chunks, four in flight: a0..a3 are the stream's first four, loaded by the caller, and
+    each step issues the load four chunks ahead before it multiplies the oldest. A row block's
+    products accumulate per chunk (SINGLE: elementwise into a [BN, BK] float32 block, reduced once
+    at the block's end; else tl.dot into [R, BN]); its epilogue runs after its last chunk (EPI_SILU:
+    after the up rows, with the gate rows' sums kept). A run-time loop, not an unrolled one: the
+    kernel stays small (it compiles in seconds, not minutes) and the loads stay four ahead across
+    row blocks, so HBM never waits on a block's reduction or epilogue."""
+    NCH: tl.constexpr = (K + BK - 1) // BK
+    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
+    dt = w.dtype.element_ty
+    J = ((end - row0 + BN - 1) // BN) * SUB * NCH
+    cols0 = tl.arange(0, BK)
+    if SINGLE:
+        brow = b0 + 0 * tl.arange(0, BN)       # row stride 0: x in the tile's [BN, BK] layout
+        bo = b0 + tl.arange(0, 1)
+        acc = tl.zeros([BN, BK], tl.float32)
+        gate = tl.zeros([1, BN], tl.float32)
+    else:
+        brow = b0 + tl.arange(0, R)
+        bo = brow
+        acc = tl.zeros([R, BN], tl.float32)
+        gate = tl.zeros([R, BN], tl.float32)
+    bmask = brow < nb
+    for j in range(0, J):
+        ptr, mask = chunk_at(w, j + 4, row0, end, f, K, NCH, SUB, BN, BK, J)
+        nxt = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+        sb = j // NCH
+        c = j - sb * NCH
+        cols = c * BK + cols0
+        xv = x_chunk(x, K, brow, bmask, cols, K, norm_w, rstd, NORM, BACKEND)
+        if SINGLE:
+            acc += a0.to(tl.float32) * xv.to(tl.float32)
         else:
-            wv = tl.load(tile + i * BK, mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
-        acc += wv.to(tl.float32) * x_chunk(x, K, brow, bmask, c, K, norm_w, rstd, NORM, BACKEND).to(tl.float32)
-    return tl.sum(acc, axis=1)[None, :], na, nb
+            acc += mma(xv, tl.trans(a0), BACKEND)
+        a0, a1, a2, a3 = a1, a2, a3, nxt
+        if c == NCH - 1:
+            if SINGLE:
+                total = tl.sum(acc, axis=1)[None, :]
+                acc = tl.zeros([BN, BK], tl.float32)
+            else:
+                total = acc
+                acc = tl.zeros([R, BN], tl.float32)
+            blk = sb // SUB
+            rows = row0 + blk * BN + tl.arange(0, BN)
+            if SUB == 2 and sb - blk * SUB == 0:
+                gate = total
+            else:
+                epilogue(gate if SUB == 2 else total, total, bias, out, rows, rows < end, bo, bo < nb, n_out, f,
+                         has_bias, dt, EPI, BACKEND)
+
+
+@triton.jit
+def lead4(w, row0, end, f, EPI: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """The first four chunks of a node's stream (gemv_stream), issued now."""
+    NCH: tl.constexpr = (K + BK - 1) // BK
+    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
+    J = ((end - row0 + BN - 1) // BN) * SUB * NCH
+    p0, m0 = chunk_at(w, 0, row0, end, f, K, NCH, SUB, BN, BK, J)
+    p1, m1 = chunk_at(w, 1, row0, end, f, K, NCH, SUB, BN, BK, J)
+    p2, m2 = chunk_at(w, 2, row0, end, f, K, NCH, SUB, BN, BK, J)
+    p3, m3 = chunk_at(w, 3, row0, end, f, K, NCH, SUB, BN, BK, J)
+    a0 = tl.load(p0, mask=m0, other=0.0, eviction_policy="evict_first")
+    a1 = tl.load(p1, mask=m1, other=0.0, eviction_policy="evict_first")
+    a2 = tl.load(p2, mask=m2, other=0.0, eviction_policy="evict_first")
+    a3 = tl.load(p3, mask=m3, other=0.0, eviction_policy="evict_first")
+    return a0, a1, a2, a3
 
 
 @triton.jit
 def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
                 EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BACKEND: tl.constexpr):
-    """gemv_node for a compile-time width K (the model's hidden, q or intermediate size).
-
-    One live row streams the node's weights as one sequence of chunks: each block's chunks are
-    unrolled, the next block's (for EPI_SILU, gate then up rows) first two are in flight before
-    the current one is reduced, and the node's first two are issued before `wl.wait`.
-    """
-    dt = w.dtype.element_ty
+    """gemv_node for a compile-time width K (the model's hidden, q or intermediate size): the node's
+    weights as one stream of chunks (gemv_stream), its first four issued before `wl.wait`."""
     end = tl.minimum(row0 + count, n_out)
-    rows = row0 + tl.arange(0, BN)
-    a, b = lead_chunks(w, rows, rows < end, K, BK)
+    a0, a1, a2, a3 = lead4(w, row0, end, f, EPI, K, BN, BK)
     wl.wait(ctx, BACKEND)
     nb = step_rows(inp)
     if nb == 1:
@@ -208,29 +251,18 @@ def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, h
         rstd = tl.full([1], 1.0, tl.float32)
         if NORM:
             rstd = row_rstd(x, K, one, one < 1, K, eps, BK)
-        for r in range(row0, end, BN):
-            rows = r + tl.arange(0, BN)
-            rmask = rows < end
-            nxt = rows + BN
-            if EPI == EPI_SILU:
-                acc, a, b = stream_product(w, rows, rmask, a, b, rows + f, rmask, x, norm_w, rstd, NORM, K, BK,
-                                           BACKEND)
-                up_acc, a, b = stream_product(w, rows + f, rmask, a, b, nxt, nxt < end, x, norm_w, rstd, NORM, K,
-                                              BK, BACKEND)
-            else:
-                acc, a, b = stream_product(w, rows, rmask, a, b, nxt, nxt < end, x, norm_w, rstd, NORM, K, BK,
-                                           BACKEND)
-                up_acc = acc
-            epilogue(acc, up_acc, bias, out, rows, rmask, one, one < 1, n_out, f, has_bias, dt, EPI, BACKEND)
+        gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, 0, 1, rstd, a0, a1, a2, a3, has_bias, NORM, EPI,
+                    True, K, R, BN, BK, BACKEND)
     else:
         for b0 in range(0, nb, R):
             brow = b0 + tl.arange(0, R)
             rstd = tl.full([R], 1.0, tl.float32)
             if NORM:
                 rstd = row_rstd(x, K, brow, brow < nb, K, eps, BK)
-            for r in range(row0, end, BN):
-                block(w, bias, x, K, norm_w, out, K, n_out, f, r, end, b0, nb, rstd, a, has_bias, NORM, EPI,
-                      False, False, R, BN, BK, BACKEND)
+            if b0 > 0:      # the weights again, for the next R batch rows (from L2, mostly)
+                a0, a1, a2, a3 = lead4(w, row0, end, f, EPI, K, BN, BK)
+            gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, has_bias, NORM,
+                        EPI, False, K, R, BN, BK, BACKEND)
 
 
 @triton.jit
