@@ -118,9 +118,27 @@ def main() -> None:
     parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"bn\": 32}'")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trace", default=None, help="also record one batch-1 step into this folder")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="only compile the resident kernel into Triton's cache (no launch: run several at once)")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
     plan = json.loads(args.plan)
+    if args.compile_only:
+        from warploop.llm.mk.backend import plan_for
+        from warploop.llm.mk.tasks import tasks_for
+        from warploop.runtime import codegen
+        from warploop.runtime.gpu import compile_resident
+        from warploop.runtime.tasks import lookup
+
+        plan = {k: v for k, v in plan.items() if k not in ("workers",)}
+        warps = plan.pop("worker_warps", 4)
+        t0 = time.perf_counter()
+        for trace in ([False, True] if args.trace else [False]):
+            module = codegen.build([lookup(t) for t in tasks_for(plan_for(cfg, torch.bfloat16, BLOCK, "cuda",
+                                                                          **plan)).all])
+            compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)
+        print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
+        return
     mk, start_s = make(cfg, plan, args.batch, False)
     out = {"model": args.model, "plan": str(mk.plan), "workers": mk.rt.workers, "start_s": round(start_s, 1),
            "per_sm": getattr(mk.rt._backend, "per_sm", None)}  # noqa: SLF001

@@ -28,14 +28,14 @@ def test_random_models_match_per_op_backend_batch_1_and_3(cfg):
         mk.close()
 
 
-@pytest.mark.parametrize("bk", [32, 64], ids=["whole_chunks", "tail_chunk"])
-def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk):
+@pytest.mark.parametrize("bk, depth", [(32, 4), (64, 8)], ids=["whole_chunks_depth4", "tail_chunk_depth8"])
+def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk, depth):
     """The GPU's batch-1 GEMVs (Plan.hidden / inter set: unrolled chunks, the next block's lead
     chunks in flight, gate and up rows in one stream) on the interpreter: widths 64 and 96 in
     chunks of 32 (whole) and of 64 (the last chunk masked, or the second one empty), nodes of several BN blocks."""
     cfg = LLAMA_GQA
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=bk, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, workers=2)
+                       inter=cfg.intermediate_size, depth=depth, workers=2)
     try:
         assert mk.plan.constexprs()["KD"] == 64 and mk.plan.constexprs()["KF"] == 96
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))

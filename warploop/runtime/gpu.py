@@ -60,6 +60,16 @@ def _emergency_stop(host: np.ndarray) -> None:
     host[L.HB_STOP] = L.ABORT
 
 
+def compile_resident(module, device, backend: str, worker_warps: int, trace: bool):
+    """(compiled kernel, launch options) of the resident kernel of `module` (codegen.build): compiled
+    here or found in Triton's cache, without launching anything. The megakernel's probes call it
+    in parallel processes to fill the cache before timing."""
+    import torch
+    probe = torch.zeros(L.HEADER_WORDS, dtype=torch.int32, device=device)
+    opts = dict(INLINE=False, TRACE=trace, BACKEND=backend, num_warps=worker_warps, launch_cooperative_grid=True)
+    return module.resident.warmup(probe, grid=(1,), **opts), opts
+
+
 class GpuBackend:
     def __init__(self, info: DeviceInfo, module, workers: int | None, worker_warps: int, trace: bool,
                  pool: int, submit_slots: int, ports_addr: int = 0, park_ns: int = -1,
@@ -68,10 +78,7 @@ class GpuBackend:
         self.info = info
         self.device = torch.device(info.target.backend if info.target.backend != "hip" else "cuda", 0)
         self.backend = "cuda" if info.target.backend == "cuda" else "hip"
-        probe = torch.zeros(L.HEADER_WORDS, dtype=torch.int32, device=self.device)
-        opts = dict(INLINE=False, TRACE=trace, BACKEND=self.backend, num_warps=worker_warps,
-                    launch_cooperative_grid=True)
-        compiled = module.resident.warmup(probe, grid=(1,), **opts)
+        compiled, opts = compile_resident(module, self.device, self.backend, worker_warps, trace)
         per_sm = blocks_per_sm(compiled, worker_warps) if self.backend == "cuda" else 1
         capacity = info.sm_count * per_sm
         if capacity < 2:

@@ -47,7 +47,7 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
 class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
-                 **plan_overrides) -> None:
+                 worker_warps: int = 4, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = weights, self.per_op.kv, max_context
@@ -55,7 +55,7 @@ class MegakernelBackend(Backend):
         self.plan = plan_for(config, weights.embed.dtype, layout.block_size, self.device.type, **plan_overrides)
         self.tasks = tasks_for(self.plan)
         self.width = -(max_context // -layout.block_size)
-        self.workers, self.timeout, self.trace = workers, timeout, trace
+        self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
@@ -71,7 +71,8 @@ class MegakernelBackend(Backend):
         self.buckets = buckets(max_num_seqs)
         from warploop.runtime import Runtime
         self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
-                          tasks=self.tasks.all, timeout=self.timeout, trace=self.trace)
+                          tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
+                          worker_warps=self.worker_warps)
         nodes = self.rt.workers
         dtype = self.w.embed.dtype
         buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device, nodes)

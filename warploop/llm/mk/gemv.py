@@ -164,12 +164,12 @@ def chunk_at(w, j, row0, end, f, K: tl.constexpr, NCH: tl.constexpr, SUB: tl.con
 
 
 @triton.jit
-def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, has_bias,
-                NORM: tl.constexpr, EPI: tl.constexpr, SINGLE: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, a4, a5, a6, a7,
+                has_bias, NORM: tl.constexpr, EPI: tl.constexpr, SINGLE: tl.constexpr, K: tl.constexpr,
+                R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
     """The node's rows [row0, end) for batch rows b0.. (SINGLE: b0 only) as one stream of [BN, BK]
-    weight chunks, four in flight: a0..a3 are the stream's first four, loaded by the caller, and
-    each step issues the load four chunks ahead before it multiplies the oldest. A row block's
+    weight chunks, DEPTH (4 or 8) in flight: a0.. are the stream's first DEPTH, loaded by the
+    caller, and each step issues the load DEPTH chunks ahead before it multiplies the oldest. A row block's
     products accumulate per chunk (SINGLE: elementwise into a [BN, BK] float32 block, reduced once
     at the block's end; else tl.dot into [R, BN]); its epilogue runs after its last chunk (EPI_SILU:
     after the up rows, with the gate rows' sums kept). A run-time loop, not an unrolled one: the
@@ -192,7 +192,7 @@ def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, 
         gate = tl.zeros([R, BN], tl.float32)
     bmask = brow < nb
     for j in range(0, J):
-        ptr, mask = chunk_at(w, j + 4, row0, end, f, K, NCH, SUB, BN, BK, J)
+        ptr, mask = chunk_at(w, j + DEPTH, row0, end, f, K, NCH, SUB, BN, BK, J)
         nxt = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
         sb = j // NCH
         c = j - sb * NCH
@@ -202,7 +202,10 @@ def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, 
             acc += a0.to(tl.float32) * xv.to(tl.float32)
         else:
             acc += mma(xv, tl.trans(a0), BACKEND)
-        a0, a1, a2, a3 = a1, a2, a3, nxt
+        if DEPTH == 8:
+            a0, a1, a2, a3, a4, a5, a6, a7 = a1, a2, a3, a4, a5, a6, a7, nxt
+        else:
+            a0, a1, a2, a3 = a1, a2, a3, nxt
         if c == NCH - 1:
             if SINGLE:
                 total = tl.sum(acc, axis=1)[None, :]
@@ -220,30 +223,35 @@ def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, 
 
 
 @triton.jit
-def lead4(w, row0, end, f, EPI: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """The first four chunks of a node's stream (gemv_stream), issued now."""
+def lead_chunk(w, i, row0, end, f, EPI: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Chunk i of a node's stream (gemv_stream), issued now."""
     NCH: tl.constexpr = (K + BK - 1) // BK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     J = ((end - row0 + BN - 1) // BN) * SUB * NCH
-    p0, m0 = chunk_at(w, 0, row0, end, f, K, NCH, SUB, BN, BK, J)
-    p1, m1 = chunk_at(w, 1, row0, end, f, K, NCH, SUB, BN, BK, J)
-    p2, m2 = chunk_at(w, 2, row0, end, f, K, NCH, SUB, BN, BK, J)
-    p3, m3 = chunk_at(w, 3, row0, end, f, K, NCH, SUB, BN, BK, J)
-    a0 = tl.load(p0, mask=m0, other=0.0, eviction_policy="evict_first")
-    a1 = tl.load(p1, mask=m1, other=0.0, eviction_policy="evict_first")
-    a2 = tl.load(p2, mask=m2, other=0.0, eviction_policy="evict_first")
-    a3 = tl.load(p3, mask=m3, other=0.0, eviction_policy="evict_first")
-    return a0, a1, a2, a3
+    p, m = chunk_at(w, i, row0, end, f, K, NCH, SUB, BN, BK, J)
+    return tl.load(p, mask=m, other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
 def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
                 EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                BACKEND: tl.constexpr):
-    """gemv_node for a compile-time width K (the model's hidden, q or intermediate size): the node's
-    weights as one stream of chunks (gemv_stream), its first four issued before `wl.wait`."""
+                DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    """gemv_node for a compile-time width K (the model's hidden, q or intermediate size). One live
+    row: the node's weights as one stream of chunks (gemv_stream), the first DEPTH issued before
+    `wl.wait`. More rows: tl.dot blocks over a constant-bound chunk loop, which Triton's pipeliner
+    streams through shared memory itself."""
     end = tl.minimum(row0 + count, n_out)
-    a0, a1, a2, a3 = lead4(w, row0, end, f, EPI, K, BN, BK)
+    a0 = lead_chunk(w, 0, row0, end, f, EPI, K, BN, BK)
+    a1 = lead_chunk(w, 1, row0, end, f, EPI, K, BN, BK)
+    a2 = lead_chunk(w, 2, row0, end, f, EPI, K, BN, BK)
+    a3 = lead_chunk(w, 3, row0, end, f, EPI, K, BN, BK)
+    if DEPTH == 8:
+        a4 = lead_chunk(w, 4, row0, end, f, EPI, K, BN, BK)
+        a5 = lead_chunk(w, 5, row0, end, f, EPI, K, BN, BK)
+        a6 = lead_chunk(w, 6, row0, end, f, EPI, K, BN, BK)
+        a7 = lead_chunk(w, 7, row0, end, f, EPI, K, BN, BK)
+    else:
+        a4, a5, a6, a7 = a0, a1, a2, a3      # unused
     wl.wait(ctx, BACKEND)
     nb = step_rows(inp)
     if nb == 1:
@@ -251,18 +259,17 @@ def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, h
         rstd = tl.full([1], 1.0, tl.float32)
         if NORM:
             rstd = row_rstd(x, K, one, one < 1, K, eps, BK)
-        gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, 0, 1, rstd, a0, a1, a2, a3, has_bias, NORM, EPI,
-                    True, K, R, BN, BK, BACKEND)
+        gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, 0, 1, rstd, a0, a1, a2, a3, a4, a5, a6, a7,
+                    has_bias, NORM, EPI, True, K, R, BN, BK, DEPTH, BACKEND)
     else:
         for b0 in range(0, nb, R):
             brow = b0 + tl.arange(0, R)
             rstd = tl.full([R], 1.0, tl.float32)
             if NORM:
                 rstd = row_rstd(x, K, brow, brow < nb, K, eps, BK)
-            if b0 > 0:      # the weights again, for the next R batch rows (from L2, mostly)
-                a0, a1, a2, a3 = lead4(w, row0, end, f, EPI, K, BN, BK)
-            gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, has_bias, NORM,
-                        EPI, False, K, R, BN, BK, BACKEND)
+            for r in range(row0, end, BN):
+                block(w, bias, x, K, norm_w, out, K, n_out, f, r, end, b0, nb, rstd, a0, has_bias, NORM, EPI,
+                      False, False, R, BN, BK, BACKEND)
 
 
 @triton.jit

@@ -232,7 +232,8 @@ class Plan:
     tile: int = 64          # context tokens per attention step
     candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
     hidden: int = 0         # the model's hidden and intermediate sizes as GEMV widths (KD, KQ, KF): with
-    inter: int = 0          # them the batch-1 GEMVs stream unrolled chunks; 0: run-time width loops
+    inter: int = 0          # them the batch-1 GEMVs stream chunks over constant widths; 0: run-time widths
+    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -244,6 +245,8 @@ class Plan:
         if self.hidden < 0 or self.inter < 0 or bool(self.hidden) != bool(self.inter):
             raise ValueError(f"Plan: hidden ({self.hidden}) and inter ({self.inter}) are both the model's widths "
                              "or both 0 (run-time widths)")
+        if self.depth not in (4, 8):
+            raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
             raise ValueError(f"Plan: splits must be >= 1 and heads ({self.heads}) a multiple of kv_heads "
                              f"({self.kv_heads})")
@@ -256,11 +259,11 @@ class Plan:
     def key(self) -> str:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
-                + (f"-w{self.hidden}-f{self.inter}" if self.hidden else ""))
+                + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else ""))
 
     def constexprs(self) -> dict[str, int]:
         return {"H": self.heads, "KVH": self.kv_heads, "HD": self.head_dim, "HDP": max(16, _pow2(self.head_dim)),
                 "HALFP": _pow2(self.head_dim // 2), "GP": max(16, _pow2(self.group)), "GP1": _pow2(self.group + 1),
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
-                "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter}
+                "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth}

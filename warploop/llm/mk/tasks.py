@@ -30,50 +30,55 @@ def mk_embed(inp, table, res, d, BK: tl.constexpr):
 
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
+           BACKEND: tl.constexpr):
     if KD != 0:
         gemv_node_k(ctx, inp, w, bias, res, norm_w, out, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R,
-                    BN, BK, BACKEND)
+                    BN, BK, DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, R, BN,
                   BK, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
+           BACKEND: tl.constexpr):
     if KD != 0:
         gemv_node_k(ctx, inp, w, bias, res, norm_w, out, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN,
-                    BK, BACKEND)
+                    BK, DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, R, BN, BK,
                   BACKEND)
 
 
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, KQ: tl.constexpr, BACKEND: tl.constexpr):
+              BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr,
+              BACKEND: tl.constexpr):
     if KQ != 0:
         gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK,
-                    BACKEND)
+                    DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
                   BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, KF: tl.constexpr, BACKEND: tl.constexpr):
+            BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr,
+            BACKEND: tl.constexpr):
     if KF != 0:
         gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK,
-                    BACKEND)
+                    DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
                   BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, KD: tl.constexpr, BACKEND: tl.constexpr):
+               BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
+           BACKEND: tl.constexpr):
     if KD != 0:
         gemv_node_k(ctx, inp, w, w, res, norm_w, logits, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK,
-                    BACKEND)
+                    DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, R, BN, BK,
                   BACKEND)
