@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The decode megakernel on the GPU machine, in one device call. Parts (PART=a,b,...; default bench):
+#   compile - compile the resident kernel for each of $MODELS (comma-separated) at once, in parallel
+#            processes (no launch), into the cache that comes back: a later call's bench then starts at once
 #   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor)
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
@@ -21,6 +23,12 @@ PART="${PART:-bench}"
 for part in ${PART//,/ }; do
   echo "== $part $(date +%T)"
   case "$part" in
+    compile)
+      for m in ${MODELS//,/ }; do
+        python scripts/mk_probe.py --model "$m" --compile-only > "/tmp/compile-$m.log" 2>&1 &
+      done
+      wait
+      tail -n 1 /tmp/compile-*.log ;;
     tests)
       (cd tests && python -m pytest -q -x --timeout=540 test_mk_gpu.py test_mk_diff.py) ;;
     tiny)

@@ -9,12 +9,12 @@ export TRITON_CACHE_DIR=/tmp/wl-triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .carry/triton-cache.tgz ]; then tar xzf .carry/triton-cache.tgz -C "$TRITON_CACHE_DIR"; fi
 MODEL="${MODEL:-llama-3.2-1b}"
-VARIANTS=${VARIANTS:-'{} {"depth":8} {"bn":32} {"bn":32,"worker_warps":8}'}
+VARIANTS=${VARIANTS:-'{} {"depth":8}'}
 EXTRA=${EXTRA:-}      # "model plan" pairs compiled too (for a later bench), e.g. 'qwen3-0.6b {"depth":8}'
 S=$(date +%s)
 i=0
 for v in $VARIANTS; do
-  python scripts/mk_probe.py --model "$MODEL" --plan "$v" --compile-only --trace > "$OUT/compile-$i.json" 2>&1 &
+  python scripts/mk_probe.py --model "$MODEL" --plan "$v" --compile-only > "$OUT/compile-$i.json" 2>&1 &
   i=$((i + 1))
 done
 set -- $EXTRA
@@ -30,7 +30,7 @@ for v in $VARIANTS; do
   for workers in ${WORKERS:-default 263}; do
     plan="$v"
     if [ "$workers" != default ]; then plan=$(python -c "import json,sys; d=json.loads(sys.argv[1]); d['workers']=int(sys.argv[2]); print(json.dumps(d))" "$v" "$workers"); fi
-    timeout 120 python scripts/mk_probe.py --model "$MODEL" --plan "$plan" --batch ${BATCHES:-1 8} > "$OUT/time-$i-$workers.json" 2>&1
+    timeout 90 python scripts/mk_probe.py --model "$MODEL" --plan "$plan" --batch ${BATCHES:-1 8} > "$OUT/time-$i-$workers.json" 2>&1
     echo "$plan rc=$? $(grep -h '^{"bs' "$OUT/time-$i-$workers.json" | python -c "
 import json, sys
 for line in sys.stdin:

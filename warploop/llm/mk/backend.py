@@ -82,6 +82,7 @@ class MegakernelBackend(Backend):
                                                             self.width * self.plan.block_size),
                                            dtype=torch.int32).pin_memory()
             self.copy_stream = torch.cuda.Stream(self.device)
+            self.host_tokens = torch.zeros(max(self.buckets), dtype=torch.int32).pin_memory()
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
                                                 self.sin, buffers[b], b, self.width, nodes)
@@ -103,14 +104,22 @@ class MegakernelBackend(Backend):
         sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
         history = tuple(tuple(sorted(set(seq.token_ids))) if r.repetition_penalty != 1.0 else ()
                         for seq, r in zip(seqs, sampling, strict=True))
-        logits = self.decode(batch, sampling, history if any(history) else ())
-        tokens = self.last.buffers.tokens[:len(seqs)].to(torch.int64)
+        self.decode(batch, sampling, history if any(history) else (), logits=False)
+        n = len(seqs)
+        tokens = self.last.buffers.tokens[:n]
+        if self.copy_stream is not None:
+            # through pinned memory on the copy stream: no kernel on the SMs the resident kernel holds
+            with torch.cuda.stream(self.copy_stream):
+                self.host_tokens[:n].copy_(tokens, non_blocking=True)
+            self.copy_stream.synchronize()
+            tokens = self.host_tokens[:n]
+        tokens = tokens.to(torch.int64)
         missed = (tokens < 0).nonzero().flatten().tolist()
         if missed:      # the graph already applied these rows' penalty to the logits
             rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
                                           token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
-            index = torch.tensor(missed, device=tokens.device)
-            tokens[index] = sample_on_device(logits[index], rows).to(tokens.device)
+            index = torch.tensor(missed, device=self.last.buffers.logits.device)
+            tokens[torch.tensor(missed)] = sample_on_device(self.last.buffers.logits[index], rows).to(tokens.device)
         return tokens
 
     def row_sampling(self, seq, context_len: int) -> RowSampling:
@@ -123,9 +132,12 @@ class MegakernelBackend(Backend):
         return RowSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, seed,
                            context_len % 2 ** 31)
 
-    def decode(self, batch: ModelBatch, sampling: tuple = (), history: tuple = ()) -> torch.Tensor:
+    def decode(self, batch: ModelBatch, sampling: tuple = (), history: tuple = (),
+               logits: bool = True) -> torch.Tensor | None:
         """One decode step on the graph; float32 logits [num_seqs, vocab] (penalised where a row has a
-        repetition penalty). `sampling` and `history`: per row, as in StepInputs (default: greedy)."""
+        repetition penalty), copied out of the graph's buffer (logits=False: none, the graph's
+        buffers hold the step's results). `sampling` and `history`: per row, as in StepInputs
+        (default: greedy)."""
         n = batch.num_seqs
         dg = self.graphs[next(b for b in self.buckets if b >= n)]
         if self.device.type == "cuda":
@@ -149,7 +161,7 @@ class MegakernelBackend(Backend):
             self.copy_stream.synchronize()
         dg.graph.run(inp=inp, timeout=self.timeout)
         self.last = dg
-        return dg.buffers.logits[:n].clone()
+        return dg.buffers.logits[:n].clone() if logits else None
 
     def last_greedy_tokens(self) -> list[int]:
         """The graph's own pick for each sequence of the latest decode step (the argmax for a step

@@ -32,6 +32,7 @@ helpers below, so the layout is defined once, here.
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import triton
@@ -62,12 +63,11 @@ class RowSampling:
                              "[0, 1], repetition_penalty > 0, top_k and counter in [0, 2**31))")
 
     def words(self) -> tuple[int, ...]:
-        """Fields 4 to 11 of the row, as int32 values (floats by their bits)."""
-        seed = self.seed & (2 ** 64 - 1)
-        lo, hi = (np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32).view(np.int32))
-        values = (self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
-        return tuple(int(np.array(v, dtype=np.float32).view(np.int32)) if k + 4 in FLOAT_FIELDS else int(v)
-                     for k, v in enumerate(values)) + (int(lo), int(hi), self.counter)
+        """Fields 4 to 11 of the row, as int32 values (floats by their bits). struct, not numpy:
+        this runs per row per decode step on the host."""
+        packed = struct.pack("<fifffQi", self.temperature, self.top_k, self.top_p, self.min_p,
+                             self.repetition_penalty, self.seed & (2 ** 64 - 1), self.counter)
+        return struct.unpack("<8i", packed)
 
     @classmethod
     def from_words(cls, w) -> RowSampling:
@@ -80,6 +80,7 @@ class RowSampling:
 
 
 GREEDY = RowSampling()
+GREEDY_WORDS = GREEDY.words()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +140,8 @@ class StepInputs:
         for k, values in enumerate((self.token_ids, self.positions, self.context_lens, self.slots)):
             out[base + k * b:base + k * b + n] = values
         out[base + 3 * b + n:base + 4 * b] = -1          # padding rows: no KV slot
-        rows = np.array([s.words() for s in (self.sampling or (GREEDY,) * n)], dtype=np.int32)   # [n, 8]
+        rows = np.array([s.words() for s in self.sampling] if self.sampling else [GREEDY_WORDS] * n,
+                        dtype=np.int32)   # [n, 8]
         for k in range(8):
             out[base + (4 + k) * b:base + (4 + k) * b + n] = rows[:, k]
         for i, h in enumerate(self.history):
