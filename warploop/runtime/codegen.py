@@ -139,7 +139,11 @@ def build(tasks: list[Task]) -> types.ModuleType:
         with open(tmp, "w") as f:
             f.write(source)
         os.replace(tmp, path)
-    name = f"warploop_resident_{digest}_{len(_MODULES)}"
+    # The first module of a source keeps one name in every process: Triton's cache key includes it,
+    # so a kernel compiled by another process (or an earlier run) is found whatever the build order.
+    name = f"warploop_resident_{digest}"
+    if name in sys.modules:
+        name = f"{name}_{len(_MODULES)}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     for t in tasks:
