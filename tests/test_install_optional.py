@@ -11,7 +11,7 @@ def test_bench_decode_without_transformers_skips_its_peer_with_the_install_line(
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail here
     code = cli.main(["bench", "decode", "--json", "--steps", "2", "--repeats", "1"])
     out, err = capsys.readouterr()
-    data = json.loads(out)
+    data = json.loads(out)["models"]["small-cpu"]
     assert code == 0 and data["warploop"]["ms_per_token_bs1"] > 0
     assert data["hf_eager"] == {"skipped": "needs transformers: pip install transformers"}
     assert data["warploop"]["check"] == data["hf_eager"]

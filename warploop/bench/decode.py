@@ -192,8 +192,8 @@ def _measure_system(cfg, weights, device, backend, hf, hf32, check_prompt, promp
     engine = _engine(cfg, weights, device, backend)
     out = {"start_s": round(time.perf_counter() - t0, 1)}   # the megakernel's: its compile, on a cold cache
     try:
-        if hf is not None:
-            out["check"] = _check(engine, hf, hf32, check_prompt)
+        out["check"] = _check(engine, hf, hf32, check_prompt) if hf is not None else \
+            {"skipped": "needs transformers: pip install transformers"}
         out.update(_measure_engine(engine, prompts, repeats, steps, batches, ttft))
     finally:
         engine.close()
