@@ -104,3 +104,26 @@ def test_unknown_backend_name_is_refused_before_loading():
 
     with pytest.raises(ValueError, match="backend 'mega' is not one of torch, megakernel"):
         Engine.from_model("tiny", device="cpu", backend="mega")
+
+
+def test_a_slow_start_says_it_is_compiling(monkeypatch, capsys):
+    """The first start of a model shape compiles the resident kernel (minutes on a GPU): past
+    COMPILE_NOTICE_S it says so on stderr rather than look hung; a quick start says nothing."""
+    import time
+
+    from warploop.llm.mk import backend as mk_backend
+    from warploop.runtime import Runtime
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)
+        return Runtime(*args, **kwargs)
+
+    monkeypatch.setattr("warploop.runtime.Runtime", slow)
+    monkeypatch.setattr(mk_backend, "COMPILE_NOTICE_S", 0.05)
+    ref, mk = backends(LLAMA_GQA, model_weights(LLAMA_GQA), max_num_seqs=1)
+    mk.close()
+    assert mk_backend.COMPILE_NOTICE in capsys.readouterr().err
+    monkeypatch.setattr(mk_backend, "COMPILE_NOTICE_S", 60.0)
+    ref, mk = backends(LLAMA_GQA, model_weights(LLAMA_GQA), max_num_seqs=1)
+    mk.close()
+    assert mk_backend.COMPILE_NOTICE not in capsys.readouterr().err

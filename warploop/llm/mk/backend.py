@@ -14,6 +14,8 @@ filters reach past the candidates) is sampled on the host path from the same log
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 import types
 
 import numpy as np
@@ -30,6 +32,9 @@ from warploop.llm.mk.tasks import tasks_for
 from warploop.llm.sampler import sample_on_device
 from warploop.llm.weights import ModelWeights
 
+COMPILE_NOTICE_S = 5.0
+COMPILE_NOTICE = ("warploop: compiling the decode megakernel for this model shape (the first start of a shape "
+                  "takes a few minutes on a GPU; later starts read Triton's cache) ...")
 CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the interpreter pays per op
 GPU_PLAN = {"splits": 4, "bn": 16, "bk": 256}
 
@@ -70,9 +75,17 @@ class MegakernelBackend(Backend):
         self.per_op.warmup(max_num_seqs)
         self.buckets = buckets(max_num_seqs)
         from warploop.runtime import Runtime
-        self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
-                          tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
-                          worker_warps=self.worker_warps)
+        # a start that compiles (the first of a model shape: minutes on a GPU) says so instead of
+        # looking hung; one served from Triton's cache returns before the notice is due
+        notice = threading.Timer(COMPILE_NOTICE_S, lambda: print(COMPILE_NOTICE, file=sys.stderr, flush=True))
+        notice.daemon = True
+        notice.start()
+        try:
+            self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
+                              tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
+                              worker_warps=self.worker_warps)
+        finally:
+            notice.cancel()
         nodes = self.rt.workers
         dtype = self.w.embed.dtype
         buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device, nodes)
