@@ -127,3 +127,55 @@ def test_a_slow_start_says_it_is_compiling(monkeypatch, capsys):
     ref, mk = backends(LLAMA_GQA, model_weights(LLAMA_GQA), max_num_seqs=1)
     mk.close()
     assert mk_backend.COMPILE_NOTICE not in capsys.readouterr().err
+
+
+def _engine_runs(backend: str, **options):
+    """Requests through an engine on the tiny model: (each request's tokens, the engine's stats)."""
+    import threading
+
+    from warploop.llm.engine import Engine, SamplingParams
+
+    with Engine.from_model("tiny", device="cpu", backend=backend, progress=False, **options) as engine:
+        if options.get("enable_prefix_caching", True):
+            prefix = "import os\nimport sys\nimport json\n" * 3     # 34 tokens: two full blocks of 16
+            first = engine.generate(prefix + "def a(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
+            second = engine.generate(prefix + "def b(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
+            return [first, second], engine.stats()
+        # two requests at once, longer than the pool holds together: one is preempted and resumed
+        prompts = [engine.tokenizer.encode(p) for p in ("def main(", "class A:\n")]
+        outs, done = {}, threading.Semaphore(0)
+
+        def on_event(i):
+            def cb(event):
+                assert event.error is None, event.error
+                if event.token_id is not None:
+                    outs.setdefault(i, []).append(event.token_id)
+                if event.finish_reason is not None:
+                    done.release()
+            return cb
+
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(p, params, on_event(i))
+        done.acquire()
+        done.acquire()
+        return [outs[0], outs[1]], engine.stats()
+
+
+def test_prefix_cache_hits_read_the_cached_kv_on_the_graph():
+    """A second prompt sharing a cached prefix (two full blocks) skips its prefill there; the
+    megakernel's decode steps then read KV the per-op prefill wrote for another request."""
+    want, _ = _engine_runs("torch", max_num_seqs=1, num_kv_blocks=32, block_size=16)
+    got, stats = _engine_runs("megakernel", max_num_seqs=1, num_kv_blocks=32, block_size=16)
+    assert stats["prefix_cache_hit_tokens"] == 32 and got == want
+
+
+def test_preemption_between_graph_steps_keeps_tokens_equal():
+    """Two sequences in a pool too small for both: the scheduler preempts one between decode steps
+    (its blocks freed, recomputed later) and the graph's block tables change under it."""
+    want, ref_stats = _engine_runs("torch", max_num_seqs=2, num_kv_blocks=3, block_size=8,
+                                   enable_prefix_caching=False)
+    got, stats = _engine_runs("megakernel", max_num_seqs=2, num_kv_blocks=3, block_size=8,
+                              enable_prefix_caching=False)
+    assert stats["preemptions"] > 0 and ref_stats["preemptions"] > 0
+    assert got == want and all(len(t) == 12 for t in got)
