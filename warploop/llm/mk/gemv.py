@@ -164,22 +164,57 @@ def chunk_at(w, j, row0, end, f, K: tl.constexpr, NCH: tl.constexpr, SUB: tl.con
 
 
 @triton.jit
+def stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j, chunk, acc, gate, brow, bmask, bo, nb, rstd,
+                has_bias, NORM: tl.constexpr, EPI: tl.constexpr, SINGLE: tl.constexpr, K: tl.constexpr,
+                R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    """Chunk j of the stream (`chunk`, loaded DEPTH steps before): issue chunk j + DEPTH, multiply,
+    and after a row block's last chunk run its epilogue. Returns (acc, gate, chunk j + DEPTH)."""
+    NCH: tl.constexpr = (K + BK - 1) // BK
+    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
+    ptr, mask = chunk_at(w, j + DEPTH, row0, end, f, K, NCH, SUB, BN, BK, J)
+    nxt = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+    sb = j // NCH
+    c = j - sb * NCH
+    xv = x_chunk(x, K, brow, bmask, c * BK + tl.arange(0, BK), K, norm_w, rstd, NORM, BACKEND)
+    if SINGLE:
+        acc += chunk.to(tl.float32) * xv.to(tl.float32)
+    else:
+        acc += mma(xv, tl.trans(chunk), BACKEND)
+    if (c == NCH - 1) & (j < J):
+        if SINGLE:
+            total = tl.sum(acc, axis=1)[None, :]
+        else:
+            total = acc
+        acc = tl.zeros(acc.shape, tl.float32)
+        blk = sb // SUB
+        rows = row0 + blk * BN + tl.arange(0, BN)
+        if SUB == 2 and sb - blk * SUB == 0:
+            gate = total
+        else:
+            epilogue(gate if SUB == 2 else total, total, bias, out, rows, rows < end, bo, bo < nb, n_out, f, has_bias,
+                     w.dtype.element_ty, EPI, BACKEND)
+    return acc, gate, nxt
+
+
+@triton.jit
 def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, a1, a2, a3, a4, a5, a6, a7,
                 has_bias, NORM: tl.constexpr, EPI: tl.constexpr, SINGLE: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
     """The node's rows [row0, end) for batch rows b0.. (SINGLE: b0 only) as one stream of [BN, BK]
-    weight chunks, DEPTH (4 or 8) in flight: a0.. are the stream's first DEPTH, loaded by the
-    caller, and each step issues the load DEPTH chunks ahead before it multiplies the oldest. A row block's
-    products accumulate per chunk (SINGLE: elementwise into a [BN, BK] float32 block, reduced once
-    at the block's end; else tl.dot into [R, BN]); its epilogue runs after its last chunk (EPI_SILU:
-    after the up rows, with the gate rows' sums kept). A run-time loop, not an unrolled one: the
-    kernel stays small (it compiles in seconds, not minutes) and the loads stay four ahead across
-    row blocks, so HBM never waits on a block's reduction or epilogue."""
+    weight chunks, DEPTH (4 or 8) loads in flight: a0.. are the stream's first DEPTH chunks, loaded
+    by the caller.
+
+    The loop is unrolled DEPTH times and chunk slot k is consumed and reloaded in place (a_k: chunk
+    j + k, then chunk j + k + DEPTH), so a load's register is carried to the next iteration as is.
+    (A rotation a0, a1, ... = a1, ..., nxt in a rolled loop copies the newest load's register at
+    every back edge, which waits for that load: one chunk in flight whatever DEPTH said, measured
+    as 8 in flight no faster than 4.) A row block's products accumulate per chunk (SINGLE:
+    elementwise into a [BN, BK] float32 block, reduced once at the block's end; else tl.dot into
+    [R, BN]); its epilogue runs after its last chunk (EPI_SILU: after the up rows, with the gate
+    rows' sums kept). A run-time loop, not an unrolled one over K: the kernel stays small."""
     NCH: tl.constexpr = (K + BK - 1) // BK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
-    dt = w.dtype.element_ty
     J = ((end - row0 + BN - 1) // BN) * SUB * NCH
-    cols0 = tl.arange(0, BK)
     if SINGLE:
         brow = b0 + 0 * tl.arange(0, BN)       # row stride 0: x in the tile's [BN, BK] layout
         bo = b0 + tl.arange(0, 1)
@@ -191,35 +226,28 @@ def gemv_stream(w, bias, x, norm_w, out, n_out, f, row0, end, b0, nb, rstd, a0, 
         acc = tl.zeros([R, BN], tl.float32)
         gate = tl.zeros([R, BN], tl.float32)
     bmask = brow < nb
-    for j in range(0, J):
-        ptr, mask = chunk_at(w, j + DEPTH, row0, end, f, K, NCH, SUB, BN, BK, J)
-        nxt = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
-        sb = j // NCH
-        c = j - sb * NCH
-        cols = c * BK + cols0
-        xv = x_chunk(x, K, brow, bmask, cols, K, norm_w, rstd, NORM, BACKEND)
-        if SINGLE:
-            acc += a0.to(tl.float32) * xv.to(tl.float32)
-        else:
-            acc += mma(xv, tl.trans(a0), BACKEND)
+    for j in range(0, J, DEPTH):
+        acc, gate, a0 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j, a0, acc, gate, brow, bmask,
+                                    bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH, BACKEND)
+        acc, gate, a1 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 1, a1, acc, gate, brow,
+                                    bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH, BACKEND)
+        acc, gate, a2 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 2, a2, acc, gate, brow,
+                                    bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH, BACKEND)
+        acc, gate, a3 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 3, a3, acc, gate, brow,
+                                    bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH, BACKEND)
         if DEPTH == 8:
-            a0, a1, a2, a3, a4, a5, a6, a7 = a1, a2, a3, a4, a5, a6, a7, nxt
-        else:
-            a0, a1, a2, a3 = a1, a2, a3, nxt
-        if c == NCH - 1:
-            if SINGLE:
-                total = tl.sum(acc, axis=1)[None, :]
-                acc = tl.zeros([BN, BK], tl.float32)
-            else:
-                total = acc
-                acc = tl.zeros([R, BN], tl.float32)
-            blk = sb // SUB
-            rows = row0 + blk * BN + tl.arange(0, BN)
-            if SUB == 2 and sb - blk * SUB == 0:
-                gate = total
-            else:
-                epilogue(gate if SUB == 2 else total, total, bias, out, rows, rows < end, bo, bo < nb, n_out, f,
-                         has_bias, dt, EPI, BACKEND)
+            acc, gate, a4 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 4, a4, acc, gate, brow,
+                                        bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH,
+                                        BACKEND)
+            acc, gate, a5 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 5, a5, acc, gate, brow,
+                                        bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH,
+                                        BACKEND)
+            acc, gate, a6 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 6, a6, acc, gate, brow,
+                                        bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH,
+                                        BACKEND)
+            acc, gate, a7 = stream_step(w, bias, x, norm_w, out, n_out, f, row0, end, J, j + 7, a7, acc, gate, brow,
+                                        bmask, bo, nb, rstd, has_bias, NORM, EPI, SINGLE, K, R, BN, BK, DEPTH,
+                                        BACKEND)
 
 
 @triton.jit
