@@ -336,3 +336,17 @@ def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, 
             for r in range(row0, end, BN):
                 block(w, bias, x, k, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM, EPI,
                       False, False, R, BN, BK, BACKEND)
+
+
+@triton.jit
+def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
+         EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+         DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    """A GEMV node: over the compile-time width K when the plan has one (gemv_node_k), else over the
+    run-time width k (gemv_node)."""
+    if K != 0:
+        gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
+                    DEPTH, BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
+                  BACKEND)

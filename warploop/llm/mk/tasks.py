@@ -19,7 +19,7 @@ import triton.language as tl
 
 import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
-from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node, gemv_node_k
+from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
 from warploop.llm.mk.tokens import embed_node
@@ -30,58 +30,35 @@ def mk_embed(inp, table, res, d, BK: tl.constexpr):
 
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
-           BACKEND: tl.constexpr):
-    if KD != 0:
-        gemv_node_k(ctx, inp, w, bias, res, norm_w, out, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R,
-                    BN, BK, DEPTH, BACKEND)
-    else:
-        gemv_node(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, R, BN,
-                  BK, BACKEND)
+           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
+         DEPTH, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
-           BACKEND: tl.constexpr):
-    if KD != 0:
-        gemv_node_k(ctx, inp, w, bias, res, norm_w, out, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN,
-                    BK, DEPTH, BACKEND)
-    else:
-        gemv_node(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, R, BN, BK,
-                  BACKEND)
+               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
+         DEPTH, BACKEND)
 
 
+# o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
+# tasks, because a task's constexprs are bound by parameter name
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr,
-              BACKEND: tl.constexpr):
-    if KQ != 0:
-        gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK,
-                    DEPTH, BACKEND)
-    else:
-        gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
-                  BACKEND)
+              BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
+         BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr,
-            BACKEND: tl.constexpr):
-    if KF != 0:
-        gemv_node_k(ctx, inp, w, bias, x, x, res, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK,
-                    DEPTH, BACKEND)
-    else:
-        gemv_node(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, R, BN, BK,
-                  BACKEND)
+            BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
+         BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr,
-           BACKEND: tl.constexpr):
-    if KD != 0:
-        gemv_node_k(ctx, inp, w, w, res, norm_w, logits, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK,
-                    DEPTH, BACKEND)
-    else:
-        gemv_node(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, R, BN, BK,
-                  BACKEND)
+               BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+    gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
+         BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
