@@ -57,10 +57,13 @@ def timing(mk, n: int, repeat: int) -> dict:
         f.result(timeout=60)
         device.append(f.device_ns / 1e3 / repeat)
     host = []
+    backend = mk.rt._backend  # noqa: SLF001
+    relaunched = getattr(backend, "relaunches", 0)
     for _ in range(50):
         t0 = time.perf_counter()
         mk.decode(batch)
         host.append((time.perf_counter() - t0) * 1e6)
+    relaunched = getattr(backend, "relaunches", 0) - relaunched
     run = []
     for _ in range(50):
         t0 = time.perf_counter()
@@ -76,7 +79,9 @@ def timing(mk, n: int, repeat: int) -> dict:
     med = statistics.median
     return {"device_us_per_step": round(med(device), 1), "device_runs_us": [round(x, 1) for x in device],
             "graph_run_wall_us": round(med(run), 1), "decode_wall_us": round(med(host), 1),
-            "step_inputs_us": round(med(ser), 1), "nodes": len(dg.graph), "kinds": dict(dg.kinds)}
+            "step_inputs_us": round(med(ser), 1), "relaunches_in_50_decodes": relaunched,
+            "last_resume_us": round(getattr(backend, "last_resume_us", 0.0), 1),
+            "nodes": len(dg.graph), "kinds": dict(dg.kinds)}
 
 
 def anatomy(mk, out_dir: str) -> dict:
@@ -130,7 +135,7 @@ def main() -> None:
         from warploop.runtime.gpu import compile_resident
         from warploop.runtime.tasks import lookup
 
-        plan = {k: v for k, v in plan.items() if k not in ("workers",)}
+        plan = {k: v for k, v in plan.items() if k not in ("workers", "park_after_us")}
         warps = plan.pop("worker_warps", 4)
         t0 = time.perf_counter()
         for trace in ([False, True] if args.trace else [False]):

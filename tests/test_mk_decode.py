@@ -1,9 +1,13 @@
 """The decode megakernel on the CPU executor (the Triton interpreter): the same greedy tokens as
 the per-op backend, for random Llama- and Qwen3-like models, at batch 1 and batch > 1 with
 different context lengths, and for the tiny model through the engine."""
+import dataclasses
+
 import pytest
 import torch
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
+
+LLAMA_TAIL = dataclasses.replace(LLAMA_GQA, intermediate_size=72)
 
 
 def check(steps, tol=1e-4):
@@ -40,6 +44,30 @@ def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk, depth)
         assert mk.plan.constexprs()["KD"] == 64 and mk.plan.constexprs()["KF"] == 96
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))   # batch 2: the tl.dot path
+    finally:
+        mk.close()
+
+
+@pytest.mark.parametrize("cfg, tiles", [
+    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}),
+    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16})],
+    ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
+def test_gemv_tiles_match_per_op_backend(cfg, tiles):
+    """The GPU's GEMV tiles (Plan.tile_kb: one node per tile of rows, at most 8 chunks in
+    straight-line code, the first four before the wait) on the interpreter, 4 KB tiles of fp32:
+    [16, 16] chunks. Llama-like with intermediate size 72: down's 5 chunks end in a masked tail.
+    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8. Batch 2 takes the tl.dot blocks
+    inside each tile."""
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
+    try:
+        got = mk.plan.tile_constexprs()
+        assert {k: got[k] for k in tiles} == tiles
+        nodes = mk.graphs[1].kinds
+        assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
+        assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
     finally:
         mk.close()
 

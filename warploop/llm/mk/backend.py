@@ -35,6 +35,10 @@ from warploop.llm.weights import ModelWeights
 COMPILE_NOTICE_S = 5.0
 COMPILE_NOTICE = ("warploop: compiling the decode megakernel for this model shape (the first start of a shape "
                   "takes a few minutes on a GPU; later starts read Triton's cache) ...")
+# Idle time before the resident kernel parks (Runtime): longer than the engine's host work between
+# two decode steps, so a decode stream does not relaunch the kernel every step; a prefill's first
+# use of a CUDA module (a context-wide synchronisation) waits this long once.
+PARK_AFTER_US = 5000.0
 CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the interpreter pays per op
 GPU_PLAN = {"splits": 4, "bn": 16, "bk": 256}
 
@@ -49,18 +53,31 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
     return Plan(name, config.num_heads, config.num_kv_heads, config.head_dim, block_size, **sizes)
 
 
+def _aligned(t):
+    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
+
+
+def aligned_norms(weights: ModelWeights) -> ModelWeights:
+    """The weights with every RMSNorm vector 16-byte aligned (a copy where one is not: a view into a
+    file's buffer may start anywhere), so the tiles read them 16 bytes at a time (tasks.py: `:16`)."""
+    layers = [dataclasses.replace(lw, input_norm=_aligned(lw.input_norm), post_norm=_aligned(lw.post_norm))
+              for lw in weights.layers]
+    return dataclasses.replace(weights, layers=layers, norm=_aligned(weights.norm))
+
+
 class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
-                 worker_warps: int = 4, **plan_overrides) -> None:
+                 worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
-        self.w, self.kv, self.max_context = weights, self.per_op.kv, max_context
+        self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
         self.cos, self.sin = self.per_op.cos.contiguous(), self.per_op.sin.contiguous()
         self.plan = plan_for(config, weights.embed.dtype, layout.block_size, self.device.type, **plan_overrides)
         self.tasks = tasks_for(self.plan)
         self.width = -(max_context // -layout.block_size)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
+        self.park_after_us = park_after_us
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
@@ -83,7 +100,7 @@ class MegakernelBackend(Backend):
         try:
             self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
                               tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
-                              worker_warps=self.worker_warps)
+                              worker_warps=self.worker_warps, park_after_us=self.park_after_us)
         finally:
             notice.cancel()
         nodes = self.rt.workers

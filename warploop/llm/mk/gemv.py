@@ -339,12 +339,176 @@ def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, 
 
 
 @triton.jit
+def tile_chunk(w, i, row0, n_out, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr):
+    """Chunk i (a compile-time index) of a tile: columns [c * TK, c * TK + TK) of its TN rows, or of
+    the up rows f further down for i >= NC (EPI_SILU); loaded now."""
+    c: tl.constexpr = i % NC
+    rows = row0 + tl.arange(0, TN)
+    cols = c * TK + tl.arange(0, TK)
+    ptr = w + (rows + (i // NC) * f).to(tl.int64)[:, None] * K + cols[None, :]
+    if (c + 1) * TK > K:
+        v = tl.load(ptr, mask=(rows < n_out)[:, None] & (cols < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    else:
+        v = tl.load(ptr, mask=(rows < n_out)[:, None], other=0.0, eviction_policy="evict_first")
+    return v
+
+
+@triton.jit
+def tile_rstd(x, eps, K: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr):
+    """1 / rms of x's first row over K columns: a float32 scalar (one reduction at the end)."""
+    ss = tl.zeros([TK], tl.float32)
+    for c in tl.static_range(NC):
+        cols = c * TK + tl.arange(0, TK)
+        if (c + 1) * TK > K:
+            v = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(x + cols).to(tl.float32)       # unmasked: 16-byte loads
+        ss += v * v
+    return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+
+
+@triton.jit
+def tile_x(x, c0, cols, rows, K: tl.constexpr, TK: tl.constexpr):
+    """x[c0 : c0 + TK] in a [TN, TK] block of row stride 0 (the tile's layout: no conversion; a
+    thread's repeated addresses fold to one load). Masked only for a tail chunk, so whole chunks
+    load 16 bytes at a time."""
+    ptr = x + c0 + cols[None, :] + 0 * rows[:, None]
+    if c0 + TK > K:
+        v = tl.load(ptr, mask=(c0 + cols < K)[None, :] & (rows >= 0)[:, None], other=0.0)
+    else:
+        v = tl.load(ptr)
+    return v
+
+
+@triton.jit
+def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
+    """a_i for a compile-time i."""
+    if i == 0:
+        v = a0
+    elif i == 1:
+        v = a1
+    elif i == 2:
+        v = a2
+    elif i == 3:
+        v = a3
+    elif i == 4:
+        v = a4
+    elif i == 5:
+        v = a5
+    elif i == 6:
+        v = a6
+    else:
+        v = a7
+    return v
+
+
+@triton.jit
+def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, NORM: tl.constexpr,
+              EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
+    """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
+    compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node).
+
+    Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
+    then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
+    the rest right after it, before x is read and its norm reduced (a reduction is a barrier, and
+    no load is moved above one). So the whole tile is in flight at once. x (and its norm: rstd a
+    scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
+    per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
+    elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
+    gemv_node_k."""
+    NC: tl.constexpr = (K + TK - 1) // TK
+    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
+    NCH: tl.constexpr = SUB * NC
+    tl.static_assert(NCH <= 8)
+    a0 = tile_chunk(w, 0, row0, n_out, f, K, TN, TK, NC)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    a4 = a0
+    a5 = a0
+    a6 = a0
+    a7 = a0
+    if AHEAD > 1 and NCH > 1:
+        a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 2 and NCH > 2:
+        a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 3 and NCH > 3:
+        a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 4 and NCH > 4:
+        a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 5 and NCH > 5:
+        a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 6 and NCH > 6:
+        a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
+    if AHEAD > 7 and NCH > 7:
+        a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
+    wl.wait(ctx, BACKEND)
+    end = tl.minimum(row0 + TN, n_out)
+    nb = step_rows(inp)
+    if nb == 1:
+        if AHEAD <= 1 and NCH > 1:
+            a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 2 and NCH > 2:
+            a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 3 and NCH > 3:
+            a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 4 and NCH > 4:
+            a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 5 and NCH > 5:
+            a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 6 and NCH > 6:
+            a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 7 and NCH > 7:
+            a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
+        rows = row0 + tl.arange(0, TN)
+        cols = tl.arange(0, TK)
+        rstd = 1.0
+        if NORM:
+            rstd = tile_rstd(x, eps, K, TK, NC)
+        acc = tl.zeros([TN, TK], tl.float32)
+        gate = tl.zeros([TN, TK], tl.float32)
+        for i in tl.static_range(NCH):
+            c0 = (i % NC) * TK
+            xv = tile_x(x, c0, cols, rows, K, TK)
+            if NORM:
+                nw = tile_x(norm_w, c0, cols, rows, K, TK)
+                dt = x.dtype.element_ty
+                xv = rnd(nw.to(tl.float32) * rnd(xv.to(tl.float32) * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND)
+            acc += pick(i, a0, a1, a2, a3, a4, a5, a6, a7).to(tl.float32) * xv.to(tl.float32)
+            if SUB == 2 and i == NC - 1:
+                gate = acc
+                acc = tl.zeros([TN, TK], tl.float32)
+        total = tl.sum(acc, axis=1)[None, :]
+        first = total
+        if SUB == 2:
+            first = tl.sum(gate, axis=1)[None, :]
+        bo = tl.arange(0, 1)
+        epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
+                 BACKEND)
+    else:
+        for b0 in range(0, nb, R):
+            brow = b0 + tl.arange(0, R)
+            rstd = tl.full([R], 1.0, tl.float32)
+            if NORM:
+                rstd = row_rstd(x, K, brow, brow < nb, K, eps, BK)
+            for r in range(row0, end, BN):
+                block(w, bias, x, K, norm_w, out, K, n_out, f, r, end, b0, nb, rstd, a0, has_bias, NORM, EPI,
+                      False, False, R, BN, BK, BACKEND)
+
+
+@triton.jit
 def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-         DEPTH: tl.constexpr, BACKEND: tl.constexpr):
-    """A GEMV node: over the compile-time width K when the plan has one (gemv_node_k), else over the
-    run-time width k (gemv_node)."""
-    if K != 0:
+         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, BACKEND: tl.constexpr):
+    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile), else a span of rows over
+    the compile-time width K when the plan has one (gemv_node_k), else over the run-time width k
+    (gemv_node)."""
+    if TN != 0:
+        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH, R, BN,
+                  BK, BACKEND)
+    elif K != 0:
         gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
                     DEPTH, BACKEND)
     else:

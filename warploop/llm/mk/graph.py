@@ -52,7 +52,7 @@ class StepBuffers:
         def z(*shape, dt=dtype):
             return torch.zeros(shape, dtype=dt, device=device)
 
-        tiles = len(spans(cfg.vocab_size, plan.bn, gemv_nodes))
+        tiles = len(sample_spans(plan, cfg.vocab_size, gemv_nodes))
         return cls(inp=z(StepInputs.words(batch, width, width * plan.block_size), dt=torch.int32),
                    res=z(batch, cfg.hidden_size),
                    qkv=z(batch, cfg.q_size + 2 * cfg.kv_size), attn=z(batch, cfg.q_size),
@@ -69,6 +69,19 @@ def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
     blocks = cdiv(rows, bn)
     per = cdiv(blocks, max(1, min(nodes, blocks)))
     return [(b * bn, per * bn) for b in range(0, blocks, per)]
+
+
+def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int) -> list[tuple[int, int]]:
+    """The nodes of a GEMV over `rows` output rows: tiles of TN rows each when the plan has tiles
+    (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
+    if tn:
+        return [(r, tn) for r in range(0, rows, tn)]
+    return spans(rows, plan.bn, nodes)
+
+
+def sample_spans(plan: Plan, vocab: int, nodes: int) -> list[tuple[int, int]]:
+    """The sample tiles' spans of the vocabulary: at most `nodes`, each of whole lm_head nodes."""
+    return spans(vocab, max(plan.bn, plan.tile_constexprs()["TND"]), nodes)
 
 
 def _overlaps(span: tuple[int, int], ranges) -> bool:
@@ -99,6 +112,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     labels: list[str] = []
     d, q, kvs, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
     group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
+    tn = plan.tile_constexprs()
 
     def add(kind, task, *args, after=(), cost=1.0):
         kinds[kind] += 1
@@ -113,7 +127,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
-                             eps, has, after=prev, cost=s[1] * d)) for s in spans(q + 2 * kvs, plan.bn, gemv_nodes)]
+                             eps, has, after=prev, cost=s[1] * d)) for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for kvh in range(cfg.num_kv_heads):
@@ -127,19 +141,21 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                                 cost=batch * group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q) for s in spans(d, plan.bn, gemv_nodes)]
+                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d) for s in spans(f, plan.bn, gemv_nodes)]
+                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes)]
         bias, has = opt(lw.down_bias)
         prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f) for s in spans(d, plan.bn, gemv_nodes)]
-    heads = [add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d, cfg.vocab_size,
-                 *s, eps, after=prev, cost=s[1] * d) for s in spans(cfg.vocab_size, plan.bn, gemv_nodes)]
-    vocab_spans = spans(cfg.vocab_size, plan.bn, gemv_nodes)
+                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes)]
+    heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
+                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
+             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes)]
+    vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
-                 len(vocab_spans), after=[head], cost=batch * s[1])
-             for t, (s, head) in enumerate(zip(vocab_spans, heads, strict=True))]
+                 len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
+                 cost=batch * s[1])
+             for t, s in enumerate(vocab_spans)]
     add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
         len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)

@@ -217,6 +217,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+TILE_CHUNKS = 8         # weight loads per GEMV tile: all in flight at once (gemv.gemv_tile)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What the graph's tasks are compiled for: the model's shapes and the tile sizes, all constexprs
@@ -235,7 +242,9 @@ class Plan:
     candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
     hidden: int = 0         # the model's hidden and intermediate sizes as GEMV widths (KD, KQ, KF): with
     inter: int = 0          # them the batch-1 GEMVs stream chunks over constant widths; 0: run-time widths
-    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8)
+    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); with tiles: issued before the wait
+    tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
+    #                         0: one span of rows per worker, streamed (the chunk stream)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -247,6 +256,8 @@ class Plan:
         if self.hidden < 0 or self.inter < 0 or bool(self.hidden) != bool(self.inter):
             raise ValueError(f"Plan: hidden ({self.hidden}) and inter ({self.inter}) are both the model's widths "
                              "or both 0 (run-time widths)")
+        if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
+            raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -261,11 +272,37 @@ class Plan:
     def key(self) -> str:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
-                + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else ""))
+                + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
+                + (f"-T{self.tile_kb}" if self.tile_kb else ""))
+
+    @property
+    def elem(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    def gemv_tile(self, k: int, sub: int = 1) -> tuple[int, int]:
+        """(TN, TK) of a GEMV tile over width k: TN weight rows (a power of two; `sub` blocks of them,
+        2 for gate and up) of about tile_kb KB in all, read as at most TILE_CHUNKS loads of [TN, TK]
+        (TK a power of two >= 16; the last chunk of a row masked where TK does not divide k).
+        (0, 0) without tiles."""
+        if not self.tile_kb:
+            return 0, 0
+        tn = _pow2_floor(max(1, (self.tile_kb << 10) // (sub * k * self.elem)))
+        tk = max(16, _pow2(-(-k // (TILE_CHUNKS // sub))))
+        return tn, tk
 
     def constexprs(self) -> dict[str, int]:
         return {"H": self.heads, "KVH": self.kv_heads, "HD": self.head_dim, "HDP": max(16, _pow2(self.head_dim)),
                 "HALFP": _pow2(self.head_dim // 2), "GP": max(16, _pow2(self.group)), "GP1": _pow2(self.group + 1),
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
-                "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth}
+                "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
+                **self.tile_constexprs()}
+
+    def tile_constexprs(self) -> dict[str, int]:
+        """Each GEMV's tile (TN*, TK*; 0 without tiles): D over the hidden width (qkv, lm_head), S the
+        same for gate_up (gate and up rows), Q over heads x head_dim (o_proj), F over the
+        intermediate width (down)."""
+        q = self.heads * self.head_dim
+        (tnd, tkd), (tns, tks), (tnq, tkq), (tnf, tkf) = (
+            self.gemv_tile(self.hidden), self.gemv_tile(self.hidden, 2), self.gemv_tile(q), self.gemv_tile(self.inter))
+        return {"TND": tnd, "TKD": tkd, "TNS": tns, "TKS": tks, "TNQ": tnq, "TKQ": tkq, "TNF": tnf, "TKF": tkf}

@@ -6,7 +6,8 @@ plan's pointer types and constexprs. A Runtime started with `tasks_for(plan).all
 resident kernel compiled for that one model shape: no run-time shape arguments in the hot loops.
 
 Pointer hints: weight matrices and the graph's own buffers are `:16` (16-byte aligned, so loads
-are wide on the GPU); biases, norms and KV-cache layers are not promised.
+are wide on the GPU); RMSNorm vectors too (the backend aligns them: backend.aligned_norms); biases and KV-cache
+layers are not promised.
 """
 from __future__ import annotations
 
@@ -30,35 +31,40 @@ def mk_embed(inp, table, res, d, BK: tl.constexpr):
 
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+           BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr,
+           TKD: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
-         DEPTH, BACKEND)
+         DEPTH, TND, TKD, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TNS: tl.constexpr,
+               TKS: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
-         DEPTH, BACKEND)
+         DEPTH, TNS, TKS, BACKEND)
 
 
 # o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
 # tasks, because a task's constexprs are bound by parameter name
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+              BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, TNQ: tl.constexpr, TKQ: tl.constexpr,
+              BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
-         BACKEND)
+         TNQ, TKQ, BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+            BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, TNF: tl.constexpr, TKF: tl.constexpr,
+            BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
-         BACKEND)
+         TNF, TKF, BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, BACKEND: tl.constexpr):
+               BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr, TKD: tl.constexpr,
+               BACKEND: tl.constexpr):
     gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
-         BACKEND)
+         TND, TKD, BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
@@ -87,7 +93,8 @@ def mk_sample_combine(inp, logits, fstat, istat, tokens, vocab, ntiles, KC: tl.c
 
 def _signatures(dt: str) -> dict:
     w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
-    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": p, "out": a, "k": "i32", "row0": "i32",
+    # norms are 16-byte aligned by the backend (backend.aligned_norms)
+    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": a, "out": a, "k": "i32", "row0": "i32",
             "count": "i32", "eps": "fp32", "has_bias": "i32"}
     proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
             "count": "i32", "has_bias": "i32"}
@@ -97,7 +104,7 @@ def _signatures(dt: str) -> dict:
         mk_gate_up: {**gemv, "f": "i32"},
         mk_o_proj: proj,
         mk_down: proj,
-        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": p, "logits": f32, "k": "i32", "vocab": "i32",
+        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": f32, "k": "i32", "vocab": "i32",
                      "row0": "i32", "count": "i32", "eps": "fp32"},
         mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "g": "i32",
                      "eps": "fp32", "has_qk_norm": "i32"},
