@@ -129,3 +129,37 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert ".target sm_90" in ptx and "mul.hi.u32" in ptx      # philox's rounds
     else:
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
+
+
+def test_megakernel_options_from_the_environment_are_checked_by_name(monkeypatch):
+    from warploop import config
+    from warploop.llm.mk.backend import env_options
+
+    monkeypatch.setenv("WARPLOOP_MK_PLAN", '{"tile_kb": 64, "workers": 263}')
+    config.reload()
+    assert env_options() == {"tile_kb": 64, "workers": 263}
+    monkeypatch.setenv("WARPLOOP_MK_PLAN", '{"tile_kb": 64, "tiles": 3}')
+    config.reload()
+    with pytest.raises(ValueError, match="WARPLOOP_MK_PLAN: unknown option.s. tiles; use any of"):
+        env_options()
+    monkeypatch.setenv("WARPLOOP_MK_PLAN", "{tile_kb: 64}")
+    with pytest.raises(ValueError, match="WARPLOOP_MK_PLAN='{tile_kb: 64}' is not JSON"):
+        config.reload()
+    monkeypatch.setenv("WARPLOOP_MK_PLAN", "[64]")
+    with pytest.raises(ValueError, match="WARPLOOP_MK_PLAN=.* use a JSON object"):
+        config.reload()
+    monkeypatch.delenv("WARPLOOP_MK_PLAN")
+    config.reload()
+
+
+def test_plan_tiles_hold_at_most_eight_chunks_and_refuse_bad_sizes():
+    # Llama-3.2-1B widths: 64 KB tiles of 8 chunks (gate_up: 8 gate rows and 8 up rows)
+    t = Plan("bf16", 32, 8, 64, 16, hidden=2048, inter=8192, tile_kb=64).tile_constexprs()
+    assert t == {"TND": 16, "TKD": 256, "TNS": 8, "TKS": 512, "TNQ": 16, "TKQ": 256, "TNF": 4, "TKF": 1024}
+    # SmolLM2's 576: [32, 128] chunks, 5 a row, the last one masked
+    t = Plan("bf16", 9, 3, 64, 16, hidden=576, inter=1536, tile_kb=64).tile_constexprs()
+    assert (t["TND"], t["TKD"], -(-576 // t["TKD"])) == (32, 128, 5)
+    with pytest.raises(ValueError, match="Plan.tile_kb must be 0 or a power of two >= 4 with the widths set"):
+        Plan("bf16", 4, 2, 64, 16, tile_kb=64)
+    with pytest.raises(ValueError, match="Plan.tile_kb"):
+        Plan("bf16", 4, 2, 64, 16, hidden=64, inter=96, tile_kb=48)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 
 
@@ -24,12 +25,23 @@ class Config:
     jobs: int                 # WARPLOOP_JOBS: parallel compile jobs for `bundle build`
     log_level: str            # WARPLOOP_LOG: debug | info | warning | error
     debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
+    mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
             raise ValueError(f"WARPLOOP_DEVICE={self.device!r}: use cpu, cuda or hip")
         if self.jobs < 1:
             raise ValueError(f"WARPLOOP_JOBS={self.jobs}: must be at least 1")
+        if not isinstance(self.mk_plan, dict):
+            raise ValueError(f"WARPLOOP_MK_PLAN={self.mk_plan!r}: use a JSON object, e.g. '{{\"tile_kb\": 64}}'")
+
+
+def _json(name: str):
+    raw = os.environ.get(name) or "{}"
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name}={raw!r} is not JSON ({e.msg}); use an object, e.g. '{{\"tile_kb\": 64}}'") from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,6 +52,7 @@ def get() -> Config:
         jobs=int(os.environ.get("WARPLOOP_JOBS", str(os.cpu_count() or 1))),
         log_level=os.environ.get("WARPLOOP_LOG", "warning"),
         debug=debug_wanted(),
+        mk_plan=_json("WARPLOOP_MK_PLAN"),
     )
 
 

@@ -82,8 +82,8 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     max_context = min(max_len, blocks * block_size)
     if backend == "megakernel":
-        from warploop.llm.mk.backend import MegakernelBackend
-        return MegakernelBackend(cfg, weights, layout, device, max_context), max_context
+        from warploop.llm.mk.backend import MegakernelBackend, env_options
+        return MegakernelBackend(cfg, weights, layout, device, max_context, **env_options()), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
 
 

@@ -43,6 +43,22 @@ CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the 
 GPU_PLAN = {"splits": 4, "bn": 16, "bk": 256}
 
 
+BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout")
+
+
+def env_options() -> dict:
+    """WARPLOOP_MK_PLAN's options for the megakernel backend: Plan fields (tile sizes) and
+    MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here."""
+    from warploop import config
+    opts = config.get().mk_plan
+    known = {f.name for f in dataclasses.fields(Plan)} - {"dtype", "heads", "kv_heads", "head_dim", "block_size"}
+    unknown = sorted(set(opts) - known - set(BACKEND_OPTIONS))
+    if unknown:
+        raise ValueError(f"WARPLOOP_MK_PLAN: unknown option(s) {', '.join(unknown)}; use any of "
+                         f"{', '.join(sorted(known | set(BACKEND_OPTIONS)))}")
+    return dict(opts)
+
+
 def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **overrides) -> Plan:
     name = TRITON_DTYPES.get(str(dtype).removeprefix("torch."))
     if name is None:
