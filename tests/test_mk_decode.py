@@ -72,6 +72,18 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         mk.close()
 
 
+def test_warmup_compiles_the_batch_1_graph_before_the_first_step():
+    """A single request's first decode step must not pay the graph's placement (thousands of
+    nodes on a GPU plan): warmup places and uploads the batch-1 graph; larger buckets wait for use."""
+    cfg = LLAMA_GQA
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2)
+    try:
+        assert mk.graphs[1].graph.schedule is not None and mk.graphs[1].graph._tensors is not None
+        assert mk.graphs[2].graph.schedule is None
+    finally:
+        mk.close()
+
+
 class StaticOutput:
     """A backend whose forward returns one reused buffer, as the per-op backend's CUDA-graph replay
     does on a GPU (a view of the graph's static output): valid only until the next forward."""
