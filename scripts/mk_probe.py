@@ -100,7 +100,7 @@ def anatomy(mk, out_dir: str) -> dict:
     last = sorted(events)[-len(dg.graph):]
     t0, t1 = min(e[0] for e in last), max(e[1] for e in last)
     kinds = collections.defaultdict(lambda: [0, 0])
-    for start, end, opcode, worker, ident in last:
+    for start, end, opcode, _worker, ident in last:
         k = dg.labels[ident] if 0 <= ident < len(dg.labels) else names.get(opcode, str(opcode))
         kinds[k][0] += end - start
         kinds[k][1] += 1

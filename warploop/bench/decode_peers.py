@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from warploop.llm.config import ModelConfig
 from warploop.llm.rope import cos_sin_table
 
-
 HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
 

@@ -48,34 +48,49 @@ def place(nodes: list[NodeSpec], workers: int, hop: float = 0.5) -> Schedule:
     if workers < 1:
         raise ValueError("need at least one worker")
     for i, n in enumerate(nodes):
-        if any(not 0 <= d < i for d in n.deps):
+        if n.deps and (min(n.deps) < 0 or max(n.deps) >= i):
             raise ValueError(f"node {i} depends on {n.deps}: dependencies must be recorded earlier")
         if n.worker is not None and not 0 <= n.worker < workers:
             raise ValueError(f"node {i} is pinned to worker {n.worker}, but there are {workers} workers")
         if n.cost < 0:
             raise ValueError(f"node {i} has negative cost {n.cost}")
-    free = [0.0] * workers
-    finish = [0.0] * len(nodes)
-    worker_of = [0] * len(nodes)
+    import numpy as np
+    free = np.zeros(workers)
+    counts = np.zeros(workers, dtype=np.int64)
+    finish = np.zeros(len(nodes))
+    worker_of = np.zeros(len(nodes), dtype=np.int64)
     order: list[list[int]] = [[] for _ in range(workers)]
+    seen: dict[tuple[int, ...], tuple] = {}      # deps -> (ready per worker from them); a layer's tiles share one
     for i, n in enumerate(nodes):
-        # Latest predecessor finish per worker, and the two largest over distinct workers, so that
-        # "ready on w" costs O(1) per worker: its own predecessors, or the others' plus a hop.
-        by_worker: dict[int, float] = {}
-        for d in n.deps:
-            by_worker[worker_of[d]] = max(by_worker.get(worker_of[d], 0.0), finish[d])
-        ranked = sorted(by_worker.items(), key=lambda kv: -kv[1])[:2] + [(-1, 0.0), (-1, 0.0)]
-        candidates = [n.worker] if n.worker is not None else range(workers)
-        best = None
-        for w in candidates:
-            remote = ranked[1][1] if ranked[0][0] == w else ranked[0][1]
-            ready = max(free[w], by_worker.get(w, 0.0), remote + hop if remote else 0.0)
-            key = (ready + n.cost, len(order[w]), w)
-            if best is None or key < best[0]:
-                best = (key, w, ready)
-        _, w, ready = best
+        # Ready on w: its own free time, its own predecessors' latest finish, and the latest finish
+        # of a predecessor on another worker plus a hop (the largest over the others: the top one,
+        # or for the top one's worker the second).
+        deps_ready = seen.get(n.deps)
+        if deps_ready is None:
+            latest = np.zeros(workers)
+            if n.deps:
+                d = np.asarray(n.deps)
+                np.maximum.at(latest, worker_of[d], finish[d])
+            top = int(np.argmax(latest))
+            first = latest[top]
+            second = np.max(np.delete(latest, top)) if workers > 1 else 0.0
+            remote = np.full(workers, first)
+            remote[top] = second
+            deps_ready = np.maximum(latest, np.where(remote != 0, remote + hop, 0.0))
+            seen[n.deps] = deps_ready
+        if n.worker is not None:
+            w = n.worker
+            ready = max(free[w], deps_ready[w])
+        else:
+            done = np.maximum(free, deps_ready) + n.cost
+            ties = np.flatnonzero(done == done.min())
+            w = int(ties[np.argmin(counts[ties])]) if len(ties) > 1 else int(ties[0])
+            ready = max(free[w], deps_ready[w])
         worker_of[i], finish[i], free[w] = w, ready + n.cost, ready + n.cost
+        counts[w] += 1
         order[w].append(i)
+    worker_of = [int(x) for x in worker_of]
+    finish = finish.tolist()
     signal, sizes, waits = _counters(nodes, worker_of, order)
     lists = []
     for w in range(workers):
@@ -91,22 +106,29 @@ def place(nodes: list[NodeSpec], workers: int, hop: float = 0.5) -> Schedule:
 
 
 def _counters(nodes: list[NodeSpec], worker_of: list[int], order: list[list[int]]):
-    succs: list[set[int]] = [set() for _ in nodes]
-    for i, n in enumerate(nodes):
-        for d in set(n.deps):
-            succs[d].add(i)
-    groups: dict[frozenset, list[int]] = {}
-    for i, s in enumerate(succs):
-        if s:
-            groups.setdefault(frozenset(s), []).append(i)
+    # Nodes with one deps tuple form a class (a layer's tiles share one); a node's successors are
+    # the members of the classes that list it, and classes are disjoint, so two nodes have the
+    # same successors exactly when the same classes list them: work per distinct tuple, not per edge.
+    classes: dict[tuple[int, ...], int] = {}
+    listed: list[list[int]] = [[] for _ in nodes]      # node -> the classes whose tuple holds it
+    for n in nodes:
+        if n.deps and n.deps not in classes:
+            cid = classes[n.deps] = len(classes)
+            for d in set(n.deps):
+                listed[d].append(cid)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, cs in enumerate(listed):
+        if cs:
+            groups.setdefault(tuple(sorted(cs)), []).append(i)
     position = {i: k for lst in order for k, i in enumerate(lst)}
     members = list(groups.values())
     group_of = {i: g for g, m in enumerate(members) for i in m}
+    groups_of_deps = {deps: sorted({group_of[d] for d in deps}) for deps in classes}
     waits: list[list[tuple[int, int]]] = []
     used: set[int] = set()
     for i, n in enumerate(nodes):
         mine = []
-        for g in sorted({group_of[d] for d in n.deps}):
+        for g in groups_of_deps.get(n.deps, ()):
             local = all(worker_of[m] == worker_of[i] and position[m] < position[i] for m in members[g])
             if not local:
                 mine.append(g)

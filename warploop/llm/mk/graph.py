@@ -127,7 +127,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
-                             eps, has, after=prev, cost=s[1] * d)) for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes)]
+                             eps, has, after=prev, cost=s[1] * d))
+                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for kvh in range(cfg.num_kv_heads):

@@ -242,7 +242,7 @@ class Plan:
     candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
     hidden: int = 0         # the model's hidden and intermediate sizes as GEMV widths (KD, KQ, KF): with
     inter: int = 0          # them the batch-1 GEMVs stream chunks over constant widths; 0: run-time widths
-    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); with tiles: issued before the wait
+    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
     tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
     #                         0: one span of rows per worker, streamed (the chunk stream)
 
