@@ -217,7 +217,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-TILE_CHUNKS = 8         # weight loads per GEMV tile: all in flight at once (gemv.gemv_tile)
+TILE_CHUNKS = 8         # weight loads per GEMV tile: all in flight at once (gemv_tile.py)
 
 
 def _pow2_floor(n: int) -> int:

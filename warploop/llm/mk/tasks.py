@@ -20,10 +20,30 @@ import triton.language as tl
 
 import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
-from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv
+from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
+from warploop.llm.mk.gemv_stream import gemv_node_k
+from warploop.llm.mk.gemv_tile import gemv_tile
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
 from warploop.llm.mk.tokens import embed_node
+
+
+@triton.jit
+def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
+         EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, BACKEND: tl.constexpr):
+    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile), else a span of rows over
+    the compile-time width K when the plan has one (gemv_node_k), else over the run-time width k
+    (gemv_node)."""
+    if TN != 0:
+        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH, R, BN,
+                  BK, BACKEND)
+    elif K != 0:
+        gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
+                    DEPTH, BACKEND)
+    else:
+        gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
+                  BACKEND)
 
 
 def mk_embed(inp, table, res, d, BK: tl.constexpr):
