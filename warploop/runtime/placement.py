@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from warploop.runtime.descriptor import MAX_WAITS
 
 
@@ -54,13 +56,12 @@ def place(nodes: list[NodeSpec], workers: int, hop: float = 0.5) -> Schedule:
             raise ValueError(f"node {i} is pinned to worker {n.worker}, but there are {workers} workers")
         if n.cost < 0:
             raise ValueError(f"node {i} has negative cost {n.cost}")
-    import numpy as np
     free = np.zeros(workers)
     counts = np.zeros(workers, dtype=np.int64)
     finish = np.zeros(len(nodes))
     worker_of = np.zeros(len(nodes), dtype=np.int64)
     order: list[list[int]] = [[] for _ in range(workers)]
-    seen: dict[tuple[int, ...], tuple] = {}      # deps -> (ready per worker from them); a layer's tiles share one
+    seen: dict[tuple[int, ...], np.ndarray] = {}   # deps -> ready per worker from them (a layer's tiles share one)
     for i, n in enumerate(nodes):
         # Ready on w: its own free time, its own predecessors' latest finish, and the latest finish
         # of a predecessor on another worker plus a hop (the largest over the others: the top one,
