@@ -25,6 +25,16 @@ def bump(x, i, s):
     tl.store(x + i, tl.where(i == 0, tl.load(x) + s, prev + s))
 
 
+@warploop.task(signature={"count": "*i32", "limit": "i32", "halt": "*i32"})
+@triton.jit
+def count_to(count, limit, halt):
+    """count[0] += 1; once it reaches `limit`, end the graph request (its halt word)."""
+    n = tl.load(count) + 1
+    tl.store(count, n)
+    if n >= limit:
+        tl.store(halt, 1)
+
+
 def test_chain_stays_on_one_worker_without_counters():
     s = place([NodeSpec(deps=(i - 1,) if i else ()) for i in range(10)], workers=4)
     assert len(set(s.worker_of)) == 1
@@ -73,7 +83,7 @@ def test_place_rejects_bad_graphs(bad, match):
 
 @pytest.fixture(scope="module")
 def rt():
-    with warploop.Runtime(device="cpu", tasks=[record, bump], workers=3) as runtime:
+    with warploop.Runtime(device="cpu", tasks=[record, bump, count_to], workers=3) as runtime:
         yield runtime
 
 
@@ -90,6 +100,21 @@ def test_graph_runs_respect_dependencies_across_workers(rt):
     assert counters.tolist() == [3, 3]                    # one counter per layer, one run
     g.run(repeat=2)
     assert counters.tolist() == [9, 9] and int(cursor) == 21   # epochs: counters never reset
+
+
+def test_a_node_ends_its_request_early_and_the_next_request_runs_in_full(rt):
+    count, log, cursor = torch.zeros(1, dtype=torch.int32), torch.full((64,), -1, dtype=torch.int32), \
+        torch.zeros(1, dtype=torch.int32)
+    g = rt.graph()
+    limit = g.param("limit", "i32")
+    first = [g.add(record, log, cursor, i, worker=i) for i in range(3)]
+    g.add(count_to, count, limit, g.halt_address(), after=first)
+    g.run(repeat=10, limit=3)
+    assert int(count) == 3 and int(cursor) == 9          # three whole runs, then the request ended
+    g.run(repeat=4, limit=100)                           # the halt word is cleared per request
+    assert int(count) == 7 and int(cursor) == 21
+    g.run(repeat=5, limit=8)                             # halts on its first run: run 8 in all
+    assert int(count) == 8 and int(cursor) == 24
 
 
 def test_graph_parameters_replay_with_new_scalars(rt):

@@ -8,7 +8,8 @@ Only the front reads the host block, so the bus sees one poller instead of one p
    completion is reported back to the host (or, for an OP_EXTERNAL request, completes the
    external handle it names: external.py);
 3. runs the graph state machine: when every worker has finished the last released run, it
-   either releases the next repeat, or reports the finished request to the host and starts the
+   either releases the next repeat (unless a node set the graph's halt word: Graph.halt_address),
+   or reports the finished request to the host and starts the
    next one, copying its parameters into the graph's device-side parameter block.
 
 State lives in arena control words, not registers, so the CPU executor can call `front_step` as
@@ -84,8 +85,12 @@ def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
     busy = taken > reported
     if done == runs * workers:      # no run in flight
         acquire(ctl(arena, L.C_GRAPH_DONE))
-        if runs < end:
-            release_run(arena, uload(ctl(arena, L.C_RUN_GID)).to(tl.int32), runs)
+        gid = uload(ctl(arena, L.C_RUN_GID)).to(tl.int32)
+        more = runs < end
+        if more:        # a node of the finished run may have ended the request early (G_HALT)
+            more = tl.load(graph_entry(arena, gid) + L.G_HALT, volatile=True) == 0
+        if more:
+            release_run(arena, gid, runs)
         else:
             if busy:
                 elapsed = clock(BACKEND) - tl.load(ctl(arena, L.C_GRAPH_T0), volatile=True)
@@ -102,6 +107,7 @@ def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
                 params = tl.load(p64(req + 8) + k, volatile=True)
                 dst = tl.load(p64(graph_entry(arena, gid) + L.G_PARAMS)).to(tl.pointer_type(tl.int64))
                 tl.store(dst + k, params)
+                tl.store(graph_entry(arena, gid) + L.G_HALT, 0)
                 tl.store(ctl(arena, L.C_GREQ_HEAD), taken + 1)
                 tl.store(ctl(arena, L.C_GREQ_END), runs + repeat)
                 tl.store(ctl(arena, L.C_GRAPH_T0), clock(BACKEND))

@@ -131,6 +131,14 @@ class Graph:
         self._tensors = (insts, table_t, counters, params)
         return self.schedule
 
+    def halt_address(self) -> int:
+        """The address of this graph's halt word (int32, device memory), for a node that ends its
+        request early: pass it as a `*i32` argument and store a nonzero value; the front then
+        releases no further repeat once the run in flight has finished (the request reports done).
+        The front clears the word when it starts each request."""
+        rt = self.runtime
+        return rt._backend.arena.data_ptr() + 4 * (rt.layout.graphs + self.gid * L.GRAPH_WORDS + L.G_HALT)
+
     # -- running ---------------------------------------------------------------------------------
     def launch(self, repeat: int = 1, **values):
         """Queue `repeat` runs with these parameter values; returns a future (no kernel launch)."""

@@ -77,6 +77,7 @@ N_META32 = 2
 GRAPH_WORDS = 16
 G_INSTS, G_WORKER_TABLE, G_COUNTERS, G_PARAMS = 0, 2, 4, 6   # int64 addresses
 G_NINST, G_NCOUNTERS, G_NPARAMS, G_RUNS = 8, 9, 10, 11        # G_RUNS: runs released so far (epoch)
+G_HALT = 12         # nonzero: a node asked to end the request after the run in flight (Graph.halt_address)
 
 # Error record in the arena's C_ERROR line and mirrored in the host block (int32 words).
 E_CODE, E_OPCODE, E_WORKER, E_DETAIL, E_TASK, E_FATAL = 0, 1, 2, 3, 4, 6   # E_TASK: int64, words 4-5
