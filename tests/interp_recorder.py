@@ -21,7 +21,7 @@ def regions(mk, dg) -> list[tuple[int, int, int, int]]:
     widths = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
               "act": cfg.intermediate_size, "parts": heads * splits * hd, "lse": heads * splits,
               "logits": cfg.vocab_size, "tokens": 1, "fstat": b.fstat.shape[1] * 3,
-              "istat": b.istat.shape[1] * b.istat.shape[2]}
+              "istat": b.istat.shape[1] * b.istat.shape[2], "loop": b.loop.numel()}
     tensors = [(getattr(b, name), width) for name, width in widths.items()]
     tensors += [(mk.kv[i, j], cfg.kv_size) for i in range(cfg.num_layers) for j in range(2)]
     return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t.element_size(), w) for t, w in tensors]

@@ -26,8 +26,9 @@ from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.cuda_graphs import buckets
 from warploop.llm.kv_cache import KVCacheLayout
-from warploop.llm.mk.graph import DecodeGraph, StepBuffers, build_decode_graph
+from warploop.llm.mk.graph import DecodeGraph, StepBuffers, build_decode_graph, loop_block
 from warploop.llm.mk.layout import F_ROWS, TRITON_DTYPES, Plan, RowSampling, StepInputs
+from warploop.llm.mk.loop import MAX_STEPS, LoopRun, Mailbox
 from warploop.llm.mk.tasks import tasks_for
 from warploop.llm.sampler import sample_on_device
 from warploop.llm.weights import ModelWeights
@@ -99,6 +100,7 @@ class MegakernelBackend(Backend):
         self.buckets: list[int] = []
         self.graphs: dict[int, DecodeGraph] = {}
         self.host_inputs = None     # pinned staging for the GPU copy of the step inputs
+        self.host_loop = None       # ... and of the loop block
         self.copy_stream = None
         self.seeds = np.random.default_rng()    # a fresh seed per step for rows that ask for none
 
@@ -129,6 +131,8 @@ class MegakernelBackend(Backend):
                                            dtype=torch.int32).pin_memory()
             self.copy_stream = torch.cuda.Stream(self.device)
             self.host_tokens = torch.zeros(max(self.buckets), dtype=torch.int32).pin_memory()
+            self.host_loop = torch.zeros(loop_block(max(self.buckets), self.plan.block_size).words,
+                                         dtype=torch.int32).pin_memory()
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
                                                 self.sin, buffers[b], b, self.width, nodes)
@@ -189,6 +193,13 @@ class MegakernelBackend(Backend):
         repetition penalty), copied out of the graph's buffer (logits=False: none, the graph's
         buffers hold the step's results). `sampling` and `history`: per row, as in StepInputs
         (default: greedy)."""
+        dg = self.step_inputs(batch, sampling, history)
+        dg.graph.run(inp=dg.buffers.inp, timeout=self.timeout)
+        self.last = dg
+        return dg.buffers.logits[:batch.num_seqs].clone() if logits else None
+
+    def step_inputs(self, batch: ModelBatch, sampling: tuple = (), history: tuple = ()) -> DecodeGraph:
+        """Write a decode batch's step inputs into the graph of its bucket; returns that graph."""
         n = batch.num_seqs
         dg = self.graphs[next(b for b in self.buckets if b >= n)]
         if self.device.type == "cuda":
@@ -200,19 +211,49 @@ class MegakernelBackend(Backend):
         step = StepInputs(dg.batch, dg.width, tuple(ids), tuple(batch.positions), tuple(batch.context_lens),
                           tuple(slots), tuple(tuple(t) for t in batch.block_tables), sampling, history,
                           dg.history_width)
-        words = step.serialize()[:step.used_words]    # the history travels only when a row is penalised
-        inp = dg.buffers.inp
+        # the history travels only when a row is penalised
+        self.upload(dg.buffers.inp, step.serialize()[:step.used_words], self.host_inputs)
+        return dg
+
+    def upload(self, dst: torch.Tensor, words: np.ndarray, staging: torch.Tensor | None) -> None:
+        """dst[:len(words)] = words: on a GPU a copy through pinned `staging`, not a kernel: it runs
+        beside the resident kernel on a stream of its own."""
         if self.copy_stream is None:
-            inp.numpy()[:len(words)] = words
-        else:
-            # a copy, not a kernel: it runs beside the resident kernel on a stream of its own
-            self.host_inputs.numpy()[:len(words)] = words
-            with torch.cuda.stream(self.copy_stream):
-                inp[:len(words)].copy_(self.host_inputs[:len(words)], non_blocking=True)
-            self.copy_stream.synchronize()
-        dg.graph.run(inp=inp, timeout=self.timeout)
+            dst.numpy()[:len(words)] = words
+            return
+        staging.numpy()[:len(words)] = words
+        with torch.cuda.stream(self.copy_stream):
+            dst[:len(words)].copy_(staging[:len(words)], non_blocking=True)
+        self.copy_stream.synchronize()
+
+    # -- the decode loop on the GPU (loop.py) ---------------------------------------------------------
+    def loop_ready(self, batch: ModelBatch, seqs: list) -> bool:
+        """Whether this decode batch can run as a loop on the GPU: on a graph, and no row needs the
+        host between steps (a repetition penalty's history of previous tokens grows each step)."""
+        return self.on_graph(batch) and all(s.params.repetition_penalty == 1.0 for s in seqs)
+
+    def start_loop(self, batch: ModelBatch, seqs: list, steps: int, remaining: list[int],
+                   stops: list[list[int]], free: list[int]) -> LoopRun:
+        """Run up to `steps` decode steps of `batch` inside the resident kernel, the first from the
+        batch's inputs, each next one from the tokens the one before sampled; returns at once.
+        remaining: per row, the most tokens it may make; stops: per row, the ids that stop it;
+        free: KV blocks the rows take from, in order, as they cross block boundaries."""
+        if not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"a decode loop runs 1 to {MAX_STEPS} steps, not {steps}")
+        sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
+        dg = self.step_inputs(batch, sampling)
+        block = loop_block(dg.batch, self.plan.block_size)
+        self.upload(dg.buffers.loop, block.serialize(steps, remaining, stops, free), self.host_loop)
+        run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, self.rt,
+                      self.timeout)
         self.last = dg
-        return dg.buffers.logits[:n].clone() if logits else None
+        run.start(inp=dg.buffers.inp, repeat=steps)
+        return run
+
+    def loop_logits(self, rows: list[int]) -> torch.Tensor:
+        """The latest step's logits of these rows (a loop that ended for host sampling)."""
+        index = torch.tensor(rows, device=self.last.buffers.logits.device)
+        return self.last.buffers.logits[index]
 
     def last_greedy_tokens(self) -> list[int]:
         """The graph's own pick for each sequence of the latest decode step (the argmax for a step

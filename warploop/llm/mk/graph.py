@@ -8,7 +8,8 @@ Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
     every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
 
 then lm_head tiles (final norm fused) -> a sample tile per lm_head tile (its span) -> one sample
-combine (warploop/llm/mk/sample.py): the token id per row. The embedding starts the residual stream. Each
+combine (warploop/llm/mk/sample.py): the token id per row -> the loop's advance node (loop.py: the
+next step's inputs, when the graph runs as a decode loop). The embedding starts the residual stream. Each
 run reads its per-step values (ids, positions, context lengths, KV slots, block tables) from the
 one parameter `inp` (layout.StepInputs), so the graph is built once per batch bucket and replayed
 every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
@@ -23,6 +24,7 @@ import dataclasses
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.mk.layout import Plan, StepInputs
+from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
 from warploop.llm.mk.tasks import MkTasks
 
 ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
@@ -43,6 +45,8 @@ class StepBuffers:
     tokens: object       # int32 [batch]: the graph's pick (sampled or greedy; -1: sample on the host)
     fstat: object        # float32 [batch, sample tiles, 3]: each tile's max, sum of exp, race value
     istat: object        # int32 [batch, sample tiles, 2 + KC]: its argmax, race winner, candidates
+    loop: object         # int32 [LoopBlock(batch, free).words]: the decode loop's state (loop.py)
+    mail: object         # int32 [Mailbox(batch, MAX_STEPS).words], pinned host memory on a GPU
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device,
@@ -53,6 +57,8 @@ class StepBuffers:
             return torch.zeros(shape, dtype=dt, device=device)
 
         tiles = len(sample_spans(plan, cfg.vocab_size, gemv_nodes))
+        mail = torch.zeros(Mailbox(batch, MAX_STEPS).words, dtype=torch.int32,
+                           pin_memory=torch.device(device).type == "cuda")
         return cls(inp=z(StepInputs.words(batch, width, width * plan.block_size), dt=torch.int32),
                    res=z(batch, cfg.hidden_size),
                    qkv=z(batch, cfg.q_size + 2 * cfg.kv_size), attn=z(batch, cfg.q_size),
@@ -61,7 +67,13 @@ class StepBuffers:
                    lse=z(batch, cfg.num_heads, plan.splits, dt=torch.float32),
                    logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32),
                    fstat=z(batch, tiles, 3, dt=torch.float32),
-                   istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32))
+                   istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32),
+                   loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail)
+
+
+def loop_block(batch: int, block_size: int) -> LoopBlock:
+    """A graph's loop block: room for every row to start a fresh block each block_size steps."""
+    return LoopBlock(batch, batch * (cdiv(MAX_STEPS, block_size) + 1))
 
 
 def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
@@ -157,8 +169,11 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                  len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
                  cost=batch * s[1])
              for t, s in enumerate(vocab_spans)]
-    add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
-        len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
+    chosen = add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
+                 len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
+    # the decode loop (loop.py): a no-op unless a loop request set the loop block on
+    add("advance", tasks.advance, inp, b.tokens, b.loop, b.mail.data_ptr(), g.halt_address(), after=[chosen],
+        cost=batch)
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
 
 

@@ -18,10 +18,13 @@ graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
 | combine[g] | parts and lse: g's heads, every split | attn: g's heads |
 | sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
 | sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
+| advance | tokens, the loop block | the loop block (and the step inputs, the mailbox: loop.py) |
 
 Rows are not listed: every node covers every live batch row (a node owns columns, never rows),
-and a KV-cache node any slot, so only columns tell two accesses apart. Weights, norms, the RoPE
-tables and the step inputs are never written by a graph and are left out. tests/test_mk_hazards.py
+and a KV-cache node any slot, so only columns tell two accesses apart. Weights, norms and the RoPE
+tables are never written by a graph and are left out; so are the step inputs and the mailbox,
+which only the advance node writes, and it is the graph's sink: every other node is its ancestor,
+and the next run starts after it. tests/test_mk_hazards.py
 checks these declarations against the loads and stores the interpreter really makes.
 """
 from __future__ import annotations
@@ -91,6 +94,10 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
         _, logits, fstat, istat, tokens, vocab, ntiles = args
         return [acc(logits, 0, vocab), acc(fstat, 0, 3 * ntiles), acc(istat, 0, (2 + plan.candidates) * ntiles),
                 acc(tokens, 0, 1, True)]
+    if kind == "advance":
+        _, tokens, loop, _, _ = args
+        words = loop.numel()
+        return [acc(tokens, 0, 1), acc(loop, 0, words), acc(loop, 0, words, True)]
     raise ValueError(f"no footprint declared for node kind {kind!r}: add it to hazards.footprint")
 
 

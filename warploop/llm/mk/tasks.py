@@ -24,6 +24,7 @@ from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
 from warploop.llm.mk.gemv_stream import gemv_node_k
 from warploop.llm.mk.gemv_tile import gemv_tile
 from warploop.llm.mk.layout import Plan
+from warploop.llm.mk.loop import advance_node
 from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
 from warploop.llm.mk.tokens import embed_node
 
@@ -111,6 +112,10 @@ def mk_sample_combine(inp, logits, fstat, istat, tokens, vocab, ntiles, KC: tl.c
     sample_combine_node(inp, logits, fstat, istat, tokens, vocab, ntiles, KC)
 
 
+def mk_advance(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.constexpr):
+    advance_node(inp, tokens, loop, mail, halt, BS, BACKEND)
+
+
 def _signatures(dt: str) -> dict:
     w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
     # norms are 16-byte aligned by the backend (backend.aligned_norms)
@@ -135,6 +140,7 @@ def _signatures(dt: str) -> dict:
                          "count": "i32", "tile": "i32", "ntiles": "i32"},
         mk_sample_combine: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "tokens": "*i32",
                             "vocab": "i32", "ntiles": "i32"},
+        mk_advance: {"inp": "*i32", "tokens": "*i32", "loop": "*i32", "mail": "*i32", "halt": "*i32"},
     }
 
 
@@ -154,6 +160,7 @@ class MkTasks:
     combine: object
     sample_tile: object
     sample_combine: object
+    advance: object
 
     @property
     def all(self) -> list:
