@@ -4,6 +4,7 @@
 #            processes (no launch), into the cache that comes back: a later call's bench then starts at once
 #   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor)
 #   tiny   - `warploop generate` on the tiny model with each backend
+#   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
 # Triton's cache travels: .carry/triton-cache.tgz (if carried) seeds it, and $OUT/triton-cache.tgz
@@ -45,6 +46,12 @@ import json; r = json.load(open('$OUT/decode.json'))
 for name, e in r['models'].items():
     print(name, 'floor_ms', e['floor_ms'], json.dumps({k: v for k, v in e.items() if k not in ('model',)}, default=str)[:3000])
 " ;;
+    loop)
+      # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
+      # time per token), then a traced loop request (Perfetto, gzipped) into $OUT
+      python scripts/mk_loop_trace.py --model "${LOOP_MODEL:-llama-3.2-1b}" --steps 32 | tee "$OUT/loop.json"
+      python scripts/mk_loop_trace.py --model "${LOOP_MODEL:-llama-3.2-1b}" --steps 32 \
+        --trace "$OUT/mk-loop-trace.json.gz" | tee "$OUT/loop-trace.json" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done

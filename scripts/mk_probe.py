@@ -124,7 +124,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trace", default=None, help="also record one batch-1 step into this folder")
     parser.add_argument("--compile-only", action="store_true",
-                        help="only compile the resident kernel into Triton's cache (no launch: run several at once)")
+                        help="only compile the resident kernel into Triton's cache (no launch: run several at once); "
+                             "with --trace, its traced variant")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
     plan = json.loads(args.plan)
@@ -138,7 +139,7 @@ def main() -> None:
         plan = {k: v for k, v in plan.items() if k not in ("workers", "park_after_us")}
         warps = plan.pop("worker_warps", 4)
         t0 = time.perf_counter()
-        for trace in ([False, True] if args.trace else [False]):
+        for trace in [bool(args.trace)]:      # with --trace the traced kernel only (run a plain one beside it)
             module = codegen.build([lookup(t) for t in tasks_for(plan_for(cfg, torch.bfloat16, BLOCK, "cuda",
                                                                           **plan)).all])
             compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)

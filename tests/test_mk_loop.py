@@ -2,13 +2,11 @@
 steps gives the tokens K single steps give, takes KV blocks from the lent free list at block
 boundaries, stops rows at their stop ids and token budgets, and ends early when asked or when a row
 needs the host."""
-import numpy as np
 import pytest
 import torch
-
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights
-from warploop.llm.backend import ModelBatch
-from warploop.llm.kv_cache import cdiv
+from mk_loop_helpers import BS, GreedySeq, loop, prefill, single_steps
+
 from warploop.llm.mk.loop import (
     LOOP_ALL_STOPPED,
     LOOP_HALTED,
@@ -19,80 +17,12 @@ from warploop.llm.mk.loop import (
     LoopBlock,
 )
 
-BS = 4
-
 
 @pytest.fixture(scope="module")
 def pair():
     ref, mk = backends(LLAMA_GQA, model_weights(LLAMA_GQA), max_num_seqs=2, block_size=BS, blocks=128)
     yield ref, mk
     mk.close()
-
-
-class Rows:
-    """Sequences as the host keeps them: tokens, block tables, and a pool of blocks to take from."""
-
-    def __init__(self, prompts, pool):
-        self.tokens = [list(p) for p in prompts]
-        self.tables = [[] for _ in prompts]
-        self.pool = list(pool)
-        for i, p in enumerate(prompts):
-            self.grow(i, len(p))
-
-    def grow(self, i, tokens):
-        while len(self.tables[i]) < cdiv(tokens, BS):
-            self.tables[i].append(self.pool.pop(0))
-
-    def decode_batch(self):
-        """The next decode step: each row's newest token (its KV not yet written)."""
-        n = [len(t) for t in self.tokens]
-        return ModelBatch([t[-1] for t in self.tokens], [k - 1 for k in n], [1] * len(n), n,
-                          [list(t) for t in self.tables])
-
-
-def prefill(mk, prompts, pool):
-    rows = Rows(prompts, pool)
-    lens = [len(p) for p in prompts]
-    batch = ModelBatch([t for p in prompts for t in p], [i for p in prompts for i in range(len(p))], lens[:],
-                       lens[:], rows.tables)
-    first = mk.forward(batch).argmax(-1).tolist()
-    for i, t in enumerate(first):
-        rows.tokens[i].append(t)
-        rows.grow(i, len(rows.tokens[i]))
-    return rows
-
-
-def single_steps(mk, prompts, pool, steps):
-    """Greedy single decode steps on the graph: each row's tokens, and the blocks each row took."""
-    rows = prefill(mk, prompts, pool)
-    start = [len(t) for t in rows.tables]
-    for _ in range(steps):
-        got = mk.forward(rows.decode_batch()).argmax(-1).tolist()
-        for i, t in enumerate(got):
-            rows.tokens[i].append(t)
-            rows.grow(i, len(rows.tokens[i]))
-    return rows.tokens, [t[s:] for t, s in zip(rows.tables, start)]
-
-
-def loop(mk, prompts, pool, steps, remaining=None, stops=None, free=None, before=None):
-    """One loop request after the same prefill: (tokens, blocks) ring rows, its status, the rows."""
-    rows = prefill(mk, prompts, pool)
-    n = len(prompts)
-    free = rows.pool[:2 * n * (cdiv(steps, BS) + 1)] if free is None else free
-    run = mk.start_loop(rows.decode_batch(), [_Seq() for _ in prompts], steps,
-                        remaining or [steps + 1] * n, stops or [[] for _ in prompts], free)
-    if before:
-        before(run)
-    tokens, blocks = run.take(wait_s=60)
-    while not run.finished():
-        more = run.take(wait_s=60)
-        tokens, blocks = np.concatenate([tokens, more[0]]), np.concatenate([blocks, more[1]])
-    return tokens, blocks, run.status, rows, free
-
-
-class _Seq:
-    class params:
-        temperature, top_k, top_p, min_p, repetition_penalty, seed = 0.0, 0, 1.0, 0.0, 1.0, 7
 
 
 PROMPTS = [[5, 6, 7, 8, 9], [11] * 6]
@@ -149,13 +79,15 @@ def test_a_row_the_graph_cannot_draw_ends_the_request_for_host_sampling():
     try:
         rows = prefill(mk, [[3, 4, 5]], list(range(64)))
 
-        class Wide(_Seq):
-            class params(_Seq.params):      # top_p's cut lies past the 32 candidates: not exact on the graph
+        class Wide(GreedySeq):
+            class params(GreedySeq.params):      # top_p's cut lies past the 32 candidates: not exact on the graph
                 temperature, top_p = 5.0, 0.999
 
         run = mk.start_loop(rows.decode_batch(), [Wide()], 6, [6], [[]], rows.pool[:4])
         tokens, _ = run.take(wait_s=60)
-        assert run.finished() and run.status == LOOP_HOST_SAMPLE and tokens.tolist() == [[-1]]
+        while not run.finished():
+            assert len(run.take(wait_s=60)[0]) == 0
+        assert run.status == LOOP_HOST_SAMPLE and tokens.tolist() == [[-1]]
         assert mk.loop_logits([0]).shape == (1, QWEN3_LIKE.vocab_size)
     finally:
         mk.close()

@@ -90,10 +90,12 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
 def build_engine(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, progress: bool = True,
-                 use_cuda_graphs: bool = True, backend: str | None = None, tensor_parallel: int = 1):
+                 use_cuda_graphs: bool = True, backend: str | None = None, tensor_parallel: int = 1,
+                 decode_loop: bool = True):
     """An Engine for `tiny`, a Hugging Face-format directory, or a .gguf file (or a directory holding
     one); backend: 'torch' or 'megakernel'; with `tensor_parallel` N > 1, over N ranks (N GPUs, or
-    N processes on the CPU), each holding 1/N of the model (warploop/llm/tp)."""
+    N processes on the CPU), each holding 1/N of the model (warploop/llm/tp). decode_loop: let a
+    backend that can (the megakernel) run decode steps in a loop on the device (Engine)."""
     from warploop.llm.engine import Engine
     from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, open_gguf, resolve_model_dir
     from warploop.llm.tokenizer import Tokenizer
@@ -130,7 +132,8 @@ def build_engine(model: str, *, device: str | None = None, dtype: str | None = N
     name = "tiny" if model == "tiny" else Path(path).stem if gguf else os.path.basename(os.path.normpath(str(path)))
     try:
         return Engine(cfg, backend, tokenizer, model_name=name, max_context=max_context, max_num_seqs=max_num_seqs,
-                      max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching)
+                      max_batch_tokens=max_batch_tokens, enable_prefix_caching=enable_prefix_caching,
+                      decode_loop=decode_loop)
     except BaseException:
         backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
         raise

@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from warploop.llm import loop_step
 from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.config import ModelConfig
 from warploop.llm.detokenizer import Detokenizer
 from warploop.llm.kv_cache import BlockManager
+from warploop.llm.loop_step import LoopStep
 from warploop.llm.params import Completion, SamplingParams, StreamEvent
-from warploop.llm.sampler import make_generator
+from warploop.llm.sampler import make_generator, sample_on_device
 from warploop.llm.scheduler import Scheduler
 from warploop.llm.sequence import Sequence, Status
 from warploop.llm.step import Step, follow_up_batch, launch
@@ -34,13 +36,17 @@ class _Request:
 class Engine:
     def __init__(self, config: ModelConfig, backend: Backend, tokenizer=None, *, model_name: str = "model",
                  max_context: int, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, decode_loop: bool = True) -> None:
+        """decode_loop: where the backend can (the megakernel's start_loop), run each decode batch as
+        a loop of up to 64 steps on the device, the host only taking tokens out (loop_step.py);
+        False: one step per host round trip (a reference, or to debug)."""
         layout = backend.layout
         if max_context > layout.num_blocks * layout.block_size:
             raise ValueError(f"max_context {max_context} exceeds the KV cache ({layout.num_blocks} blocks of "
                              f"{layout.block_size} tokens)")
         self.config, self.backend, self.tokenizer, self.model_name = config, backend, tokenizer, model_name
         self.max_context = max_context
+        self.decode_loop = decode_loop and hasattr(backend, "start_loop")
         self.vocab_size = config.vocab_size
         self.eos_token_ids = set(config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
         self.blocks = BlockManager(layout.num_blocks, layout.block_size, enable_prefix_caching)
@@ -51,8 +57,9 @@ class Engine:
         self._cv = threading.Condition()
         self._closed = False
         self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "prefill_tokens_computed": 0,
-                          "overlapped_steps": 0}
-        self._pending: Step | None = None   # the step in flight, launched but not yet completed
+                          "overlapped_steps": 0, "decode_loops": 0, "decode_loop_tokens": 0}
+        # the step in flight, launched but not yet completed: one step, or a decode loop on the device
+        self._pending: Step | LoopStep | None = None
         backend.warmup(max_num_seqs)
         self._thread = threading.Thread(target=self._loop, name="warploop-engine", daemon=True)
         self._thread.start()
@@ -177,6 +184,8 @@ class Engine:
                 if rid in self._requests:
                     self._finish(self._requests[rid], None, "", "abort")
             if closed:
+                if isinstance(self._pending, LoopStep):
+                    self._pending.run.halt()
                 return
             try:
                 self._advance()
@@ -188,6 +197,9 @@ class Engine:
         """Launch the next step; complete the one in flight. When the next step is a decode of the
         same sequences, it is launched first, from the device-side ids, and overlaps the completion."""
         pending, self._pending = self._pending, None
+        if isinstance(pending, LoopStep):
+            self._pending = None if self._drive_loop(pending) else pending
+            return
         if pending is None:
             if self.scheduler.has_work():
                 self._pending = self._launch_scheduled()
@@ -204,7 +216,63 @@ class Engine:
             seq = self.scheduler.waiting[0]
             self._finish(self._requests[seq.request_id], None, "", "abort", error="does not fit the KV cache")
             return None
+        if not prefill and not self.scheduler.waiting and self.decode_loop:
+            loop = self._start_loop(seqs)
+            if loop is not None:
+                return loop
         return self._launch(ModelBatch.from_sequences(seqs), seqs, prefill)
+
+    # ---- the decode loop on the device (loop_step.py) ----
+
+    def _start_loop(self, seqs: list[Sequence]) -> LoopStep | None:
+        try:
+            loop = loop_step.start(self.backend, seqs, self.eos_token_ids, self.max_context, self.blocks)
+        except Exception as e:      # the single-step path runs these sequences instead
+            log.warning("starting a decode loop failed (%s: %s); taking single steps", type(e).__name__, e)
+            return None
+        if loop is not None:
+            self._counters["decode_loops"] += 1
+        return loop
+
+    def _drive_loop(self, loop: LoopStep) -> bool:
+        """Take the rows the device has published: tokens out, blocks into tables. Ask the device to
+        end the loop when the host needs the batch back (an arrival, an abort, a stop string).
+        Returns True once the loop has ended and everything it made has been taken."""
+        seqs = loop.seqs
+        try:
+            if self.scheduler.waiting or any(s.status is not Status.RUNNING for s in seqs):
+                loop.run.halt()
+            for i, token, block in loop_step.rows(loop, wait_s=0.002):
+                seq = seqs[i]
+                if block >= 0:
+                    loop.taken.add(block)
+                    if seq.status is Status.RUNNING:
+                        seq.block_table.append(block)      # the lent block's reference is the sequence's
+                    else:
+                        self.blocks.give_back([block])
+                if seq.status is not Status.RUNNING:
+                    continue
+                if token < 0:
+                    loop.host_rows.append(i)
+                    continue
+                self._counters["decode_loop_tokens"] += 1
+                self._accept(seq, token)
+                if seq.status is not Status.RUNNING:
+                    loop.run.halt()         # finished here first (a stop string): the device stops soon
+            if not loop.run.finished():
+                return False
+        except Exception as e:
+            loop.run.halt()
+            self.blocks.give_back([b for b in loop.lent if b not in loop.taken])
+            self._fail(seqs, e)
+            return True
+        self.blocks.give_back([b for b in loop.lent if b not in loop.taken])
+        rows = [i for i in loop.host_rows if seqs[i].status is Status.RUNNING]
+        if rows:
+            tokens = sample_on_device(self.backend.loop_logits(rows), [seqs[i] for i in rows]).tolist()
+            for i, token in zip(rows, tokens, strict=True):
+                self._accept(seqs[i], token)
+        return True
 
     def _launch(self, batch: ModelBatch, seqs: list[Sequence], prefill: bool, ahead: int = 0) -> Step | None:
         for seq in seqs if ahead else ():
@@ -256,11 +324,15 @@ class Engine:
         for seq, token in zip(step.seqs, tokens, strict=True):
             if seq.status is not Status.RUNNING:  # finished or aborted while the step was in flight
                 continue
-            self._counters["generation_tokens_total"] += 1
-            seq.num_computed_tokens = len(seq.token_ids)
-            self.blocks.commit(seq)
-            seq.token_ids.append(token)
-            self._emit(self._requests[seq.request_id], token)
+            self._accept(seq, token)
+
+    def _accept(self, seq: Sequence, token: int) -> None:
+        """A running sequence's next token: the KV of every token before it is in the cache."""
+        self._counters["generation_tokens_total"] += 1
+        seq.num_computed_tokens = len(seq.token_ids)
+        self.blocks.commit(seq)
+        seq.token_ids.append(token)
+        self._emit(self._requests[seq.request_id], token)
 
     def _fail(self, seqs: list[Sequence], error: Exception) -> None:
         log.exception("engine step failed")

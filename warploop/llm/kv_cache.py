@@ -140,6 +140,21 @@ class BlockManager:
         seq.block_keys.clear()
         seq.num_computed_tokens = 0
 
+    def lend(self, n: int) -> list[int]:
+        """Take `n` blocks for the device to hand out (a decode loop's free list); each comes back
+        through a sequence's table (adopted: it is the sequence's reference) or give_back."""
+        if n > self.num_free:
+            raise RuntimeError(f"cannot lend {n} KV blocks: {self.num_free} are free")
+        return [self._take() for _ in range(n)]
+
+    def give_back(self, blocks) -> None:
+        """Return lent blocks no sequence took."""
+        for block in blocks:
+            if self._refs[block] != 1:
+                raise RuntimeError(f"KV block {block} is not a lent block ({self._refs[block]} references)")
+            self._refs[block] = 0
+            self._free.appendleft(block)
+
     def _reference(self, block: int) -> None:
         if self._refs[block] == 0:
             self.cache.reuse(block)

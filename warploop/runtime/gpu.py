@@ -26,7 +26,7 @@ from warploop.runtime.status import read_error
 from warploop.runtime.trace import events_from_buffer
 from warploop.target import DeviceInfo
 
-TRACE_CAP = 4096          # events kept per worker
+TRACE_CAP = 8192          # events kept per worker
 START_TIMEOUT_S = 60.0
 WARPS_PER_SM = 16         # default worker density: 4 workers of 4 warps, 16 of 1 warp, per SM
 

@@ -86,6 +86,13 @@ class GraphFuture:
         if not self.done():
             self._rt._wait(self.done, timeout, f"graph request {self.seq}")
 
+    def wait(self, until, timeout: float | None = None) -> None:
+        """Wait until `until()` (a read of host-visible memory the request's nodes write) is true or
+        the request is done; on the CPU executor this runs the request meanwhile, so a request of
+        many runs can hand out each run's results as they are made."""
+        if not (until() or self.done()):
+            self._rt._wait(lambda: until() or self.done(), timeout, f"graph request {self.seq}")
+
     @property
     def device_ns(self) -> int:
         """Device time of the most recently finished request, on the GPU's global timer (0 on CPU)."""

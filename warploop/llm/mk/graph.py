@@ -172,7 +172,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     chosen = add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
                  len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
     # the decode loop (loop.py): a no-op unless a loop request set the loop block on
-    add("advance", tasks.advance, inp, b.tokens, b.loop, b.mail.data_ptr(), g.halt_address(), after=[chosen],
+    mail = b.mail.data_ptr() if hasattr(b.mail, "data_ptr") else b.mail     # pinned host memory: by address
+    add("advance", tasks.advance, inp, b.tokens, b.loop, mail, g.halt_address(), after=[chosen],
         cost=batch)
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
 

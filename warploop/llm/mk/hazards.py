@@ -34,6 +34,8 @@ import dataclasses
 
 from warploop.llm.mk.layout import Plan
 
+WHOLE = 2 ** 31 - 1      # the columns of a buffer read or written as a whole (one row)
+
 
 @dataclasses.dataclass(frozen=True)
 class Access:
@@ -96,8 +98,7 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
                 acc(tokens, 0, 1, True)]
     if kind == "advance":
         _, tokens, loop, _, _ = args
-        words = loop.numel()
-        return [acc(tokens, 0, 1), acc(loop, 0, words), acc(loop, 0, words, True)]
+        return [acc(tokens, 0, 1), acc(loop, 0, WHOLE), acc(loop, 0, WHOLE, True)]
     raise ValueError(f"no footprint declared for node kind {kind!r}: add it to hazards.footprint")
 
 

@@ -112,8 +112,10 @@ class Mailbox:
         return rows[:, 0], rows[:, 1]
 
 
+D_ON, D_FREE, D_NEXT, D_STEP, D_STEPS = (tl.constexpr(v) for v in (L_ON, L_FREE, L_NEXT, L_STEP, L_STEPS))
+D_PUBLISHED, D_STATUS, D_HALT = (tl.constexpr(v) for v in (M_PUBLISHED, M_STATUS, M_HALT))
 D_LOOP_HEADER, D_STOP_WIDTH, D_MAIL_HEADER = (tl.constexpr(v) for v in (LOOP_HEADER, STOP_WIDTH, MAIL_HEADER))
-D_ALL_STOPPED, D_STEPS, D_NO_BLOCK, D_HOST_SAMPLE, D_HALTED = (
+S_ALL_STOPPED, S_STEPS, S_NO_BLOCK, S_HOST_SAMPLE, S_HALTED = (
     tl.constexpr(v) for v in (LOOP_ALL_STOPPED, LOOP_STEPS, LOOP_NO_BLOCK, LOOP_HOST_SAMPLE, LOOP_HALTED))
 
 
@@ -121,12 +123,12 @@ D_ALL_STOPPED, D_STEPS, D_NO_BLOCK, D_HOST_SAMPLE, D_HALTED = (
 def advance_node(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.constexpr):
     """One loop step's bookkeeping for every live row (see the module docstring); runs after the
     sample combine, so the next repeat of the graph reads the inputs written here."""
-    if tl.load(loop + L_ON) != 0:
+    if tl.load(loop + D_ON) != 0:
         b = tl.load(inp + D_BATCH)
         n = step_rows(inp)
-        step = tl.load(loop + L_STEP)
-        nfree = tl.load(loop + L_FREE)
-        taken = tl.load(loop + L_NEXT)
+        step = tl.load(loop + D_STEP)
+        nfree = tl.load(loop + D_FREE)
+        taken = tl.load(loop + D_NEXT)
         rem_p = loop + D_LOOP_HEADER
         done_p = rem_p + b
         nstop_p = rem_p + 2 * b
@@ -144,7 +146,7 @@ def advance_node(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.co
                 out_tok = tok
                 stopped = 1
                 if tok < 0:
-                    status = D_HOST_SAMPLE          # the host draws this row
+                    status = S_HOST_SAMPLE          # the host draws this row
                 else:
                     rem = tl.load(rem_p + r) - 1
                     tl.store(rem_p + r, rem)
@@ -161,7 +163,7 @@ def advance_node(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.co
                                 taken += 1
                             else:
                                 ok = False
-                                status = D_NO_BLOCK          # the host makes room
+                                status = S_NO_BLOCK          # the host makes room
                         if ok:
                             field = inp + D_HEADER + r
                             tl.store(field, tok)                               # 0: token id
@@ -176,29 +178,29 @@ def advance_node(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.co
             tl.store(ring + r, out_tok)
             tl.store(ring + b + r, new_blk)
         step += 1
-        tl.store(loop + L_STEP, step)
-        tl.store(loop + L_NEXT, taken)
-        asked = tl.load(mail + M_HALT, volatile=True) != 0
+        tl.store(loop + D_STEP, step)
+        tl.store(loop + D_NEXT, taken)
+        asked = tl.load(mail + D_HALT, volatile=True) != 0
         if status == 0:
             if live == 0:
-                status = D_ALL_STOPPED
-            elif step >= tl.load(loop + L_STEPS):
-                status = D_STEPS
+                status = S_ALL_STOPPED
+            elif step >= tl.load(loop + D_STEPS):
+                status = S_STEPS
             elif asked:
-                status = D_HALTED
+                status = S_HALTED
         if status != 0:
-            tl.store(loop + L_ON, 0)                 # single steps after this request find it off
+            tl.store(loop + D_ON, 0)                 # single steps after this request find it off
             tl.store(halt, 1)
-            tl.store(mail + M_STATUS, status)
+            tl.store(mail + D_STATUS, status)
         tl.debug_barrier()
-        tl.atomic_xchg(mail + M_PUBLISHED, step, sem="release", scope="sys")
+        tl.atomic_xchg(mail + D_PUBLISHED, step, sem="release", scope="sys")
 
 
 class LoopRun:
     """The host's side of one loop request: streams the ring rows as the device publishes them.
 
     On a GPU the rows arrive while the request runs; on the CPU executor the request runs inside
-    the first wait (host waits drive that executor), so every row arrives at once.
+    the host's waits (they drive that executor), one step per wait.
     """
 
     POLL_SPIN_S = 200e-6       # spin this long between reads of `published`, then sleep briefly
@@ -234,8 +236,8 @@ class LoopRun:
         makes no progress for the runtime's timeout."""
         start = time.perf_counter()
         while int(self.words[M_PUBLISHED]) == self.consumed and not self.future.done():
-            if self.rt.info.target.backend == "cpu":
-                self.future.result(self.timeout)        # runs the whole request here
+            if self.rt.info.target.backend == "cpu":    # runs the request until its next step is out
+                self.future.wait(lambda: int(self.words[M_PUBLISHED]) != self.consumed, self.timeout)
                 break
             now = time.perf_counter()
             if now - start >= wait_s:
