@@ -82,7 +82,7 @@ def test_engine_streams_64_concurrent_requests_through_the_decode_loop():
             prompts_ = [engine.tokenizer.encode(f"def f{i}(x):\n    return") for i in range(64)]
             got, done = {}, threading.Semaphore(0)
 
-            def on_event(i):
+            def on_event(i, got=got, done=done):
                 def cb(event):
                     if event.token_id is not None:
                         got.setdefault(i, []).append(event.token_id)

@@ -4,6 +4,7 @@ Most inputs are made before a runtime opens, as this file always did; tests/test
 and tests/test_examples_gpu.py make them after, as users do.
 """
 import json
+import time
 
 import pytest
 import torch
@@ -122,3 +123,18 @@ def test_flag_synchronised_mlp_stack_matches_fp32_and_replays_bit_for_bit():
     assert out["sync"] == "flags"
     assert rg.rel_err(torch, out["warploop_out"], ref) < 0.05
     assert torch.equal(out["replay_out"], out["warploop_out"])
+
+
+def test_park_frees_the_gpu_now_and_the_next_submit_relaunches():
+    """A runtime on every SM that would stay resident for a minute idle: park() returns once the
+    kernel has exited, a context-wide synchronisation then completes at once, and the next
+    submission launches the kernel again with its state."""
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(tasks=[bump], park_after_us=60e6, timeout=30) as rt:
+        rt.submit(bump, x).result(timeout=10)
+        t0 = time.perf_counter()
+        assert rt.park(timeout=10) is True
+        torch.cuda.synchronize()                 # would wait out the 60 s idle time without the park
+        assert time.perf_counter() - t0 < 5
+        rt.submit(bump, x).result(timeout=10)
+        assert int(x.item()) == 2

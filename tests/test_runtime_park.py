@@ -52,3 +52,18 @@ def test_runtime_never_parks_while_work_is_live_or_parking_is_off():
         rt.submit(tick, x).result(timeout=10)
         assert be.host[L.HB_PARK] == 0 and int(x[0]) == 1
         np.testing.assert_equal(be.a64[be.layout.ctl_word(L.C_STOP) // 2], L.RUN)
+
+
+def test_the_host_asks_for_a_park_before_the_idle_time_is_out():
+    """Runtime.park(): with an idle time of 10 s the front parks at its first idle round when the
+    host block's park request is set (the GPU's wait for the exit is the other half)."""
+    x = torch.zeros(1, dtype=torch.int32)
+    with warploop.Runtime(device="cpu", workers=1, tasks=[tick]) as rt:
+        be = rt._backend
+        be.a64[L.H_PARK_NS // 2] = 10 * 10 ** 9
+        done = [rt.submit(tick, x) for _ in range(2)]
+        be.host[L.HB_PARK_NOW] = 1
+        _launch(rt)                               # returns only because the kernel parked
+        assert all(f.done() for f in done) and int(x[0]) == 2
+        assert be.host[L.HB_PARK] == 1 and be.host[L.HB_EXITED] == 1
+        assert rt.park() is False                 # the CPU executor itself holds no SMs: nothing to park

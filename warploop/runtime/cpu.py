@@ -240,6 +240,10 @@ class CpuExecutor:
     def resume(self) -> None:
         """The CPU executor never parks: nothing to relaunch."""
 
+    def park(self, timeout: float) -> bool:
+        """Nothing to park: the CPU executor holds no SMs."""
+        return False
+
     def run_resident_inline(self) -> None:
         """Run the GPU's own resident loop (one program playing front and worker) until drained.
 

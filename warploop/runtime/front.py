@@ -117,7 +117,8 @@ def graphs_step(arena, host, taken, req_seq, BACKEND: tl.constexpr):
 
 @triton.jit
 def maybe_park(arena, host, head, taken, active, BACKEND: tl.constexpr):
-    """Park the kernel once it has been idle for the header's H_PARK_NS; returns True if it parks.
+    """Park the kernel once it has been idle for the header's H_PARK_NS, or at once when the host
+    asks (HB_PARK_NOW); returns True if it parks.
 
     Idle: no submission taken this round, no graph request in flight, no live task. Parking is a
     handshake with the host's submit (docs/runtime.md, "Parking"): the front publishes an odd park
@@ -133,7 +134,10 @@ def maybe_park(arena, host, head, taken, active, BACKEND: tl.constexpr):
         idle = uload(ctl(arena, L.C_COMPLETED)) == uload(ctl(arena, L.C_NEXT_ID))
     parked = False
     if idle:
-        if now - tl.load(ctl(arena, L.C_IDLE_SINCE), volatile=True) >= park_ns:
+        due = now - tl.load(ctl(arena, L.C_IDLE_SINCE), volatile=True) >= park_ns
+        if not due:     # the host may ask for it now (Runtime.park: before work that needs the SMs)
+            due = uload(host + L.HB_PARK_NOW) != 0
+        if due:
             gen = uload(host + L.HB_PARK)
             tl.atomic_xchg(host + L.HB_PARK, gen | 1, sem="acq_rel", scope="sys")
             fence_sys(BACKEND)

@@ -104,6 +104,7 @@ class GpuBackend:
                           if trace else None)
         words = L.initial_arena(self.layout, self.host_t.data_ptr(),
                                 self.trace_buf.data_ptr() if trace else 0, submit_slots, ports_addr, park_ns)
+        self.park_ns = park_ns
         self.arena = torch.from_numpy(words).to(self.device)
         self.stream = torch.cuda.Stream(self.device)
         self.side = torch.cuda.Stream(self.device)
@@ -132,6 +133,24 @@ class GpuBackend:
     def parked(self) -> bool:
         """Whether the kernel has parked (or is parking): it runs nothing until resume()."""
         return bool(self.host[L.HB_PARK] & 1)
+
+    def park(self, timeout: float) -> bool:
+        """Ask the front to park at its next idle round and wait until every program has exited
+        (the grid has ended), so kernels that need the SMs it held can start. False where the
+        kernel never parks (park_after_us=None)."""
+        if self.park_ns < 0:
+            return False
+        start = time.perf_counter()
+        self.host[L.HB_PARK_NOW] = 1
+        try:
+            while not (self.host[L.HB_PARK] & 1 and self.host[L.HB_EXITED] >= self.programs
+                       and self._ended.query()):
+                if self.host[L.HB_STOP] != L.RUN:
+                    return False
+                _backoff(start, timeout, "the resident kernel was asked to park but did not (is work still queued?)")
+        finally:
+            self.host[L.HB_PARK_NOW] = 0
+        return True
 
     def resume(self, timeout: float = START_TIMEOUT_S) -> None:
         """Launch the kernel again if it parked (no-op while it runs): called after every submit

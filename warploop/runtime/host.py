@@ -176,6 +176,16 @@ class Runtime:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(abort=exc_type is not None)
 
+    def park(self, timeout: float | None = None) -> bool:
+        """Park the resident kernel now, without waiting out `park_after_us`: once it is idle (no
+        task, no graph request in flight) every program exits, so the SMs it held are free for
+        other kernels until the next submission relaunches it. Returns once it has exited (True),
+        or False where nothing parks (the CPU executor; park_after_us=None). Call it before work
+        that needs the whole GPU, such as a large torch kernel."""
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
+        return self._backend.park(self.timeout if timeout is None else timeout)
+
     def close(self, timeout: float = 10.0, abort: bool = False) -> None:
         """Stop the resident kernel: let queued work drain (up to `timeout`), then abort."""
         if self._closed:

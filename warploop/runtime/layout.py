@@ -200,6 +200,7 @@ HB_PARK = 35                  # park generation: odd while the kernel parks or i
 HB_SUBMIT_HEAD = 36           # int64: submit tickets the front has taken
 HB_GRAPH_DONE = 38            # int64: graph request seq finished
 HB_GRAPH_NS = 40              # int64: device time of the last finished graph request
+HB_PARK_NOW = 42              # host -> device: nonzero asks the front to park at its next idle round (Runtime.park)
 HB_ERROR = 48                 # error record (E_* words), first error only
 GREQ_SLOTS = 8                # graph request ring
 MAX_PARAMS = 16

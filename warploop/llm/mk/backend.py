@@ -148,14 +148,22 @@ class MegakernelBackend(Backend):
 
     def forward(self, batch: ModelBatch) -> torch.Tensor:
         if not self.on_graph(batch):
-            return self.per_op.forward(batch)
+            return self.per_op_forward(batch)
         return self.decode(batch)
+
+    def per_op_forward(self, batch: ModelBatch) -> torch.Tensor:
+        """A batch off the graph (a prefill) on the per-op backend. The resident kernel is parked
+        first: its workers may hold every SM slot, and the per-op kernels (or a CUDA module's first
+        load, which synchronises the context) would otherwise queue until it parks on its own."""
+        if self.rt is not None and self.device.type == "cuda":
+            self.rt.park()
+        return self.per_op.forward(batch)
 
     def forward_sample(self, batch: ModelBatch, seqs: list) -> torch.Tensor:
         """Decode steps: the graph's own sampled ids; rows it marks -1 and every other batch (prefill,
         a batch past the largest bucket): the host sampler over the logits."""
         if not self.on_graph(batch):
-            return sample_on_device(self.per_op.forward(batch), seqs)
+            return sample_on_device(self.per_op_forward(batch), seqs)
         sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
         history = tuple(tuple(sorted(set(seq.token_ids))) if r.repetition_penalty != 1.0 else ()
                         for seq, r in zip(seqs, sampling, strict=True))

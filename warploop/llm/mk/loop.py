@@ -204,6 +204,7 @@ class LoopRun:
     """
 
     POLL_SPIN_S = 200e-6       # spin this long between reads of `published`, then sleep briefly
+    NAP = 0.85                 # after a step arrives, sleep this share of a step's time before polling
 
     def __init__(self, graph, mail, box: Mailbox, rows: int, rt, timeout: float) -> None:
         self.graph, self.box, self.rows, self.rt, self.timeout = graph, box, rows, rt, timeout
@@ -211,6 +212,7 @@ class LoopRun:
         self.future = None
         self.consumed = 0
         self.progress = time.perf_counter()     # when a row last arrived
+        self.step_s = 0.0                       # the time between steps, as seen here (a running mean)
 
     def start(self, **launch) -> None:
         self.words[:MAIL_HEADER] = 0
@@ -234,7 +236,7 @@ class LoopRun:
         """The rows published since the last take, waiting up to `wait_s` for one: tokens and blocks,
         each [new rows, live rows]. Raises the device's fault, or TimeoutError when the request
         makes no progress for the runtime's timeout."""
-        start = time.perf_counter()
+        start = spin = time.perf_counter()
         while int(self.words[M_PUBLISHED]) == self.consumed and not self.future.done():
             if self.rt.info.target.backend == "cpu":    # runs the request until its next step is out
                 self.future.wait(lambda: int(self.words[M_PUBLISHED]) != self.consumed, self.timeout)
@@ -246,15 +248,24 @@ class LoopRun:
                     raise TimeoutError(f"the decode loop made no step in {self.timeout:g} s; "
                                        f"{self.rt.status().describe()}")
                 return self._empty()
-            if now - start > self.POLL_SPIN_S:
+            # sleep through most of a step (the host's CPU is not burnt polling), then poll closely
+            nap = min(self.progress + self.NAP * self.step_s - now, start + wait_s - now)
+            if nap > self.POLL_SPIN_S:
+                time.sleep(nap)
+                spin = time.perf_counter()
+            elif now - spin > self.POLL_SPIN_S:
                 time.sleep(20e-6)
         if self.future.done():
             self.future.result(self.timeout)            # raises the request's fault, if any
         published = int(self.words[M_PUBLISHED])
         tokens, blocks = self.box.ring(self.words, published)
         tokens, blocks = tokens[self.consumed:, :self.rows].copy(), blocks[self.consumed:, :self.rows].copy()
+        now = time.perf_counter()
+        if len(tokens) and self.consumed:      # the host's view of a step's time (the first waits for the launch)
+            per = (now - self.progress) / len(tokens)
+            self.step_s = per if not self.step_s else 0.8 * self.step_s + 0.2 * per
         self.consumed = published
-        self.progress = time.perf_counter()
+        self.progress = now
         return tokens, blocks
 
     def _empty(self) -> tuple[np.ndarray, np.ndarray]:
