@@ -32,6 +32,20 @@ def test_random_models_match_per_op_backend_batch_1_and_3(cfg):
         mk.close()
 
 
+@pytest.mark.parametrize("cfg", [LLAMA_GQA, QWEN3_LIKE], ids=["llama_gqa", "qwen3_qknorm"])
+def test_one_split_runs_each_groups_attention_as_one_node(cfg):
+    """splits=1: rope, attention and the combine of a KV head group in one node (rope_attn)."""
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, splits=1)
+    try:
+        kinds = mk.graphs[1].kinds
+        assert kinds["rope_attn"] == cfg.num_layers * cfg.num_kv_heads
+        assert not kinds["attn"] and not kinds["rope_kv"] and not kinds["combine"]
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        check(run_steps(ref, mk, [list(range(1, 131)), [7, 8, 9], [11] * 20], steps=2, seed=1))
+    finally:
+        mk.close()
+
+
 @pytest.mark.parametrize("bk, depth", [(32, 4), (64, 8)], ids=["whole_chunks_depth4", "tail_chunk_depth8"])
 def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk, depth):
     """The GPU's batch-1 GEMVs (Plan.hidden / inter set: unrolled chunks, the next block's lead

@@ -24,9 +24,9 @@ from warploop.llm.weights import LayerWeights, ModelWeights
 from warploop.runtime import Runtime
 
 
-def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size: int = 16, width: int = 64):
+def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size: int = 16, width: int = 64, **plan):
     """The decode graph of `cfg` with a distinct fake address per buffer (nothing is allocated)."""
-    plan = plan_for(cfg, "bfloat16", block_size, device_type)
+    plan = plan_for(cfg, "bfloat16", block_size, device_type, **plan)
     tasks = tasks_for(plan)
     fresh = (n << 32 for n in itertools.count(1))
     layers = [LayerWeights(*(next(fresh) if name not in ("qkv_bias", "o_bias", "gate_up_bias", "down_bias",
@@ -51,6 +51,15 @@ CONFIGS = {"tiny": lambda: load_config(resolve_model_dir("tiny")), "llama_gqa": 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_small_graphs_have_every_conflict_ordered(name, batch, device_type, workers):
     dg, plan = addressed_graph(CONFIGS[name](), device_type, batch, workers)
+    found = hazards(dg, plan)
+    assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
+    assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
+
+
+@pytest.mark.parametrize("batch", [1])
+def test_llama_1b_graph_with_one_fused_attention_node_per_group_has_every_conflict_ordered(batch):
+    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", batch, 263, splits=1, tile_kb=64, depth=8)
+    assert dg.kinds["rope_attn"] == 16 * 8 and not dg.kinds["attn"]
     found = hazards(dg, plan)
     assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
     assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
@@ -100,13 +109,14 @@ def test_unrealised_edges_names_a_dependency_the_schedule_drops():
     assert unrealised_edges(deps, dg.graph.schedule) == [(0, last)]
 
 
+@pytest.mark.parametrize("splits", [4, 1], ids=["splits4", "one_split_fused"])
 @pytest.mark.parametrize("cfg", [LLAMA_GQA, QWEN3_LIKE], ids=["llama_gqa", "qwen3_like"])
-def test_declared_footprints_cover_every_load_and_store(cfg):
+def test_declared_footprints_cover_every_load_and_store(cfg, splits):
     """Run a batch-3 step (GPU plan: 4 splits, 16-row tiles) on the CPU executor, recording each
     node's loads and stores of the graph's buffers and KV cache; each must be declared."""
     from interp_recorder import recorded_accesses
 
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, blocks=256, splits=4, bn=16, bk=256, workers=7)
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, blocks=256, splits=splits, bn=16, bk=256, workers=7)
     try:
         dg = mk.graphs[4]
         with recorded_accesses(mk, dg) as log:

@@ -7,6 +7,7 @@ attn_node     one split of paged decode attention over each sequence's block tab
               the graph stays static while long sequences spread over S nodes; each split
               writes its normalised output and log-sum-exp
 combine_node  merges a group's S splits per head by their log-sum-exp, in the model's dtype
+rope_attn_node  all three for a plan of one split (S = 1): one node per group
 
 Rounding follows the per-op backend of the same device, so greedy tokens agree with it: on the
 GPU triton_ops.py and paged_attention.py (float32 RoPE rounded once; p rounded to the cache's
@@ -76,8 +77,9 @@ def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.
 @triton.jit
 def attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH: tl.constexpr,
               HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-              S: tl.constexpr, BACKEND: tl.constexpr):
-    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split)."""
+              S: tl.constexpr, BACKEND: tl.constexpr, DIRECT: tl.constexpr = False):
+    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split);
+    DIRECT (one split): the output itself into parts = the attention output [b, H * HD], in its dtype."""
     G: tl.constexpr = H // KVH
     ROW: tl.constexpr = (H + 2 * KVH) * HD
     gi = tl.arange(0, GP)
@@ -120,8 +122,25 @@ def attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KV
         row = (i64(b) * H + heads) * S + split
         empty = end <= start
         out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
-        tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
-        tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm)
+        if DIRECT:      # what combine_node makes of one split: the same values, rounded once
+            tl.store(parts + row[:, None] * HD + d[None, :], rnd(out, parts.dtype.element_ty, BACKEND),
+                     mask=gm[:, None] & dm[None, :])
+        else:
+            tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
+            tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm)
+
+
+@triton.jit
+def rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H: tl.constexpr,
+                   KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr,
+                   GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, BACKEND: tl.constexpr):
+    """A plan of one split: rope_kv_node, attn_node and combine_node of group g as one node, so the
+    group's attention is one stage of the graph instead of three. out: the attention output;
+    qk_eps: the q/k norm's epsilon, negative for a model without one (a task has 12 arguments)."""
+    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, qk_eps, (qk_eps >= 0).to(tl.int32), H, KVH, HD, HDP, HALFP,
+                 GP1, BACKEND)
+    tl.debug_barrier()      # the roped q and the new token's k and v, written above, are read below
+    attn_node(inp, qkv, kc, vc, out, out, g, 0, scale, H, KVH, HD, HDP, GP, BS, TILE, 1, BACKEND, True)
 
 
 @triton.jit

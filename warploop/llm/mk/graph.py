@@ -3,7 +3,7 @@
 Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
 
     qkv tiles (input norm fused)  -> rope_kv[g] needs the tiles holding group g's q, k and v rows
-    rope_kv[g] -> attn[g, s] for every split s -> combine[g]
+    rope_kv[g] -> attn[g, s] for every split s -> combine[g]   (a plan of one split: rope_attn[g], all three)
     every combine -> o-proj tiles (residual add fused) -> gate_up tiles (post norm fused, SiLU * up)
     every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
 
@@ -146,6 +146,12 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         for kvh in range(cfg.num_kv_heads):
             rows = [(kvh * group * hd, (kvh + 1) * group * hd), (q + kvh * hd, q + (kvh + 1) * hd),
                     (q + kvs + kvh * hd, q + kvs + (kvh + 1) * hd)]
+            if plan.splits == 1:    # rope, attention and combine of the group in one node
+                combines.append(add("rope_attn", tasks.rope_attn, inp, b.qkv, cos, sin, qn, kn, kc, vc, b.attn, kvh,
+                                    eps if cfg.qk_norm else -1.0, hd ** -0.5,
+                                    after=[n for s, n in qkv_nodes if _overlaps(s, rows)],
+                                    cost=batch * (group + 2) * hd + batch * 2 * ATTN_COST_TOKENS * hd))
+                continue
             rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, kvh, eps, int(cfg.qk_norm),
                        after=[n for s, n in qkv_nodes if _overlaps(s, rows)], cost=batch * (group + 2) * hd)
             splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, kvh, s, hd ** -0.5, after=[rope],

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 import warploop
-from warploop.llm.mk.attention import attn_node, combine_node, rope_kv_node
+from warploop.llm.mk.attention import attn_node, combine_node, rope_attn_node, rope_kv_node
 from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
 from warploop.llm.mk.gemv_stream import gemv_node_k
 from warploop.llm.mk.gemv_tile import gemv_tile
@@ -99,6 +99,13 @@ def mk_attn(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH:
     attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
 
 
+def mk_rope_attn(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H: tl.constexpr,
+                 KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr,
+                 GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, BACKEND: tl.constexpr):
+    rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H, KVH, HD, HDP, HALFP, GP1, GP, BS,
+                   TILE, BACKEND)
+
+
 def mk_combine(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
                S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
     combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP, BACKEND)
@@ -136,6 +143,8 @@ def _signatures(dt: str) -> dict:
         mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "g": "i32", "split": "i32",
                   "scale": "fp32"},
         mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "g": "i32"},
+        mk_rope_attn: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "out": a,
+                       "g": "i32", "qk_eps": "fp32", "scale": "fp32"},
         mk_sample_tile: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "vocab": "i32", "row0": "i32",
                          "count": "i32", "tile": "i32", "ntiles": "i32"},
         mk_sample_combine: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "tokens": "*i32",
@@ -158,6 +167,7 @@ class MkTasks:
     rope_kv: object
     attn: object
     combine: object
+    rope_attn: object
     sample_tile: object
     sample_combine: object
     advance: object
