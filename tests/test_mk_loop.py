@@ -31,13 +31,13 @@ PROMPTS = [[5, 6, 7, 8, 9], [11] * 6]
 def test_a_loop_request_gives_the_tokens_of_single_steps_and_takes_blocks_at_boundaries(pair):
     _, mk = pair
     pool = torch.randperm(128, generator=torch.Generator().manual_seed(3)).tolist()
-    want, want_blocks = single_steps(mk, PROMPTS, pool, steps=9)
-    tokens, blocks, status, rows, free = loop(mk, PROMPTS, pool, steps=9)
-    assert status == LOOP_STEPS and tokens.shape == (9, 2)
+    want, want_blocks = single_steps(mk, PROMPTS, pool, steps=6)
+    tokens, blocks, status, rows, free = loop(mk, PROMPTS, pool, steps=6)
+    assert status == LOOP_STEPS and tokens.shape == (6, 2)
     for i in range(2):
         assert rows.tokens[i] + tokens[:, i].tolist() == want[i]
     # blocks come off the free list in step order, row order within a step, where a token starts a block
-    taken = [(s, i, int(blocks[s, i])) for s in range(9) for i in range(2) if blocks[s, i] >= 0]
+    taken = [(s, i, int(blocks[s, i])) for s in range(6) for i in range(2) if blocks[s, i] >= 0]
     assert [b for _, _, b in taken] == free[:len(taken)]
     for s, i, _ in taken:
         assert (len(rows.tokens[i]) + s) % BS == 0
@@ -47,11 +47,11 @@ def test_a_loop_request_gives_the_tokens_of_single_steps_and_takes_blocks_at_bou
 def test_rows_stop_at_a_stop_id_or_their_budget_and_the_request_ends_when_all_have(pair):
     _, mk = pair
     pool = list(range(20, 128))
-    want, _ = single_steps(mk, PROMPTS, pool, steps=8)
+    want, _ = single_steps(mk, PROMPTS, pool, steps=6)
     first = [want[i][len(PROMPTS[i]) + 1:] for i in range(2)]        # each row's loop tokens, unstopped
     stop = first[0][3]
     k = first[0].index(stop)                                          # the first time row 0 makes it
-    tokens, _, status, _, _ = loop(mk, PROMPTS, pool, steps=8, remaining=[8, 2], stops=[[stop], []])
+    tokens, _, status, _, _ = loop(mk, PROMPTS, pool, steps=6, remaining=[6, 2], stops=[[stop], []])
     assert status == LOOP_ALL_STOPPED
     assert tokens[:k + 1, 0].tolist() == first[0][:k + 1]
     assert tokens[:2, 1].tolist() == first[1][:2]
