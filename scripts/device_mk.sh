@@ -4,6 +4,8 @@
 #            processes (no launch), into the cache that comes back: a later call's bench then starts at once
 #   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor)
 #   tiny   - `warploop generate` on the tiny model with each backend
+#   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
+#            tokens of context (default 512), the plan $WARPLOOP_MK_PLAN; JSON to $OUT/probe.json
 #   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
@@ -46,6 +48,11 @@ import json; r = json.load(open('$OUT/decode.json'))
 for name, e in r['models'].items():
     print(name, 'floor_ms', e['floor_ms'], json.dumps({k: v for k, v in e.items() if k not in ('model',)}, default=str)[:3000])
 " ;;
+    probe)
+      # shellcheck disable=SC2086
+      plan="${WARPLOOP_MK_PLAN:-}"; [ -n "$plan" ] || plan='{}'
+      python scripts/mk_probe.py --plan "$plan" --batch ${PROBE_BATCHES:-1 8 32} \
+        --context "${PROBE_CONTEXT:-512}" --repeat 10 | tee "$OUT/probe.json" ;;
     loop)
       # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
       # time per token), then a traced loop request (Perfetto, gzipped) into $OUT

@@ -4,7 +4,7 @@
 
 Per batch: the device time of one step (a graph replayed `--repeat` times, the runtime's own
 clock), the host's full `decode()` (step inputs, copy, run, wait, logits), and the host-only
-parts. With --trace, a second runtime records one batch-1 step; the Perfetto trace is written to
+parts. With --trace, a second runtime records one step (batch --trace-batch); the Perfetto trace is written to
 OUT_DIR and summarised per task kind (busy time summed over workers, count, mean) and per layer.
 One JSON object is printed.
 """
@@ -39,16 +39,16 @@ def make(cfg, plan: dict, batches, trace: bool):
     return mk, time.perf_counter() - t0
 
 
-def prefill(mk, n: int):
+def prefill(mk, n: int, prompt: int = PROMPT):
     tables = [list(range(i * MAX_CONTEXT // BLOCK, (i + 1) * MAX_CONTEXT // BLOCK)) for i in range(n)]
-    prompts = [[(7 * i + j) % 1000 + 1 for j in range(PROMPT)] for i in range(n)]
-    mk.forward(ModelBatch([t for p in prompts for t in p], [j for _ in prompts for j in range(PROMPT)], [PROMPT] * n,
-                          [PROMPT] * n, tables))
-    return ModelBatch([5] * n, [PROMPT] * n, [1] * n, [PROMPT + 1] * n, tables)
+    prompts = [[(7 * i + j) % 1000 + 1 for j in range(prompt)] for i in range(n)]
+    for i, p in enumerate(prompts):       # one sequence at a time: long prompts at large batches fit
+        mk.forward(ModelBatch(p, list(range(prompt)), [prompt], [prompt], [tables[i]]))
+    return ModelBatch([5] * n, [prompt] * n, [1] * n, [prompt + 1] * n, tables)
 
 
-def timing(mk, n: int, repeat: int) -> dict:
-    batch = prefill(mk, n)
+def timing(mk, n: int, repeat: int, prompt: int) -> dict:
+    batch = prefill(mk, n, prompt)
     mk.decode(batch)
     dg = mk.last
     device = []
@@ -84,8 +84,8 @@ def timing(mk, n: int, repeat: int) -> dict:
             "nodes": len(dg.graph), "kinds": dict(dg.kinds)}
 
 
-def anatomy(mk, out_dir: str) -> dict:
-    batch = prefill(mk, 1)
+def anatomy(mk, out_dir: str, n: int, prompt: int) -> dict:
+    batch = prefill(mk, n, prompt)
     for _ in range(3):
         mk.decode(batch)
     rt = mk.rt
@@ -122,13 +122,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"bn\": 32}'")
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--trace", default=None, help="also record one batch-1 step into this folder")
+    parser.add_argument("--trace", default=None, help="also record one step into this folder (batch --trace-batch)")
+    parser.add_argument("--trace-batch", type=int, default=1, help="the batch of the traced step (default 1)")
+    parser.add_argument("--context", type=int, default=PROMPT,
+                        help=f"tokens of context before the timed step, per sequence (default {PROMPT}, most "
+                             f"{MAX_CONTEXT - 64})")
     parser.add_argument("--compile-only", action="store_true",
                         help="only compile the resident kernel into Triton's cache (no launch: run several at once); "
                              "with --trace, its traced variant")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
     plan = json.loads(args.plan)
+    if not 1 <= args.context <= MAX_CONTEXT - 64:
+        parser.error(f"--context must be 1 .. {MAX_CONTEXT - 64}, got {args.context}")
     if args.compile_only:
         from warploop.llm.mk.backend import plan_for
         from warploop.llm.mk.tasks import tasks_for
@@ -146,20 +152,20 @@ def main() -> None:
         print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
         return
     mk, start_s = make(cfg, plan, args.batch, False)
-    out = {"model": args.model, "plan": str(mk.plan), "workers": mk.rt.workers, "start_s": round(start_s, 1),
+    out = {"model": args.model, "context": args.context, "plan": str(mk.plan), "workers": mk.rt.workers, "start_s": round(start_s, 1),
            "per_sm": getattr(mk.rt._backend, "per_sm", None)}  # noqa: SLF001
     try:
         for n in args.batch:
-            out[f"bs{n}"] = timing(mk, n, args.repeat)
+            out[f"bs{n}"] = timing(mk, n, args.repeat, args.context)
             print(json.dumps({f"bs{n}": out[f"bs{n}"]}), flush=True)
     finally:
         mk.close()
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
-        mk, s = make(cfg, plan, [1], True)
+        mk, s = make(cfg, plan, [args.trace_batch], True)
         out["trace_start_s"] = round(s, 1)
         try:
-            out["anatomy_bs1"] = anatomy(mk, args.trace)
+            out[f"anatomy_bs{args.trace_batch}"] = anatomy(mk, args.trace, args.trace_batch, args.context)
         finally:
             mk.close()
     print(json.dumps(out, indent=1))

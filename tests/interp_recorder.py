@@ -13,23 +13,26 @@ from warploop.runtime.cpu import CpuExecutor
 from warploop.runtime.descriptor import DESC_WORDS
 
 
-def regions(mk, dg) -> list[tuple[int, int, int, int]]:
-    """(base address, end address, element size, row width) of every buffer a graph node may write:
-    the step buffers (all but the step inputs) and each layer's K and V cache."""
+def regions(mk, dg) -> list[tuple[int, int, int, int, bool]]:
+    """(base address, end address, element size, row width, rows are batch rows) of every buffer a
+    graph node may write: the step buffers (all but the step inputs) and each layer's K and V cache
+    (whose rows are slots: -1 is recorded for them)."""
     cfg, b = mk.config, dg.buffers
     heads, splits, hd = cfg.num_heads, mk.plan.splits, cfg.head_dim
     widths = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
               "act": cfg.intermediate_size, "parts": heads * splits * hd, "lse": heads * splits,
               "logits": cfg.vocab_size, "tokens": 1, "fstat": b.fstat.shape[1] * 3,
               "istat": b.istat.shape[1] * b.istat.shape[2], "loop": b.loop.numel()}
-    tensors = [(getattr(b, name), width) for name, width in widths.items()]
-    tensors += [(mk.kv[i, j], cfg.kv_size) for i in range(cfg.num_layers) for j in range(2)]
-    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t.element_size(), w) for t, w in tensors]
+    tensors = [(getattr(b, name), width, True) for name, width in widths.items()]
+    tensors += [(mk.kv[i, j], cfg.kv_size, False) for i in range(cfg.num_layers) for j in range(2)]
+    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t.element_size(), w, rows)
+            for t, w, rows in tensors]
 
 
 @contextlib.contextmanager
 def recorded_accesses(mk, dg):
-    """Yields {node of dg: {(buffer base, is_write, column)}}, filled while the block runs steps of dg."""
+    """Yields {node of dg: {(buffer base, is_write, column, row)}}, filled while the block runs steps
+    of dg (row -1 in the KV cache)."""
     log: dict[int, set] = collections.defaultdict(set)
     current = {"node": None}
     load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
@@ -41,10 +44,11 @@ def recorded_accesses(mk, dg):
         if node is None:
             return
         addrs = ptrs.data[mask.data].astype(np.int64).ravel()
-        for base, end, size, width in spans:
-            inside = addrs[(addrs >= base) & (addrs < end)]
-            for column in np.unique(((inside - base) // size) % width).tolist():
-                log[node].add((base, write, column))
+        for base, end, size, width, rows in spans:
+            element = (addrs[(addrs >= base) & (addrs < end)] - base) // size
+            for row, column in set(zip((element // width if rows else 0 * element - 1).tolist(),
+                                       (element % width).tolist())):
+                log[node].add((base, write, column, row))
 
     def recording_load(self, ptrs, mask, other, *rest):
         note(ptrs, mask, False)

@@ -36,6 +36,9 @@ def backends(cfg: ModelConfig, weights, max_num_seqs: int, block_size: int = 4, 
     dtype = str(weights.embed.dtype).removeprefix("torch.")
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     ref = TorchBackend(cfg, weights, layout, device, max_context)
+    if device != "cpu":     # a GPU run tests the plan WARPLOOP_MK_PLAN names (scripts/device_mk.sh), if any
+        from warploop.llm.mk.backend import env_options
+        plan = {**env_options(), **plan}
     mk = MegakernelBackend(cfg, weights, layout, device, max_context, **plan)
     ref.warmup(max_num_seqs)
     mk.warmup(max_num_seqs)

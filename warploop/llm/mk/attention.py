@@ -1,4 +1,7 @@
-"""Attention tile bodies of the decode graph, one KV head group per node.
+"""Attention tile bodies of the decode graph, one KV head group of one batch row per node.
+
+A node's index n names both: batch row n // KVH, KV head group n % KVH (`node_row`), so a batch
+of B rows spreads its attention over B x KVH nodes; a node past the live rows does nothing.
 
 rope_kv_node  q/k norm (Qwen3), RoPE for the group's q heads and its k head, in place in qkv,
               and the new token's k and v written into the paged cache at its slot
@@ -25,18 +28,26 @@ from warploop.runtime.sync import i64
 
 
 @triton.jit
-def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
+def node_row(inp, n, KVH: tl.constexpr):
+    """(group, first row, end row) of node n: row n // KVH if it is live this step, else an empty range."""
+    b = n // KVH
+    return n % KVH, b, tl.minimum(b + 1, step_rows(inp))
+
+
+@triton.jit
+def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
                  HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr, BACKEND: tl.constexpr):
     G: tl.constexpr = H // KVH
     HALF: tl.constexpr = HD // 2
     ROW: tl.constexpr = (H + 2 * KVH) * HD
     dt = qkv.dtype.element_ty
+    g, b0, b1 = node_row(inp, n, KVH)
     j = tl.arange(0, GP1)                       # the group's q heads, then its k head (j == G)
     head = tl.where(j < G, g * G + j, H + g)
     d = tl.arange(0, HALFP)
     dmask = d < HALF
     m = (j <= G)[:, None] & dmask[None, :]
-    for b in range(step_rows(inp)):
+    for b in range(b0, b1):
         base = qkv + i64(b) * ROW + head[:, None] * HD + d[None, :]
         x1 = tl.load(base, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=m, other=0.0).to(tl.float32)
@@ -75,19 +86,20 @@ def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.
 
 
 @triton.jit
-def attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+def attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
               HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
               S: tl.constexpr, BACKEND: tl.constexpr, DIRECT: tl.constexpr = False):
     """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split);
     DIRECT (one split): the output itself into parts = the attention output [b, H * HD], in its dtype."""
     G: tl.constexpr = H // KVH
     ROW: tl.constexpr = (H + 2 * KVH) * HD
+    g, b0, b1 = node_row(inp, n, KVH)
     gi = tl.arange(0, GP)
     gm = gi < G
     heads = g * G + gi
     d = tl.arange(0, HDP)
     dm = d < HD
-    for b in range(step_rows(inp)):
+    for b in range(b0, b1):
         ctx = step_field(inp, 2, b)
         per = tl.cdiv(tl.cdiv(ctx, S), TILE) * TILE
         start = split * per
@@ -131,27 +143,28 @@ def attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KV
 
 
 @triton.jit
-def rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H: tl.constexpr,
+def rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
                    KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr,
                    GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, BACKEND: tl.constexpr):
-    """A plan of one split: rope_kv_node, attn_node and combine_node of group g as one node, so the
+    """A plan of one split: rope_kv_node, attn_node and combine_node of node n as one node, so the
     group's attention is one stage of the graph instead of three. out: the attention output;
     qk_eps: the q/k norm's epsilon, negative for a model without one (a task has 12 arguments)."""
-    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, qk_eps, (qk_eps >= 0).to(tl.int32), H, KVH, HD, HDP, HALFP,
+    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, qk_eps, (qk_eps >= 0).to(tl.int32), H, KVH, HD, HDP, HALFP,
                  GP1, BACKEND)
     tl.debug_barrier()      # the roped q and the new token's k and v, written above, are read below
-    attn_node(inp, qkv, kc, vc, out, out, g, 0, scale, H, KVH, HD, HDP, GP, BS, TILE, 1, BACKEND, True)
+    attn_node(inp, qkv, kc, vc, out, out, n, 0, scale, H, KVH, HD, HDP, GP, BS, TILE, 1, BACKEND, True)
 
 
 @triton.jit
-def combine_node(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+def combine_node(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
                  S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
-    """out[b, h * HD:(h + 1) * HD] for the group's heads h, from their S splits."""
+    """out[b, h * HD:(h + 1) * HD] for node n's row b and its group's heads h, from their S splits."""
     G: tl.constexpr = H // KVH
+    g, b0, b1 = node_row(inp, n, KVH)
     sp = tl.arange(0, SP)
     d = tl.arange(0, HDP)
     dm = d < HD
-    for b in range(step_rows(inp)):
+    for b in range(b0, b1):
         for i in range(G):
             head = g * G + i
             row = (i64(b) * H + head) * S + sp

@@ -2,8 +2,9 @@
 
 Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
 
-    qkv tiles (input norm fused)  -> rope_kv[g] needs the tiles holding group g's q, k and v rows
-    rope_kv[g] -> attn[g, s] for every split s -> combine[g]   (a plan of one split: rope_attn[g], all three)
+    qkv tiles (input norm fused)  -> rope_kv[b, g] needs the tiles holding group g's q, k and v rows
+    rope_kv[b, g] -> attn[b, g, s] for every split s -> combine[b, g]   (one split: rope_attn[b, g], all three)
+    (attention nodes are per batch row b and KV head group g: B x G of them, attention.node_row)
     every combine -> o-proj tiles (residual add fused) -> gate_up tiles (post norm fused, SiLU * up)
     every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
 
@@ -143,21 +144,22 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                      for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
-        for kvh in range(cfg.num_kv_heads):
+        for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
+            kvh = n % cfg.num_kv_heads
             rows = [(kvh * group * hd, (kvh + 1) * group * hd), (q + kvh * hd, q + (kvh + 1) * hd),
                     (q + kvs + kvh * hd, q + kvs + (kvh + 1) * hd)]
             if plan.splits == 1:    # rope, attention and combine of the group in one node
-                combines.append(add("rope_attn", tasks.rope_attn, inp, b.qkv, cos, sin, qn, kn, kc, vc, b.attn, kvh,
+                combines.append(add("rope_attn", tasks.rope_attn, inp, b.qkv, cos, sin, qn, kn, kc, vc, b.attn, n,
                                     eps if cfg.qk_norm else -1.0, hd ** -0.5,
-                                    after=[n for s, n in qkv_nodes if _overlaps(s, rows)],
-                                    cost=batch * (group + 2) * hd + batch * 2 * ATTN_COST_TOKENS * hd))
+                                    after=[m for s, m in qkv_nodes if _overlaps(s, rows)],
+                                    cost=(group + 2) * hd + 2 * ATTN_COST_TOKENS * hd))
                 continue
-            rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, kvh, eps, int(cfg.qk_norm),
-                       after=[n for s, n in qkv_nodes if _overlaps(s, rows)], cost=batch * (group + 2) * hd)
-            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, kvh, s, hd ** -0.5, after=[rope],
-                          cost=batch * 2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
-            combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, kvh, after=splits,
-                                cost=batch * group * plan.splits * hd))
+            rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, n, eps, int(cfg.qk_norm),
+                       after=[m for s, m in qkv_nodes if _overlaps(s, rows)], cost=(group + 2) * hd)
+            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, n, s, hd ** -0.5, after=[rope],
+                          cost=2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
+            combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, n, after=splits,
+                                cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
                  cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes)]

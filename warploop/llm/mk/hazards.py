@@ -13,16 +13,19 @@ graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
 | embed | - | res[:, 0:d] |
 | qkv, gate_up, lm_head | res[:, 0:k] | out[:, row0:end] |
 | o_proj, down | x[:, 0:k], res[:, row0:end] | res[:, row0:end] |
-| rope_kv[g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
-| attn[g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
-| combine[g] | parts and lse: g's heads, every split | attn: g's heads |
-| rope_attn[g] (one split) | as rope_kv[g], and k and v cache: head g | as rope_kv[g], and attn: g's heads |
+| rope_kv[b, g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
+| attn[b, g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
+| combine[b, g] | parts and lse: g's heads, every split | attn: g's heads |
+| rope_attn[b, g] (one split) | as rope_kv[b, g], and k and v cache: head g | as rope_kv[b, g], and attn: g's heads |
 | sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
 | sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
 | advance | tokens, the loop block | the loop block (and the step inputs, the mailbox: loop.py) |
 
-Rows are not listed: every node covers every live batch row (a node owns columns, never rows),
-and a KV-cache node any slot, so only columns tell two accesses apart. Weights, norms and the RoPE
+Rows: a GEMV, sample or embedding node covers every live batch row (it owns columns), an
+attention node (rope_kv, attn, combine, rope_attn; node index n) only row b = n // KVH of each
+step buffer, and of the KV cache only row b's sequence: the slot it writes is its own (the block
+manager never shares a sequence's partial block), and the shared prefix blocks it reads are
+never written. So an access is columns of every row, or of one row. Weights, norms and the RoPE
 tables are never written by a graph and are left out; so are the step inputs and the mailbox,
 which only the advance node writes, and it is the graph's sink: every other node is its ancestor,
 and the next run starts after it. tests/test_mk_hazards.py
@@ -44,6 +47,7 @@ class Access:
     lo: int              # columns [lo, hi) of each row
     hi: int
     write: bool
+    row: int = -1        # one batch row's (attention nodes), or -1: every row's
 
 
 def address(value) -> int:
@@ -54,8 +58,10 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
     """The accesses of one node of `kind` with these graph arguments (see the table above)."""
     G, H, KVH, HD, S = plan.group, plan.heads, plan.kv_heads, plan.head_dim, plan.splits
 
+    row = -1
+
     def acc(buf, lo, hi, write=False):
-        return Access(address(buf), int(lo), int(hi), write)
+        return Access(address(buf), int(lo), int(hi), write, row)
 
     if kind == "embed":
         _, _, res, d = args
@@ -70,27 +76,30 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
         _, _, _, x, res, k, n, row0, count, _ = args
         end = min(row0 + count, n)
         return [acc(x, 0, k), acc(res, row0, end), acc(res, row0, end, True)]
+    if kind in ("rope_kv", "attn", "combine", "rope_attn"):
+        n = args[{"rope_kv": 8, "attn": 6, "combine": 4, "rope_attn": 9}[kind]]
+        g, row = n % KVH, n // KVH
     if kind == "rope_kv":
-        _, qkv, _, _, _, _, kc, vc, g, _, _ = args
+        _, qkv, _, _, _, _, kc, vc, _, _, _ = args
         q = (g * G * HD, (g + 1) * G * HD)
         k = ((H + g) * HD, (H + g + 1) * HD)
         v = ((H + KVH + g) * HD, (H + KVH + g + 1) * HD)
         return [acc(qkv, *q), acc(qkv, *k), acc(qkv, *v), acc(qkv, *q, True), acc(qkv, *k, True),
                 acc(kc, g * HD, (g + 1) * HD, True), acc(vc, g * HD, (g + 1) * HD, True)]
     if kind == "rope_attn":
-        _, qkv, _, _, _, _, kc, vc, out, g, _, _ = args
-        rope = footprint(plan, "rope_kv", (None, qkv, None, None, None, None, kc, vc, g, None, None))
+        _, qkv, _, _, _, _, kc, vc, out, _, _, _ = args
+        rope = footprint(plan, "rope_kv", (None, qkv, None, None, None, None, kc, vc, n, None, None))
         return rope + [acc(kc, g * HD, (g + 1) * HD), acc(vc, g * HD, (g + 1) * HD),
                        acc(out, g * G * HD, (g + 1) * G * HD, True)]
     if kind == "attn":
-        _, qkv, kc, vc, parts, lse, g, split, _ = args
+        _, qkv, kc, vc, parts, lse, _, split, _ = args
         heads = range(g * G, (g + 1) * G)
         return ([acc(qkv, g * G * HD, (g + 1) * G * HD), acc(kc, g * HD, (g + 1) * HD),
                  acc(vc, g * HD, (g + 1) * HD)]
                 + [acc(parts, (h * S + split) * HD, (h * S + split + 1) * HD, True) for h in heads]
                 + [acc(lse, h * S + split, h * S + split + 1, True) for h in heads])
     if kind == "combine":
-        _, parts, lse, out, g = args
+        _, parts, lse, out, _ = args
         return [acc(parts, g * G * S * HD, (g + 1) * G * S * HD), acc(lse, g * G * S, (g + 1) * G * S),
                 acc(out, g * G * HD, (g + 1) * G * HD, True)]
     if kind == "sample_tile":
@@ -132,14 +141,53 @@ def ancestors(deps: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
-def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list[Access]]) -> list[Hazard]:
-    """Every pair of nodes that touch the same columns of a buffer, one of them writing, must be
-    ordered: by dependency edges (transitively) when on different workers; on one worker, by its
-    list (recording) order, which holds by construction. Returns the pairs that are not.
+class _Interval:
+    """What is known of one elementary column interval of a buffer: its last writer of every row
+    and the readers of every row since, then per row the last writer and readers since (a write of
+    every row clears the rows)."""
 
-    Per buffer the columns are cut into elementary intervals, each keeping its last writer and the
-    readers since: checking a new access against those suffices, as every earlier access was
-    checked against them in turn and the order is transitive.
+    __slots__ = ("writer", "readers", "row_writer", "row_readers")
+
+    def __init__(self):
+        self.writer: int | None = None
+        self.readers: list[int] = []
+        self.row_writer: dict[int, int] = {}
+        self.row_readers: dict[int, list[int]] = {}
+
+    def writers_met(self, row: int) -> list[int]:
+        """The last writers an access of `row` (-1: every row) must come after."""
+        if row >= 0:
+            w = self.row_writer.get(row, self.writer)
+            return [] if w is None else [w]
+        return ([] if self.writer is None else [self.writer]) + list(self.row_writer.values())
+
+    def readers_met(self, row: int) -> list[int]:
+        """The readers since those writers that a write of `row` must come after."""
+        if row >= 0:
+            return self.readers + self.row_readers.get(row, [])
+        return self.readers + [r for rs in self.row_readers.values() for r in rs]
+
+    def record(self, node: int, row: int, write: bool) -> None:
+        if write and row < 0:
+            self.writer, self.readers, self.row_writer, self.row_readers = node, [], {}, {}
+        elif write:
+            self.row_writer[row], self.row_readers[row] = node, []
+        elif row < 0:
+            self.readers.append(node)
+        else:
+            self.row_readers.setdefault(row, []).append(node)
+
+
+def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list[Access]]) -> list[Hazard]:
+    """Every pair of nodes that touch the same columns of a buffer in a common row, one of them
+    writing, must be ordered: by dependency edges (transitively) when on different workers; on
+    one worker, by its list (recording) order, which holds by construction. Returns the pairs
+    that are not.
+
+    Per buffer the columns are cut into elementary intervals, each keeping its last writers and
+    the readers since (_Interval): checking a new access against those suffices, as every earlier
+    access was checked against them in turn and the order is transitive. (Checking a pair more
+    than needed reports nothing false: any two conflicting accesses must be ordered.)
     """
     anc = ancestors(deps)
     cuts: dict[int, list[int]] = {}
@@ -147,8 +195,7 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
         for a in accs:
             cuts.setdefault(a.buffer, set()).update((a.lo, a.hi))
     cuts = {b: sorted(c) for b, c in cuts.items()}
-    writer: dict[tuple[int, int], int] = {}
-    readers: dict[tuple[int, int], list[int]] = {}
+    state: dict[tuple[int, int], _Interval] = {}
     found: dict[tuple[int, int, str], Hazard] = {}
 
     def ordered(a: int, b: int) -> bool:
@@ -161,21 +208,22 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
             for k in range(lo, hi):
                 key = (a.buffer, k)
                 cols = (cuts[a.buffer][k], cuts[a.buffer][k + 1])
-                w = writer.get(key)
-                if w is not None and w != node and not ordered(w, node):
-                    kind = "WAW" if a.write else "RAW"
-                    found.setdefault((w, node, kind), Hazard(kind, w, node, a.buffer, cols))
+                iv = state.setdefault(key, _Interval())
+                for w in iv.writers_met(a.row):
+                    if w != node and not ordered(w, node):
+                        kind = "WAW" if a.write else "RAW"
+                        found.setdefault((w, node, kind), Hazard(kind, w, node, a.buffer, cols))
                 if a.write:
-                    for r in readers.get(key, ()):
+                    for r in iv.readers_met(a.row):
                         if r != node and not ordered(r, node):
                             found.setdefault((r, node, "WAR"), Hazard("WAR", r, node, a.buffer, cols))
-                updates.append((key, a.write))
-        for key, write in updates:
+                updates.append((iv, a.row, a.write))
+        for iv, row, write in updates:
             if write:
-                writer[key], readers[key] = node, []
-        for key, write in updates:
+                iv.record(node, row, True)
+        for iv, row, write in updates:
             if not write:
-                readers.setdefault(key, []).append(node)
+                iv.record(node, row, False)
     return sorted(found.values(), key=lambda h: (h.second, h.first))
 
 

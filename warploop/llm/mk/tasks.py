@@ -88,27 +88,27 @@ def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: 
          TND, TKD, BACKEND)
 
 
-def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
+def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
                HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr, BACKEND: tl.constexpr):
-    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, g, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
+    rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
 
 
-def mk_attn(inp, qkv, kc, vc, parts, lse, g, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
+def mk_attn(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
             HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr,
             BACKEND: tl.constexpr):
-    attn_node(inp, qkv, kc, vc, parts, lse, g, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
+    attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
 
 
-def mk_rope_attn(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H: tl.constexpr,
+def mk_rope_attn(inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
                  KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr,
                  GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, BACKEND: tl.constexpr):
-    rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, g, qk_eps, scale, H, KVH, HD, HDP, HALFP, GP1, GP, BS,
+    rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H, KVH, HD, HDP, HALFP, GP1, GP, BS,
                    TILE, BACKEND)
 
 
-def mk_combine(inp, parts, lse, out, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+def mk_combine(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
                S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
-    combine_node(inp, parts, lse, out, g, H, KVH, HD, HDP, S, SP, BACKEND)
+    combine_node(inp, parts, lse, out, n, H, KVH, HD, HDP, S, SP, BACKEND)
 
 
 def mk_sample_tile(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles, KC: tl.constexpr):
@@ -138,13 +138,13 @@ def _signatures(dt: str) -> dict:
         mk_down: proj,
         mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": f32, "k": "i32", "vocab": "i32",
                      "row0": "i32", "count": "i32", "eps": "fp32"},
-        mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "g": "i32",
+        mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "n": "i32",
                      "eps": "fp32", "has_qk_norm": "i32"},
-        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "g": "i32", "split": "i32",
+        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "n": "i32", "split": "i32",
                   "scale": "fp32"},
-        mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "g": "i32"},
+        mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "n": "i32"},
         mk_rope_attn: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "out": a,
-                       "g": "i32", "qk_eps": "fp32", "scale": "fp32"},
+                       "n": "i32", "qk_eps": "fp32", "scale": "fp32"},
         mk_sample_tile: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "vocab": "i32", "row0": "i32",
                          "count": "i32", "tile": "i32", "ntiles": "i32"},
         mk_sample_combine: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "tokens": "*i32",

@@ -1,0 +1,86 @@
+"""Shared memory, registers and spills of the decode megakernel's tasks, one task kind at a time
+and all together, for a plan of a model's shapes. A resident kernel holds every task, so its
+shared memory and registers are those of its most demanding task; this names that task.
+
+    PYTHONPATH=$PWD python scripts/mk_resources.py --model llama-3.2-1b --plan '{"tile_kb": 64}' [--kinds down gate_up]
+
+With a GPU the kernels are compiled as the runtime compiles them (a JIT warmup on the device:
+registers and spills come from the loaded binary); without one, for sm_90 by target (shared
+memory only). One JSON object per kernel is printed, then the TTGIR's shared-memory buffers of
+the largest one (shape and count) when --ttgir is given.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import time
+
+import torch
+
+from warploop.bench.decode import CPU_MODELS, GPU_MODELS
+from warploop.llm.mk.backend import plan_for
+from warploop.llm.mk.tasks import tasks_for
+from warploop.runtime import codegen
+from warploop.runtime.tasks import lookup
+
+
+def compile_kinds(plan, kinds: list[str], warps: int):
+    tasks = tasks_for(plan)
+    module = codegen.build([lookup(getattr(tasks, k)) for k in kinds])
+    if torch.cuda.is_available():
+        from warploop.runtime.gpu import compile_resident
+        kernel, _ = compile_resident(module, torch.device("cuda", 0), "cuda", warps, False)
+        return kernel
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"}, attrs={(0,): [["tt.divisibility", 16]]},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+def report(kernel) -> dict:
+    out = {"shared": kernel.metadata.shared}
+    if torch.cuda.is_available():       # registers are known once the binary is loaded
+        try:
+            kernel._init_handles()
+            out.update(n_regs=kernel.n_regs, n_spills=kernel.n_spills)
+        except Exception as e:  # noqa: BLE001 (a kernel over the shared limit fails to load: reported)
+            out["load_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+    return out
+
+
+def buffers(ttgir: str) -> list[tuple[str, int]]:
+    return collections.Counter(re.findall(r"memdesc<([0-9x]+[a-z0-9]+)", ttgir)).most_common(12)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama-3.2-1b", choices=list(GPU_MODELS) + list(CPU_MODELS))
+    parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"tile_kb\": 64}'")
+    parser.add_argument("--kinds", nargs="*", default=["qkv", "gate_up", "o_proj", "down", "lm_head", "rope_attn"],
+                        help="task kinds compiled one at a time (then all of them together unless --alone)")
+    parser.add_argument("--alone", action="store_true", help="skip the kernel of every task together")
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--ttgir", action="store_true", help="also list each kernel's shared-memory buffers")
+    args = parser.parse_args()
+    cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
+    overrides = {k: v for k, v in json.loads(args.plan).items() if k not in ("workers", "park_after_us", "timeout")}
+    warps = overrides.pop("worker_warps", args.warps)
+    plan = plan_for(cfg, torch.bfloat16, 16, "cuda", **overrides)
+    runs = [[k] for k in args.kinds]
+    if not args.alone:
+        runs.append([f.name for f in __import__("dataclasses").fields(tasks_for(plan))])
+    for kinds in runs:
+        t0 = time.perf_counter()
+        kernel = compile_kinds(plan, kinds, warps)
+        row = {"kinds": kinds if len(kinds) < 4 else "all", **report(kernel), "s": round(time.perf_counter() - t0, 1)}
+        if args.ttgir:
+            row["buffers"] = buffers(kernel.asm.get("ttgir", ""))
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
