@@ -119,7 +119,7 @@ def anatomy(mk, out_dir: str, n: int, prompt: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.2-1b", choices=list(GPU_MODELS) + list(CPU_MODELS))
-    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--batch", type=int, nargs="*", default=[1], help="batches to time (none: only --trace)")
     parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"bn\": 32}'")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trace", default=None, help="also record one step into this folder (batch --trace-batch)")
@@ -151,15 +151,17 @@ def main() -> None:
             compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)
         print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
         return
-    mk, start_s = make(cfg, plan, args.batch, False)
-    out = {"model": args.model, "context": args.context, "plan": str(mk.plan), "workers": mk.rt.workers, "start_s": round(start_s, 1),
-           "per_sm": getattr(mk.rt._backend, "per_sm", None)}  # noqa: SLF001
-    try:
-        for n in args.batch:
-            out[f"bs{n}"] = timing(mk, n, args.repeat, args.context)
-            print(json.dumps({f"bs{n}": out[f"bs{n}"]}), flush=True)
-    finally:
-        mk.close()
+    out = {"model": args.model, "context": args.context}
+    if args.batch:
+        mk, start_s = make(cfg, plan, args.batch, False)
+        out.update(plan=str(mk.plan), workers=mk.rt.workers, start_s=round(start_s, 1),
+                   per_sm=getattr(mk.rt._backend, "per_sm", None))  # noqa: SLF001
+        try:
+            for n in args.batch:
+                out[f"bs{n}"] = timing(mk, n, args.repeat, args.context)
+                print(json.dumps({f"bs{n}": out[f"bs{n}"]}), flush=True)
+        finally:
+            mk.close()
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
         mk, s = make(cfg, plan, [args.trace_batch], True)

@@ -47,7 +47,7 @@ def recorded_accesses(mk, dg):
         for base, end, size, width, rows in spans:
             element = (addrs[(addrs >= base) & (addrs < end)] - base) // size
             for row, column in set(zip((element // width if rows else 0 * element - 1).tolist(),
-                                       (element % width).tolist())):
+                                       (element % width).tolist(), strict=True)):
                 log[node].add((base, write, column, row))
 
     def recording_load(self, ptrs, mask, other, *rest):

@@ -1,15 +1,15 @@
 """GEMV tiles (Plan.tile_kb): one node per fixed tile of weight rows over a compile-time width K,
 at most layout.TILE_CHUNKS loads in straight-line code, the whole tile in flight at once. More
-than one live row: tl.dot blocks of R batch rows against the tile held in registers.
+than one live row takes gemv.batch_blocks.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from warploop.llm.mk.gemv import EPI_SILU, epilogue, row_rstd, x_chunk
+from warploop.llm.mk.gemv import EPI_SILU, batch_blocks, epilogue
 from warploop.llm.mk.layout import step_rows
-from warploop.llm.mk.numerics import mma, rnd
+from warploop.llm.mk.numerics import rnd
 from warploop.runtime import device as wl
 
 
@@ -91,13 +91,8 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, 
     no load is moved above one). So the whole tile is in flight at once. x (and its norm: rstd a
     scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
     per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
-    elementwise into [TN, TK] float32 and are reduced once.
-
-    More rows: the same chunks, all loaded once, stay in registers while each block of R batch
-    rows (its rstd, then x chunk by chunk, normalised as gemv.x_chunk) is multiplied against them
-    with tl.dot ([R, TK] x [TK, TN]; Triton pads a TN below the MMA's width). The weights are read
-    from memory once per step whatever the batch, where a re-read per batch block from L2 would
-    wait out one load's latency per chunk."""
+    elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
+    gemv_node_k."""
     NC: tl.constexpr = (K + TK - 1) // TK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     NCH: tl.constexpr = SUB * NC
@@ -127,22 +122,22 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, 
     wl.wait(ctx, BACKEND)
     end = tl.minimum(row0 + TN, n_out)
     nb = step_rows(inp)
-    if AHEAD <= 1 and NCH > 1:
-        a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 2 and NCH > 2:
-        a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 3 and NCH > 3:
-        a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 4 and NCH > 4:
-        a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 5 and NCH > 5:
-        a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 6 and NCH > 6:
-        a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
-    if AHEAD <= 7 and NCH > 7:
-        a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
-    rows = row0 + tl.arange(0, TN)
     if nb == 1:
+        if AHEAD <= 1 and NCH > 1:
+            a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 2 and NCH > 2:
+            a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 3 and NCH > 3:
+            a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 4 and NCH > 4:
+            a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 5 and NCH > 5:
+            a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 6 and NCH > 6:
+            a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
+        if AHEAD <= 7 and NCH > 7:
+            a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
+        rows = row0 + tl.arange(0, TN)
         cols = tl.arange(0, TK)
         rstd = 1.0
         if NORM:
@@ -168,25 +163,5 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, 
         epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
                  BACKEND)
     else:
-        # the tile stays in registers: each block of R batch rows is a tl.dot per chunk against it,
-        # so the weights are read once per step at any batch size
-        cols = tl.arange(0, TK)
-        for b0 in range(0, nb, R):
-            brow = b0 + tl.arange(0, R)
-            bmask = brow < nb
-            rstd = tl.full([R], 1.0, tl.float32)
-            if NORM:
-                rstd = row_rstd(x, K, brow, bmask, K, eps, TK)
-            acc = tl.zeros([R, TN], tl.float32)
-            gate = tl.zeros([R, TN], tl.float32)
-            for i in tl.static_range(NCH):
-                xv = x_chunk(x, K, brow, bmask, (i % NC) * TK + cols, K, norm_w, rstd, NORM, BACKEND)
-                acc += mma(xv, tl.trans(pick(i, a0, a1, a2, a3, a4, a5, a6, a7)), BACKEND)
-                if SUB == 2 and i == NC - 1:
-                    gate = acc
-                    acc = tl.zeros([R, TN], tl.float32)
-            first = acc
-            if SUB == 2:
-                first = gate
-            epilogue(first, acc, bias, out, rows, rows < end, brow, bmask, n_out, f, has_bias, w.dtype.element_ty,
-                     EPI, BACKEND)
+        batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
+                     BACKEND)
