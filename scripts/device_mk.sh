@@ -3,6 +3,7 @@
 #   compile - compile the resident kernel for each of $MODELS (comma-separated) at once, in parallel
 #            processes (no launch), into the cache that comes back: a later call's bench then starts at once
 #   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor)
+#   server - tests/test_server_gpu.py: 64 concurrent streams through `warploop serve --backend megakernel`
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
 #            tokens of context (default 512), the plan $WARPLOOP_MK_PLAN; JSON to $OUT/probe.json
@@ -34,6 +35,8 @@ for part in ${PART//,/ }; do
       tail -n 1 /tmp/compile-*.log ;;
     tests)
       (cd tests && python -m pytest -q -x --timeout=540 test_mk_gpu.py test_mk_diff.py) ;;
+    server)
+      (cd tests && python -m pytest -q -x --timeout=900 test_server_gpu.py) ;;
     tiny)
       for backend in torch megakernel; do
         python -m warploop.cli generate --model tiny --prompt "def main(" --max-tokens 64 --json --backend "$backend" \

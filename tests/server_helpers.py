@@ -22,8 +22,10 @@ ABORTED = "warploop_requests_finished_total{finish_reason=abort}"
 
 
 class Server:
-    def __init__(self, extra: list[str], log: pathlib.Path, preexec_fn=None) -> None:
-        env = dict(os.environ, WARPLOOP_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    def __init__(self, extra: list[str], log: pathlib.Path, preexec_fn=None, start_timeout_s: float = START_TIMEOUT_S,
+                 env: dict | None = None) -> None:
+        env = dict(os.environ, WARPLOOP_DEVICE="cpu", PYTHONUNBUFFERED="1", **(env or {}))
+        self.start_timeout_s = start_timeout_s
         self.log = log
         self._log_file = open(log, "w")
         self.proc = subprocess.Popen([*SERVE, "--model", "tiny", "--port", "0", "--log-level", "warning", *extra],
@@ -38,14 +40,14 @@ class Server:
             raise
 
     def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             match = re.search(r"serving .* on (http://\S+) ", self.log.read_text())
             if match:
                 return match.group(1)
             assert self.proc.poll() is None, f"warploop serve exited early:\n{self.log.read_text()}"
             time.sleep(0.1)
-        raise AssertionError(f"warploop serve did not start in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+        raise AssertionError(f"warploop serve did not start in {self.start_timeout_s} s:\n{self.log.read_text()}")
 
     def _wait_healthy(self) -> None:
         for _ in range(200):

@@ -116,7 +116,10 @@ class MegakernelBackend(Backend):
         notice.daemon = True
         notice.start()
         try:
-            self.rt = Runtime(device="cpu" if self.device.type == "cpu" else None, workers=self.workers,
+            # the runtime runs where the weights are, whatever WARPLOOP_DEVICE says (torch calls a
+            # ROCm GPU "cuda" too)
+            where = "cpu" if self.device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
+            self.rt = Runtime(device=where, workers=self.workers,
                               tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
                               worker_warps=self.worker_warps, park_after_us=self.park_after_us)
         finally:
