@@ -36,6 +36,13 @@ for part in ${PART//,/ }; do
     tests)
       (cd tests && python -m pytest -q -x --timeout=540 test_mk_gpu.py test_mk_diff.py) ;;
     server)
+      # the GPU image has no fastapi/uvicorn/pydantic: carry their wheels in .carry/whl, made here with
+      #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .carry/whl \
+      #     fastapi uvicorn pydantic
+      if [ -d .carry/whl ]; then
+        pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl
+        export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
+      fi
       (cd tests && python -m pytest -q -x --timeout=900 test_server_gpu.py) ;;
     tiny)
       for backend in torch megakernel; do
