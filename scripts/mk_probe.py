@@ -136,19 +136,11 @@ def main() -> None:
     if not 1 <= args.context <= MAX_CONTEXT - 64:
         parser.error(f"--context must be 1 .. {MAX_CONTEXT - 64}, got {args.context}")
     if args.compile_only:
-        from warploop.llm.mk.backend import plan_for
-        from warploop.llm.mk.tasks import tasks_for
-        from warploop.runtime import codegen
-        from warploop.runtime.gpu import compile_resident
-        from warploop.runtime.tasks import lookup
+        from mk_resources import compile_kernel, plan_of  # scripts/: beside this file
 
-        plan = {k: v for k, v in plan.items() if k not in ("workers", "park_after_us")}
-        warps = plan.pop("worker_warps", 4)
         t0 = time.perf_counter()
-        for trace in [bool(args.trace)]:      # with --trace the traced kernel only (run a plain one beside it)
-            module = codegen.build([lookup(t) for t in tasks_for(plan_for(cfg, torch.bfloat16, BLOCK, "cuda",
-                                                                          **plan)).all])
-            compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)
+        # with --trace the traced kernel only (run a plain one beside it)
+        compile_kernel(*plan_of(cfg, plan), trace=bool(args.trace))
         print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
         return
     out = {"model": args.model, "context": args.context}

@@ -26,18 +26,29 @@ from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
 
-def compile_kinds(plan, kinds: list[str], warps: int):
+def plan_of(cfg, overrides: dict):
+    """(Plan, worker warps) of a model's shapes with WARPLOOP_MK_PLAN-style overrides (backend-only
+    options such as workers are dropped: they do not change the kernel)."""
+    overrides = {k: v for k, v in overrides.items() if k not in ("workers", "park_after_us", "timeout")}
+    warps = overrides.pop("worker_warps", 4)
+    return plan_for(cfg, torch.bfloat16, 16, "cuda", **overrides), warps
+
+
+def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False):
+    """The resident kernel of the plan's tasks `kinds` (None: every task), compiled as the runtime
+    compiles it where a GPU is present (into Triton's cache, nothing launched), else for sm_90."""
     tasks = tasks_for(plan)
-    module = codegen.build([lookup(getattr(tasks, k)) for k in kinds])
+    chosen = tasks.all if kinds is None else [getattr(tasks, k) for k in kinds]
+    module = codegen.build([lookup(t) for t in chosen])
     if torch.cuda.is_available():
         from warploop.runtime.gpu import compile_resident
-        kernel, _ = compile_resident(module, torch.device("cuda", 0), "cuda", warps, False)
+        kernel, _ = compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)
         return kernel
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"}, attrs={(0,): [["tt.divisibility", 16]]},
-                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+                    constexprs={"INLINE": False, "TRACE": trace, "BACKEND": "cuda"})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -67,16 +78,14 @@ def main() -> None:
     parser.add_argument("--ttgir", action="store_true", help="also list each kernel's shared-memory buffers")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
-    overrides = {k: v for k, v in json.loads(args.plan).items() if k not in ("workers", "park_after_us", "timeout")}
-    warps = overrides.pop("worker_warps", args.warps)
-    plan = plan_for(cfg, torch.bfloat16, 16, "cuda", **overrides)
-    runs = [[k] for k in args.kinds]
-    if not args.alone:
-        runs.append([f.name for f in __import__("dataclasses").fields(tasks_for(plan))])
+    overrides = json.loads(args.plan)
+    overrides.setdefault("worker_warps", args.warps)
+    plan, warps = plan_of(cfg, overrides)
+    runs = [[k] for k in args.kinds] + ([] if args.alone else [None])
     for kinds in runs:
         t0 = time.perf_counter()
-        kernel = compile_kinds(plan, kinds, warps)
-        row = {"kinds": kinds if len(kinds) < 4 else "all", **report(kernel), "s": round(time.perf_counter() - t0, 1)}
+        kernel = compile_kernel(plan, kinds, warps)
+        row = {"kinds": kinds or "all", **report(kernel), "s": round(time.perf_counter() - t0, 1)}
         if args.ttgir:
             row["buffers"] = buffers(kernel.asm.get("ttgir", ""))
         print(json.dumps(row), flush=True)

@@ -263,10 +263,10 @@ class Engine:
                 return False
         except Exception as e:
             loop.run.halt()
-            self.blocks.give_back([b for b in loop.lent if b not in loop.taken])
+            self.blocks.give_back(loop.untaken())
             self._fail(seqs, e)
             return True
-        self.blocks.give_back([b for b in loop.lent if b not in loop.taken])
+        self.blocks.give_back(loop.untaken())
         rows = [i for i in loop.host_rows if seqs[i].status is Status.RUNNING]
         if rows:
             tokens = sample_on_device(self.backend.loop_logits(rows), [seqs[i] for i in rows]).tolist()

@@ -26,6 +26,10 @@ class LoopStep:
     taken: set = dataclasses.field(default_factory=set)
     host_rows: list = dataclasses.field(default_factory=list)   # rows the device left to the host sampler
 
+    def untaken(self) -> list[int]:
+        """The lent blocks no row took: they go back to the block manager when the loop ends."""
+        return [b for b in self.lent if b not in self.taken]
+
 
 def plan(seqs: list, eos_ids: set, max_context: int, block_size: int, free_blocks: int):
     """(steps, remaining, stops, blocks to lend) for a loop over `seqs`, or None when one cannot
