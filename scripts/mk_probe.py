@@ -140,7 +140,8 @@ def main() -> None:
 
         t0 = time.perf_counter()
         # with --trace the traced kernel only (run a plain one beside it)
-        compile_kernel(*plan_of(cfg, plan), trace=bool(args.trace))
+        compiled_plan, warps = plan_of(cfg, plan)
+        compile_kernel(compiled_plan, None, warps, trace=bool(args.trace))
         print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
         return
     out = {"model": args.model, "context": args.context}
