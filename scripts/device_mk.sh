@@ -16,7 +16,7 @@
 set -euo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-/tmp/mk-out}"; mkdir -p "$OUT"
-export TRITON_CACHE_DIR=/tmp/wl-triton-cache
+export TRITON_CACHE_DIR=/tmp/wl-triton-cache WARPLOOP_PORTABLE_CACHE=1   # a cache packed by scripts/mk_cache.py is found
 mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .carry/triton-cache.tgz ]; then tar xzf .carry/triton-cache.tgz -C "$TRITON_CACHE_DIR"; fi
 save_cache() { tar czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . || true; }

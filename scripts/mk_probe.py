@@ -124,16 +124,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trace", default=None, help="also record one step into this folder (batch --trace-batch)")
     parser.add_argument("--trace-batch", type=int, default=1, help="the batch of the traced step (default 1)")
-    parser.add_argument("--context", type=int, default=PROMPT,
+    parser.add_argument("--context", type=int, nargs="+", default=[PROMPT],
                         help=f"tokens of context before the timed step, per sequence (default {PROMPT}, most "
-                             f"{MAX_CONTEXT - 64})")
+                             f"{MAX_CONTEXT - 64}); several: each batch at each")
     parser.add_argument("--compile-only", action="store_true",
                         help="only compile the resident kernel into Triton's cache (no launch: run several at once); "
                              "with --trace, its traced variant")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
     plan = json.loads(args.plan)
-    if not 1 <= args.context <= MAX_CONTEXT - 64:
+    if not all(1 <= c <= MAX_CONTEXT - 64 for c in args.context):
         parser.error(f"--context must be 1 .. {MAX_CONTEXT - 64}, got {args.context}")
     if args.compile_only:
         from mk_resources import compile_kernel, plan_of  # scripts/: beside this file
@@ -151,8 +151,12 @@ def main() -> None:
                    per_sm=getattr(mk.rt._backend, "per_sm", None))  # noqa: SLF001
         try:
             for n in args.batch:
-                out[f"bs{n}"] = timing(mk, n, args.repeat, args.context)
-                print(json.dumps({f"bs{n}": out[f"bs{n}"]}), flush=True)
+                for c in args.context:
+                    key = f"bs{n}" if len(args.context) == 1 else f"bs{n}_ctx{c}"
+                    out[key] = timing(mk, n, args.repeat, c)
+                    out[key]["attention"] = "fused" if "rope_attn" in out[key]["kinds"] else "split"
+                    print(json.dumps({key: out[key]["device_us_per_step"], "attention": out[key]["attention"],
+                                      "nodes": out[key]["nodes"]}), flush=True)
         finally:
             mk.close()
     if args.trace:
@@ -160,7 +164,7 @@ def main() -> None:
         mk, s = make(cfg, plan, [args.trace_batch], True)
         out["trace_start_s"] = round(s, 1)
         try:
-            out[f"anatomy_bs{args.trace_batch}"] = anatomy(mk, args.trace, args.trace_batch, args.context)
+            out[f"anatomy_bs{args.trace_batch}"] = anatomy(mk, args.trace, args.trace_batch, args.context[0])
         finally:
             mk.close()
     print(json.dumps(out, indent=1))

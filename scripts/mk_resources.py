@@ -29,7 +29,7 @@ from warploop.runtime.tasks import lookup
 def plan_of(cfg, overrides: dict):
     """(Plan, worker warps) of a model's shapes with WARPLOOP_MK_PLAN-style overrides (backend-only
     options such as workers are dropped: they do not change the kernel)."""
-    overrides = {k: v for k, v in overrides.items() if k not in ("workers", "park_after_us", "timeout")}
+    overrides = {k: v for k, v in overrides.items() if k not in ("workers", "park_after_us", "timeout", "fused_upto", "batch_tiles")}
     warps = overrides.pop("worker_warps", 4)
     return plan_for(cfg, torch.bfloat16, 16, "cuda", **overrides), warps
 

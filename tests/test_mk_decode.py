@@ -7,6 +7,8 @@ import pytest
 import torch
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
+from warploop.llm.mk.backend import MegakernelBackend
+
 LLAMA_TAIL = dataclasses.replace(LLAMA_GQA, intermediate_size=72)
 
 
@@ -85,6 +87,60 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
     finally:
         mk.close()
+
+
+def test_batch_graphs_give_each_gemv_node_several_tiles():
+    """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
+    through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row
+    tiles: 3 nodes of 24, the last cut at 64; intermediate 72: gate_up tiles past the end); the
+    batch-1 graph keeps one tile a node. Tokens equal the per-op backend's at batches 1, 2 and 3."""
+    cfg = LLAMA_TAIL
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch_tiles=3)
+    try:
+        t = mk.plan.tile_constexprs()
+        one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
+        assert one["down"] == cfg.num_layers * cfg.hidden_size // t["TNF"]
+        for kind, tn, rows in (("down", "TNF", cfg.hidden_size), ("gate_up", "TNS", cfg.intermediate_size),
+                               ("qkv", "TND", cfg.q_size + 2 * cfg.kv_size)):
+            assert more[kind] == mk.graphs[4].kinds[kind] == cfg.num_layers * -(-rows // (3 * t[tn])), kind
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
+    finally:
+        mk.close()
+    with pytest.raises(ValueError, match="batch_tiles=0"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
+
+
+def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():
+    """fused_upto: a bucket holds two graphs over the same buffers, one attention node per (row,
+    group) for steps whose longest context is at most fused_upto tokens, Plan.splits nodes and a
+    combine beyond; each step takes its form and both give the per-op backend's tokens."""
+    cfg = LLAMA_GQA
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, fused_upto=9)
+    try:
+        assert mk.plan.splits == 2 and set(mk.fused) == set(mk.graphs)
+        assert mk.fused[1].kinds["rope_attn"] == cfg.num_layers * cfg.num_kv_heads and "attn" not in mk.fused[1].kinds
+        assert mk.graphs[1].kinds["attn"] == cfg.num_layers * cfg.num_kv_heads * 2
+        assert mk.fused[1].buffers is mk.graphs[1].buffers
+        forms = []
+        real = mk.decode
+
+        def spy(batch, *a, **k):
+            out = real(batch, *a, **k)
+            forms.append(("fused" if mk.last is mk.fused[1] else "split", max(batch.context_lens)))
+            return out
+        mk.decode = spy
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=4))    # contexts 8 .. 11
+        assert forms == [("fused", 8), ("fused", 9), ("split", 10), ("split", 11)]
+        # the decode loop picks the form for its last step's context
+        assert mk.graph_for(1, 9) is mk.fused[1] and mk.graph_for(1, 10) is mk.graphs[1]
+        assert mk.graph_for(2, 3) is mk.fused[2]
+    finally:
+        mk.close()
+    with pytest.raises(ValueError, match="fused_upto=-1"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, fused_upto=-1)
 
 
 def test_warmup_compiles_the_batch_1_graph_before_the_first_step():

@@ -65,9 +65,12 @@ def compile_resident(module, device, backend: str, worker_warps: int, trace: boo
     here or found in Triton's cache, without launching anything. The megakernel's probes call it
     in parallel processes to fill the cache before timing."""
     import torch
+
+    from warploop.runtime.portable_cache import keyed
     probe = torch.zeros(L.HEADER_WORDS, dtype=torch.int32, device=device)
     opts = dict(INLINE=False, TRACE=trace, BACKEND=backend, num_warps=worker_warps, launch_cooperative_grid=True)
-    return module.resident.warmup(probe, grid=(1,), **opts), opts
+    with keyed():       # WARPLOOP_PORTABLE_CACHE: a binary compiled without a GPU is found (portable_cache.py)
+        return module.resident.warmup(probe, grid=(1,), **opts), opts
 
 
 class GpuBackend:

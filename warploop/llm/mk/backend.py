@@ -41,10 +41,17 @@ COMPILE_NOTICE = ("warploop: compiling the decode megakernel for this model shap
 # use of a CUDA module (a context-wide synchronisation) waits this long once.
 PARK_AFTER_US = 5000.0
 CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the interpreter pays per op
-GPU_PLAN = {"splits": 4, "bn": 16, "bk": 256}
+GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256}
+# Steps whose longest context (to the end of a decode loop) is at most this many tokens run the
+# graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
+# each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
+FUSED_UPTO = 80
+# GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
+# through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
+BATCH_TILES = 4
 
 
-BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout")
+BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout", "fused_upto", "batch_tiles")
 
 
 def env_options() -> dict:
@@ -85,7 +92,8 @@ def aligned_norms(weights: ModelWeights) -> ModelWeights:
 class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
-                 worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, **plan_overrides) -> None:
+                 worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
+                 batch_tiles: int = BATCH_TILES, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
@@ -95,10 +103,21 @@ class MegakernelBackend(Backend):
         self.width = -(max_context // -layout.block_size)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
         self.park_after_us = park_after_us
+        if fused_upto is None:
+            fused_upto = 0 if self.device.type == "cpu" else FUSED_UPTO
+        if not isinstance(fused_upto, int) or fused_upto < 0:
+            raise ValueError(f"fused_upto={fused_upto!r}: use a number of context tokens >= 0 (0: always split "
+                             f"attention over Plan.splits nodes)")
+        # with one split every graph is the fused one; else buckets get a fused graph too when asked
+        self.fused_upto = fused_upto if self.plan.splits > 1 else 0
+        if not isinstance(batch_tiles, int) or not 1 <= batch_tiles <= 64:
+            raise ValueError(f"batch_tiles={batch_tiles!r}: use 1 to 64 GEMV tiles per node of a batch graph")
+        self.batch_tiles = batch_tiles
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
         self.graphs: dict[int, DecodeGraph] = {}
+        self.fused: dict[int, DecodeGraph] = {}     # per bucket, for contexts up to fused_upto
         self.host_inputs = None     # pinned staging for the GPU copy of the step inputs
         self.host_loop = None       # ... and of the loop block
         self.copy_stream = None
@@ -138,12 +157,25 @@ class MegakernelBackend(Backend):
                                          dtype=torch.int32).pin_memory()
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
-                                                self.sin, buffers[b], b, self.width, nodes)
+                                                self.sin, buffers[b], b, self.width, nodes,
+                                                batch_tiles=self.batch_tiles)
+            if self.fused_upto:     # the same buffers: a bucket's graphs never run at once
+                self.fused[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv,
+                                                   self.cos, self.sin, buffers[b], b, self.width, nodes, fused=True,
+                                                   batch_tiles=self.batch_tiles)
         # Placed and uploaded now, not on its first step: a single request (`warploop generate`) would
         # otherwise pay the placement of thousands of nodes inside its first decode step (0.45 s
         # for the tiny model on an H100: 3.8 instead of 1.0 ms/token over 64 tokens). Larger
         # buckets compile on first use.
         self.graphs[self.buckets[0]].graph.compile()
+        if self.fused_upto:
+            self.fused[self.buckets[0]].graph.compile()
+
+    def graph_for(self, rows: int, longest: int) -> DecodeGraph:
+        """The graph of the smallest bucket holding `rows`, in its form for a longest context of
+        `longest` tokens."""
+        b = next(b for b in self.buckets if b >= rows)
+        return self.fused[b] if b in self.fused and longest <= self.fused_upto else self.graphs[b]
 
     def on_graph(self, batch: ModelBatch) -> bool:
         return self.rt is not None and batch.is_decode and batch.logits_indices is None \
@@ -209,10 +241,11 @@ class MegakernelBackend(Backend):
         self.last = dg
         return dg.buffers.logits[:batch.num_seqs].clone() if logits else None
 
-    def step_inputs(self, batch: ModelBatch, sampling: tuple = (), history: tuple = ()) -> DecodeGraph:
-        """Write a decode batch's step inputs into the graph of its bucket; returns that graph."""
-        n = batch.num_seqs
-        dg = self.graphs[next(b for b in self.buckets if b >= n)]
+    def step_inputs(self, batch: ModelBatch, sampling: tuple = (), history: tuple = (),
+                    steps: int = 1) -> DecodeGraph:
+        """Write a decode batch's step inputs into the graph of its bucket (in the form for its
+        longest context over `steps` steps); returns that graph."""
+        dg = self.graph_for(batch.num_seqs, max(batch.context_lens) + steps - 1)
         if self.device.type == "cuda":
             # the sampler of the step before read this graph's logits on the default stream, and
             # device-side token ids come from it: let it finish (the resident kernel is not on it)
@@ -252,7 +285,7 @@ class MegakernelBackend(Backend):
         if not 1 <= steps <= MAX_STEPS:
             raise ValueError(f"a decode loop runs 1 to {MAX_STEPS} steps, not {steps}")
         sampling = tuple(self.row_sampling(seq, n) for seq, n in zip(seqs, batch.context_lens, strict=True))
-        dg = self.step_inputs(batch, sampling)
+        dg = self.step_inputs(batch, sampling, steps=steps)
         block = loop_block(dg.batch, self.plan.block_size)
         self.upload(dg.buffers.loop, block.serialize(steps, remaining, stops, free), self.host_loop)
         run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, self.rt,

@@ -79,11 +79,13 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, NORM: tl.constexpr,
+def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
               R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
-    compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node).
+    compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
+    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
+    take gemv.batch_blocks whatever the live rows.
 
     Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
     then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
@@ -120,9 +122,9 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, 
     if AHEAD > 7 and NCH > 7:
         a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
     wl.wait(ctx, BACKEND)
-    end = tl.minimum(row0 + TN, n_out)
+    end = tl.minimum(row0 + count, n_out)
     nb = step_rows(inp)
-    if nb == 1:
+    if nb == 1 and count <= TN:
         if AHEAD <= 1 and NCH > 1:
             a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 2 and NCH > 2:

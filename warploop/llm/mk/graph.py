@@ -84,11 +84,11 @@ def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
     return [(b * bn, per * bn) for b in range(0, blocks, per)]
 
 
-def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int) -> list[tuple[int, int]]:
-    """The nodes of a GEMV over `rows` output rows: tiles of TN rows each when the plan has tiles
-    (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
+def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1) -> list[tuple[int, int]]:
+    """The nodes of a GEMV over `rows` output rows: `per` tiles of TN rows each when the plan has
+    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
     if tn:
-        return [(r, tn) for r in range(0, rows, tn)]
+        return [(r, tn * per) for r in range(0, rows, tn * per)]
     return spans(rows, plan.bn, nodes)
 
 
@@ -113,12 +113,19 @@ class DecodeGraph:
 
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
-                       buffers: StepBuffers, batch: int, width: int, gemv_nodes: int) -> DecodeGraph:
+                       buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
+                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
-    cos, sin: float32 RoPE tables [positions, head_dim // 2]; gemv_nodes: most nodes per GEMV.
+    cos, sin: float32 RoPE tables [positions, head_dim // 2]; gemv_nodes: most nodes per GEMV;
+    fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
+    instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
+    batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
+    blocks, not held in registers: fewer, longer nodes).
     """
+    per = batch_tiles if batch > 1 else 1
+    fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     inp = g.param("inp", "*i32")
     kinds: collections.Counter = collections.Counter()
@@ -141,14 +148,14 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
                              eps, has, after=prev, cost=s[1] * d))
-                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes)]
+                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
             kvh = n % cfg.num_kv_heads
             rows = [(kvh * group * hd, (kvh + 1) * group * hd), (q + kvh * hd, q + (kvh + 1) * hd),
                     (q + kvs + kvh * hd, q + kvs + (kvh + 1) * hd)]
-            if plan.splits == 1:    # rope, attention and combine of the group in one node
+            if fused:               # rope, attention and combine of the group in one node
                 combines.append(add("rope_attn", tasks.rope_attn, inp, b.qkv, cos, sin, qn, kn, kc, vc, b.attn, n,
                                     eps if cfg.qk_norm else -1.0, hd ** -0.5,
                                     after=[m for s, m in qkv_nodes if _overlaps(s, rows)],
@@ -162,16 +169,16 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes)]
+                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes)]
+                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
         bias, has = opt(lw.down_bias)
         prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes)]
+                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
     heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
                      cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
-             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes)]
+             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per)]
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
                  len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],

@@ -37,8 +37,8 @@ def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_b
     the compile-time width K when the plan has one (gemv_node_k), else over the run-time width k
     (gemv_node)."""
     if TN != 0:
-        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH, R, BN,
-                  BK, BACKEND)
+        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
+                  R, BN, BK, BACKEND)
     elif K != 0:
         gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
                     DEPTH, BACKEND)
