@@ -56,8 +56,14 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     from warploop.runtime.tasks import lookup
 
     driver.set_active(StandInDriver(GPUTarget("cuda", arch, 32)))
-    cfg = (GPU_MODELS | CPU_MODELS)[model][1]
-    p, warps = plan_of(cfg, json.loads(plan))
+    if model == "tiny":      # the embedded model, in its own dtype (what `warploop generate` runs)
+        from warploop.llm.build import torch_dtype
+        from warploop.llm.loader import load_config, resolve_model_dir
+        cfg = load_config(resolve_model_dir("tiny"))
+        p, warps = plan_of(cfg, json.loads(plan), torch_dtype(None, cfg))
+    else:
+        cfg = (GPU_MODELS | CPU_MODELS)[model][1]
+        p, warps = plan_of(cfg, json.loads(plan))
     module = codegen.build([lookup(t) for t in tasks_for(p).all])
     t0 = time.perf_counter()
     kernel, _ = compile_resident(module, torch.device("cpu"), "cuda", warps, traced)
@@ -67,7 +73,8 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", nargs="+", default=["llama-3.2-1b"])
+    parser.add_argument("--model", nargs="+", default=["llama-3.2-1b"],
+                        help="bench model shapes (warploop bench decode's names) or tiny (the embedded model)")
     parser.add_argument("--plan", nargs="+", default=["{}"], help="WARPLOOP_MK_PLAN-style JSON objects, one kernel each")
     parser.add_argument("--trace", choices=("off", "on", "both"), default="off")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (H100/H200: 90)")

@@ -26,12 +26,12 @@ from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
 
-def plan_of(cfg, overrides: dict):
+def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
     """(Plan, worker warps) of a model's shapes with WARPLOOP_MK_PLAN-style overrides (backend-only
     options such as workers are dropped: they do not change the kernel)."""
     overrides = {k: v for k, v in overrides.items() if k not in ("workers", "park_after_us", "timeout", "fused_upto", "batch_tiles")}
     warps = overrides.pop("worker_warps", 4)
-    return plan_for(cfg, torch.bfloat16, 16, "cuda", **overrides), warps
+    return plan_for(cfg, dtype, 16, "cuda", **overrides), warps
 
 
 def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False):
