@@ -290,3 +290,20 @@ def test_preemption_between_graph_steps_keeps_tokens_equal():
                               enable_prefix_caching=False)
     assert stats["preemptions"] > 0 and ref_stats["preemptions"] > 0
     assert got == want and all(len(t) == 12 for t in got)
+
+
+def test_warm_prefill_touches_only_block_0_and_changes_no_later_result():
+    """TorchBackend.warm_prefill (run by warmup on a GPU, for both backends): a throwaway prefill
+    into KV block 0, after which a real sequence, even one given block 0, gets the same logits."""
+    cfg = LLAMA_GQA
+    w = model_weights(cfg)
+    ref, mk = backends(cfg, w, max_num_seqs=1)
+    mk.close()
+    fresh, _ = backends(cfg, w, max_num_seqs=1)
+    before = ref.kv.clone()
+    ref.warm_prefill()
+    changed = (ref.kv != before).flatten(3).any(-1)          # [layers, k/v, blocks]
+    assert changed[:, :, 0].all() and not changed[:, :, 1:].any()
+    from warploop.llm.backend import ModelBatch
+    batch = ModelBatch([3, 1, 4, 1, 5], list(range(5)), [5], [5], [[0, 1]])
+    assert torch.equal(ref.forward(batch), fresh.forward(batch))

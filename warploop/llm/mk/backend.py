@@ -48,7 +48,7 @@ GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256}
 FUSED_UPTO = 80
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
-BATCH_TILES = 4
+BATCH_TILES = 2
 
 
 BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout", "fused_upto", "batch_tiles")
@@ -126,7 +126,7 @@ class MegakernelBackend(Backend):
     def warmup(self, max_num_seqs: int) -> None:
         """Allocate every bucket's buffers, then start the resident kernel and record the graphs.
         The batch-1 graph is compiled (placed, uploaded) here; the others on their first run."""
-        self.per_op.warmup(max_num_seqs)
+        self.per_op.warmup(max_num_seqs)     # on a GPU: a throwaway prefill (TorchBackend.warm_prefill)
         self.buckets = buckets(max_num_seqs)
         from warploop.runtime import Runtime
         # a start that compiles (the first of a model shape: minutes on a GPU) says so instead of
