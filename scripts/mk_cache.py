@@ -24,38 +24,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class StandInDriver:
-    """What Triton's JIT asks of a driver to compile (not launch) for `target`."""
-
-    def __init__(self, target) -> None:
-        self.target = target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     """In this process: the resident kernel of `model` under `plan` for sm_`arch`."""
     os.environ["WARPLOOP_PORTABLE_CACHE"] = "1"
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
     sys.path.insert(0, HERE)
-    from mk_resources import plan_of
-    from warploop.bench.decode import CPU_MODELS, GPU_MODELS
-    from warploop.llm.mk.tasks import tasks_for
-    from warploop.runtime import codegen
-    from warploop.runtime.gpu import compile_resident
-    from warploop.runtime.tasks import lookup
+    from mk_resources import compile_kernel, plan_of
 
-    driver.set_active(StandInDriver(GPUTarget("cuda", arch, 32)))
+    from warploop.bench.decode import CPU_MODELS, GPU_MODELS
+
     if model == "tiny":      # the embedded model, in its own dtype (what `warploop generate` runs)
         from warploop.llm.build import torch_dtype
         from warploop.llm.loader import load_config, resolve_model_dir
@@ -64,9 +40,8 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     else:
         cfg = (GPU_MODELS | CPU_MODELS)[model][1]
         p, warps = plan_of(cfg, json.loads(plan))
-    module = codegen.build([lookup(t) for t in tasks_for(p).all])
     t0 = time.perf_counter()
-    kernel, _ = compile_resident(module, torch.device("cpu"), "cuda", warps, traced)
+    kernel = compile_kernel(p, None, warps, traced, arch)
     return {"model": model, "plan": plan, "trace": traced, "s": round(time.perf_counter() - t0, 1),
             "shared": kernel.metadata.shared, "hash": kernel.hash}
 
@@ -75,14 +50,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", nargs="+", default=["llama-3.2-1b"],
                         help="bench model shapes (warploop bench decode's names) or tiny (the embedded model)")
-    parser.add_argument("--plan", nargs="+", default=["{}"], help="WARPLOOP_MK_PLAN-style JSON objects, one kernel each")
+    parser.add_argument("--plan", nargs="+", default=["{}"],
+                        help="WARPLOOP_MK_PLAN-style JSON objects, one kernel each")
     parser.add_argument("--trace", choices=("off", "on", "both"), default="off")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (H100/H200: 90)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--pack", default=".carry/triton-cache.tgz", help="the cache packed here ('' : not packed)")
     parser.add_argument("--unpack-dir", default="/tmp/wl-triton-cache",
-                        help="where the GPU machine unpacks it (its TRITON_CACHE_DIR; scripts/device_mk.sh's): Triton's "
-                             "group files name their members by absolute path")
+                        help="where the GPU machine unpacks it (its TRITON_CACHE_DIR; scripts/device_mk.sh's): "
+                             "Triton's group files name their members by absolute path")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: compile one JSON job in this process
     args = parser.parse_args()
     if args.one:
@@ -99,7 +75,7 @@ def main() -> None:
     def run(job):
         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)], capture_output=True, text=True)
         if r.returncode:
-            return {**job, "error": r.stderr.strip().splitlines()[-1:] or ["exit %d" % r.returncode]}
+            return {**job, "error": r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"]}
         return json.loads(r.stdout.strip().splitlines()[-1])
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:

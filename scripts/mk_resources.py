@@ -4,9 +4,9 @@ shared memory and registers are those of its most demanding task; this names tha
 
     PYTHONPATH=$PWD python scripts/mk_resources.py --model llama-3.2-1b --plan '{"tile_kb": 64}' [--kinds down gate_up]
 
-With a GPU the kernels are compiled as the runtime compiles them (a JIT warmup on the device:
-registers and spills come from the loaded binary); without one, for sm_90 by target (shared
-memory only). One JSON object per kernel is printed, then the TTGIR's shared-memory buffers of
+The kernels are compiled as the runtime compiles them (Triton's JIT warmup): on the GPU, where
+registers and spills come from the loaded binary; without one, for sm_90 through a stand-in
+driver (shared memory only). One JSON object per kernel is printed, then the TTGIR's shared-memory buffers of
 the largest one (shape and count) when --ttgir is given.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import torch
 
 from warploop.bench.decode import CPU_MODELS, GPU_MODELS
-from warploop.llm.mk.backend import plan_for
+from warploop.llm.mk.backend import BACKEND_OPTIONS, plan_for
 from warploop.llm.mk.tasks import tasks_for
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
@@ -29,27 +29,46 @@ from warploop.runtime.tasks import lookup
 def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
     """(Plan, worker warps) of a model's shapes with WARPLOOP_MK_PLAN-style overrides (backend-only
     options such as workers are dropped: they do not change the kernel)."""
-    overrides = {k: v for k, v in overrides.items() if k not in ("workers", "park_after_us", "timeout", "fused_upto", "batch_tiles")}
-    warps = overrides.pop("worker_warps", 4)
+    warps = overrides.get("worker_warps", 4)
+    overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
     return plan_for(cfg, dtype, 16, "cuda", **overrides), warps
 
 
-def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False):
+class StandInDriver:
+    """What Triton's JIT asks of a driver to compile (not launch) for `target`."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False, arch: int = 90):
     """The resident kernel of the plan's tasks `kinds` (None: every task), compiled as the runtime
-    compiles it where a GPU is present (into Triton's cache, nothing launched), else for sm_90."""
+    compiles it (Triton's JIT warmup, into Triton's cache, nothing launched): on this machine's GPU,
+    or without one for sm_`arch` through a stand-in driver, so the same source, options and target
+    give the key a GPU machine looks up (with WARPLOOP_PORTABLE_CACHE: scripts/mk_cache.py)."""
+    from warploop.runtime.gpu import compile_resident
     tasks = tasks_for(plan)
     chosen = tasks.all if kinds is None else [getattr(tasks, k) for k in kinds]
     module = codegen.build([lookup(t) for t in chosen])
     if torch.cuda.is_available():
-        from warploop.runtime.gpu import compile_resident
-        kernel, _ = compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)
-        return kernel
-    import triton
+        return compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)[0]
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    src = ASTSource(fn=module.resident, signature={"arena": "*i32"}, attrs={(0,): [["tt.divisibility", 16]]},
-                    constexprs={"INLINE": False, "TRACE": trace, "BACKEND": "cuda"})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    from triton.runtime.driver import driver
+    saved = driver._active      # noqa: SLF001 (reset_active would look for a real driver)
+    driver.set_active(StandInDriver(GPUTarget("cuda", arch, 32)))
+    try:
+        return compile_resident(module, torch.device("cpu"), "cuda", warps, trace)[0]
+    finally:
+        driver._active = saved  # noqa: SLF001
 
 
 def report(kernel) -> dict:
