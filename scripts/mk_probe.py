@@ -1,6 +1,8 @@
 """Where a decode megakernel step's time goes, on a GPU (random bf16 weights of a model's shapes).
 
     PYTHONPATH=$PWD python scripts/mk_probe.py --model llama-3.2-1b --batch 1 8 --trace OUT_DIR [--plan '{"bn": 16}']
+    # A/B in one process: several plans, timed in turn (list one twice to see the drift)
+    PYTHONPATH=$PWD python scripts/mk_probe.py --plan '{"prefetch_ahead":0}' '{}' '{"prefetch_ahead":0}' '{}'
 
 Per batch: the device time of one step (a graph replayed `--repeat` times, the runtime's own
 clock), the host's full `decode()` (step inputs, copy, run, wait, logits), and the host-only
@@ -120,7 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.2-1b", choices=list(GPU_MODELS) + list(CPU_MODELS))
     parser.add_argument("--batch", type=int, nargs="*", default=[1], help="batches to time (none: only --trace)")
-    parser.add_argument("--plan", default="{}", help="Plan overrides as JSON, e.g. '{\"bn\": 32}'")
+    parser.add_argument("--plan", nargs="+", default=["{}"],
+                        help="Plan overrides as JSON, e.g. '{\"bn\": 32}'; several: each timed in turn (keys p0_, "
+                             "p1_, ...; --trace and --compile-only take the first)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trace", default=None, help="also record one step into this folder (batch --trace-batch)")
     parser.add_argument("--trace-batch", type=int, default=1, help="the batch of the traced step (default 1)")
@@ -132,7 +136,8 @@ def main() -> None:
                              "with --trace, its traced variant")
     args = parser.parse_args()
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
-    plan = json.loads(args.plan)
+    plans = [json.loads(p) for p in args.plan]
+    plan = plans[0]
     if not all(1 <= c <= MAX_CONTEXT - 64 for c in args.context):
         parser.error(f"--context must be 1 .. {MAX_CONTEXT - 64}, got {args.context}")
     if args.compile_only:
@@ -142,21 +147,22 @@ def main() -> None:
         # with --trace the traced kernel only (run a plain one beside it)
         compiled_plan, warps = plan_of(cfg, plan)
         compile_kernel(compiled_plan, None, warps, trace=bool(args.trace))
-        print(json.dumps({"compiled": args.plan, "s": round(time.perf_counter() - t0, 1)}))
+        print(json.dumps({"compiled": args.plan[0], "s": round(time.perf_counter() - t0, 1)}))
         return
     out = {"model": args.model, "context": args.context}
-    if args.batch:
-        mk, start_s = make(cfg, plan, args.batch, False)
-        out.update(plan=str(mk.plan), workers=mk.rt.workers, start_s=round(start_s, 1),
-                   per_sm=getattr(mk.rt._backend, "per_sm", None))  # noqa: SLF001
+    for i, p in enumerate(plans if args.batch else []):
+        prefix = f"p{i}_" if len(plans) > 1 else ""
+        mk, start_s = make(cfg, p, args.batch, False)
+        out.update({f"{prefix}plan": str(mk.plan), f"{prefix}options": p, "workers": mk.rt.workers,
+                    f"{prefix}start_s": round(start_s, 1), "per_sm": getattr(mk.rt._backend, "per_sm", None)})  # noqa: SLF001
         try:
             for n in args.batch:
                 for c in args.context:
-                    key = f"bs{n}" if len(args.context) == 1 else f"bs{n}_ctx{c}"
+                    key = prefix + (f"bs{n}" if len(args.context) == 1 else f"bs{n}_ctx{c}")
                     out[key] = timing(mk, n, args.repeat, c)
                     out[key]["attention"] = "fused" if "rope_attn" in out[key]["kinds"] else "split"
                     print(json.dumps({key: out[key]["device_us_per_step"], "attention": out[key]["attention"],
-                                      "nodes": out[key]["nodes"]}), flush=True)
+                                      "nodes": out[key]["nodes"], "options": p}), flush=True)
         finally:
             mk.close()
     if args.trace:
