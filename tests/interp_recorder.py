@@ -10,6 +10,7 @@ from triton.runtime import interpreter
 
 from warploop.runtime import layout as L
 from warploop.runtime.cpu import CpuExecutor
+from warploop.runtime.descriptor import DESC_WORDS
 
 
 def regions(mk, dg) -> list[tuple[int, int, int, int, bool]]:
@@ -60,7 +61,7 @@ def recorded_accesses(mk, dg):
     def recording_launch(self, kernel, worker, *args):
         if kernel is self.module.cpu_graph_inst and args[1] >= 0:
             insts, _, _ = self.graphs[self.ctl(L.C_RUN_GID)]
-            current["node"] = int(insts[args[1] * L.INST_WORDS + 1])
+            current["node"] = int(insts[args[1] * DESC_WORDS + 1])
         try:
             return launch(self, kernel, worker, *args)
         finally:

@@ -107,48 +107,10 @@ def test_batch_graphs_give_each_gemv_node_several_tiles():
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
-        # every GEMV node names its weight rows for the worker's L2 prefetch: together each weight once
-        w = mk.w
-        weights = {"qkv": [lw.qkv for lw in w.layers], "o_proj": [lw.o for lw in w.layers],
-                   "gate_up": [lw.gate_up for lw in w.layers], "down": [lw.down for lw in w.layers],
-                   "lm_head": [w.lm_head]}
-        for b in (1, 2):
-            dg = mk.graphs[b]
-            for kind, tensors in weights.items():
-                ranges = sorted(r for n, k in zip(dg.graph.nodes, dg.labels, strict=True) if k == kind
-                                for r in n.prefetch)
-                whole = sorted((t.data_ptr(), t.numel() * t.element_size()) for t in tensors)
-                merged = []
-                for start, size in ranges:          # adjacent ranges merge into whole tensors
-                    if merged and merged[-1][0] + merged[-1][1] == start:
-                        merged[-1] = (merged[-1][0], merged[-1][1] + size)
-                    else:
-                        merged.append((start, size))
-                assert merged == whole, (b, kind)
-                if kind == "gate_up":               # the gate rows, then the up rows f further down
-                    n = next(n for n, k in zip(dg.graph.nodes, dg.labels, strict=True) if k == kind)
-                    (g0, gn), (u0, un) = n.prefetch
-                    assert gn == un and u0 - g0 == cfg.intermediate_size * cfg.hidden_size * tensors[0].element_size()
-            assert dg.graph.prefetch_ahead == 1
     finally:
         mk.close()
     with pytest.raises(ValueError, match="batch_tiles=0"):
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
-    with pytest.raises(ValueError, match="prefetch_ahead=9"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, prefetch_ahead=9)
-
-
-def test_weight_rows_names_a_nodes_rows_clipped_to_the_weight_and_the_prefetch_cap():
-    from warploop.llm.mk.graph import PREFETCH_CAP, weight_rows
-    w = torch.zeros(1000, 256)                  # 1 KB rows
-    base = w.data_ptr()
-    assert weight_rows(w, (8, 4)) == (base + 8 * 1024, 4 * 1024)
-    assert weight_rows(w, (996, 16)) == (base + 996 * 1024, 4 * 1024)           # past the last row
-    assert weight_rows(w, (0, 4), offset=500) == (base + 500 * 1024, 4 * 1024)  # gate_up's up rows
-    assert weight_rows(w, (0, 1000)) == (base, PREFETCH_CAP)                   # a stream's span: its start
-    assert weight_rows(torch.zeros(4, 64 << 10), (0, 4))[1] == 256 << 10        # one row, however long
-    with pytest.raises(AssertionError, match="row-major"):
-        weight_rows(w.t(), (0, 4))
 
 
 def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():

@@ -146,56 +146,6 @@ def test_graph_api_errors(rt):
         g.add(bump, torch.zeros(1), 0, 1.0)
 
 
-def test_prefetch_ranges_ride_on_the_instruction_ahead_on_the_same_worker(rt):
-    """A node's prefetch ranges are in the words of the instruction `prefetch_ahead` places earlier
-    on its worker (none on the first ones, nothing for NOPs), and the graph runs as without them."""
-    from warploop.runtime import layout as L
-    from warploop.runtime.descriptor import join64
-    x = torch.zeros(8)
-    w = torch.arange(64, dtype=torch.float32)
-    for ahead in (0, 1, 2):
-        x.zero_()
-        g = rt.graph(prefetch_ahead=ahead)
-        nodes = []
-        for i in range(6):          # a chain on worker 0, each naming two ranges of its own
-            nodes.append(g.add(bump, x, i, 1.0, after=nodes[-1:], worker=0,
-                               prefetch=[w[8 * i:8 * i + 8], (w.data_ptr() + 4 * i, 4 + 4 * i)]))
-        g.add(bump, x, 6, 1.0, worker=1, prefetch=[(w.data_ptr(), 16)])     # alone on worker 1
-        g.run()
-        assert x.tolist()[:7] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0]
-        words = g._tensors[0].numpy().reshape(-1, L.INST_WORDS)
-        descs, table = g.descriptors()
-        assert len(words) == len(descs)
-        first, count = table[0], table[1]
-        for k in range(count):
-            pf = words[first + k, L.I_PREFETCH:]
-            pf = [int(v) for v in pf]
-            ranges = [(join64(pf[4 * j], pf[4 * j + 1]), join64(pf[4 * j + 2], pf[4 * j + 3])) for j in range(2)]
-            later = k + ahead
-            if ahead and later < count:
-                i = descs[first + later].node
-                assert ranges == [(w.data_ptr() + 32 * i, 32), (w.data_ptr() + 4 * i, 4 + 4 * i)]
-            else:
-                assert ranges == [(0, 0), (0, 0)]
-        assert not words[table[2], L.I_PREFETCH:].any()     # worker 1's only node: nothing ahead of it
-
-
-@pytest.mark.parametrize("bad, error, match", [
-    ([(1, 2), (3, 4), (5, 6)], ValueError, "at most 2"),
-    ([(0, 16)], ValueError, "address > 0"),
-    ([(4096, 0)], ValueError, "1 to 2"),
-    ([(4096, 2**31)], ValueError, "1 to 2"),
-    ([(4096.0, 16)], TypeError, "pair of ints"),
-    ([4096], TypeError, "pair of ints"),
-])
-def test_prefetch_ranges_are_checked_when_added(rt, bad, error, match):
-    g = rt.graph()
-    with pytest.raises(error, match=match):
-        g.add(bump, torch.zeros(1), 0, 1.0, prefetch=bad)
-    with pytest.raises(ValueError, match="prefetch_ahead"):
-        rt.graph(prefetch_ahead=-1)
-
-
 def test_pipelined_worker_loop_runs_a_chain_with_parameters():
     """The resident loop itself, in the interpreter: run_graph loads each instruction's words while
     the one before runs, and decodes a parameter argument from them; replays see new values."""

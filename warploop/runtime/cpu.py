@@ -109,7 +109,7 @@ class CpuExecutor:
                 continue
             i, end = self.position[w], int(table[2 * w] + table[2 * w + 1])
             if i < end:
-                d = insts[i * L.INST_WORDS:i * L.INST_WORDS + DESC_WORDS]
+                d = insts[i * DESC_WORDS:(i + 1) * DESC_WORDS]
                 waits = [(d[4 + 2 * k], d[5 + 2 * k]) for k in range(2) if d[4 + 2 * k] >= 0]
                 # An out-of-range counter is left for the device code to report as a bad descriptor.
                 if any(0 <= c < len(counters) and counters[c] < n * epoch for c, n in waits):
@@ -121,8 +121,8 @@ class CpuExecutor:
                 self.position[w] = i + 1
             t0 = self._launch(self.module.cpu_graph_inst, w, w, i if i < end else -1, int(last))
             if self.trace and i < end:
-                self.events.append((t0, time.perf_counter_ns(), int(insts[i * L.INST_WORDS]), w,
-                                    int(insts[i * L.INST_WORDS + 1])))
+                self.events.append((t0, time.perf_counter_ns(), int(insts[i * DESC_WORDS]), w,
+                                    int(insts[i * DESC_WORDS + 1])))
             progressed = True
         return progressed
 

@@ -7,11 +7,6 @@
     g.run(x=inputs[0])                               # compiles on first use, then replays
     g.run(x=inputs[1])
 
-A node may name memory it will read that no predecessor writes (its weights): `prefetch=` up to
-two tensors or (address, bytes) ranges. The worker that runs the node `prefetch_ahead` places
-earlier on its list pulls them into L2 as it starts that earlier node, so memory keeps streaming
-while the worker waits, reduces and signals (layout.INST_WORDS).
-
 Dependencies are between nodes (tiles), not whole operations. Compilation places nodes on
 workers and builds counters (placement.py); the instruction lists, counters and parameter block
 are uploaded once. A run is one request in the host block: the front copies the parameters and
@@ -44,31 +39,11 @@ class Node:
     deps: tuple[int, ...]
     cost: float
     worker: int | None
-    prefetch: tuple[tuple[int, int], ...] = ()
-
-
-def prefetch_ranges(prefetch) -> tuple[tuple[int, int], ...]:
-    """Graph.add's `prefetch`: tensors or (address, bytes) pairs, as (address, bytes) pairs."""
-    out = []
-    for r in prefetch or ():
-        if hasattr(r, "data_ptr"):
-            r = (r.data_ptr(), r.numel() * r.element_size())
-        if (not isinstance(r, tuple) or len(r) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                              for v in r)):
-            raise TypeError(f"prefetch: each range is a tensor or an (address, bytes) pair of ints, got {r!r}")
-        if r[0] <= 0 or not 0 < r[1] < 2**31:
-            raise ValueError(f"prefetch: range {r!r} needs an address > 0 and 1 to 2**31 - 1 bytes")
-        out.append(r)
-    if len(out) > L.PREFETCH_RANGES:
-        raise ValueError(f"prefetch: at most {L.PREFETCH_RANGES} ranges a node, got {len(out)}")
-    return tuple(out)
 
 
 class Graph:
-    def __init__(self, runtime, gid: int, prefetch_ahead: int = 1) -> None:
-        if not isinstance(prefetch_ahead, int) or not 0 <= prefetch_ahead <= 8:
-            raise ValueError(f"prefetch_ahead={prefetch_ahead!r}: use 0 (no prefetch) to 8 instructions")
-        self.runtime, self.gid, self.prefetch_ahead = runtime, gid, prefetch_ahead
+    def __init__(self, runtime, gid: int) -> None:
+        self.runtime, self.gid = runtime, gid
         self.nodes: list[Node] = []
         self.params: dict[str, Param] = {}
         self.schedule: Schedule | None = None
@@ -86,10 +61,8 @@ class Graph:
         p = self.params[name] = Param(name, type, len(self.params))
         return p
 
-    def add(self, task, *args, after=(), worker: int | None = None, cost: float | None = None,
-            prefetch=()) -> Node:
-        """Record `task(*args)` running after the nodes in `after`; returns its node. `prefetch`:
-        up to two tensors or (address, bytes) ranges the node reads that no node writes (see above)."""
+    def add(self, task, *args, after=(), worker: int | None = None, cost: float | None = None) -> Node:
+        """Record `task(*args)` running after the nodes in `after`; returns its node."""
         self._mutable()
         t = self.runtime._task(task)
         if len(args) != len(t.args):
@@ -101,8 +74,7 @@ class Graph:
             if not isinstance(value, Param):
                 self.runtime._check_arg(spec, value)
         deps = tuple(sorted({n.index if isinstance(n, Node) else int(n) for n in (after or ())}))
-        node = Node(len(self.nodes), t, tuple(args), deps, t.cost if cost is None else float(cost), worker,
-                    prefetch_ranges(prefetch))
+        node = Node(len(self.nodes), t, tuple(args), deps, t.cost if cost is None else float(cost), worker)
         self.nodes.append(node)
         return node
 
@@ -135,31 +107,13 @@ class Graph:
                                             signal=inst.signal, waits=inst.waits))
         return descs, table
 
-    def prefetch_words(self) -> np.ndarray:
-        """Each instruction's prefetch words (layout.I_PREFETCH on), in descriptors() order: the
-        ranges of the node `prefetch_ahead` instructions later on the same worker."""
-        rows = []
-        for insts in self.schedule.lists:
-            for k in range(len(insts)):
-                row = [0] * (L.INST_WORDS - L.I_PREFETCH)
-                later = k + self.prefetch_ahead
-                if self.prefetch_ahead and later < len(insts) and insts[later].node >= 0:
-                    for j, (address, nbytes) in enumerate(self.nodes[insts[later].node].prefetch):
-                        row[4 * j:4 * j + 4] = [*split64(address), *split64(nbytes)]
-                rows.append(row)
-        return np.array(rows, dtype=np.int64).reshape(-1, L.INST_WORDS - L.I_PREFETCH)
-
     def compile(self) -> Schedule:
         if self._tensors is not None:
             return self.schedule
         import torch
         rt, backend = self.runtime, self.runtime._backend
         descs, table = self.descriptors()
-        words = np.zeros((max(1, len(descs)), L.INST_WORDS), dtype=np.int32)
-        if descs:
-            words[:, :DESC_WORDS] = [d.serialize() for d in descs]
-            words[:, L.I_PREFETCH:] = self.prefetch_words()
-        words = words.reshape(-1)
+        words = np.array([w for d in descs for w in d.serialize()] or [0] * DESC_WORDS, dtype=np.int32)
         insts = backend.empty(len(words), torch.int32)
         backend.upload(insts, words)
         table_t = backend.empty(len(table), torch.int32)

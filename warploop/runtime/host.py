@@ -321,14 +321,12 @@ class Runtime:
                 future._settled = True
 
     # -- graphs ----------------------------------------------------------------------------------
-    def graph(self, prefetch_ahead: int = 1) -> Graph:
-        """A new static graph on this runtime (see graph.py). prefetch_ahead: how many instructions
-        ahead of a node its worker prefetches the node's `prefetch` ranges (0: never)."""
+    def graph(self) -> Graph:
+        """A new static graph on this runtime (see graph.py)."""
         if self._graphs >= self.layout.max_graphs:
             raise RuntimeError(f"at most {self.layout.max_graphs} graphs per Runtime")
-        graph = Graph(self, self._graphs, prefetch_ahead)
         self._graphs += 1
-        return graph
+        return Graph(self, self._graphs - 1)
 
     def _request_graph(self, gid: int, repeat: int, params: list[int]) -> GraphFuture:
         seq = self._greq + 1

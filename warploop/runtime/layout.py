@@ -79,14 +79,6 @@ G_INSTS, G_WORKER_TABLE, G_COUNTERS, G_PARAMS = 0, 2, 4, 6   # int64 addresses
 G_NINST, G_NCOUNTERS, G_NPARAMS, G_RUNS = 8, 9, 10, 11        # G_RUNS: runs released so far (epoch)
 G_HALT = 12         # nonzero: a node asked to end the request after the run in flight (Graph.halt_address)
 
-# A graph instruction (int32 words): a task descriptor (descriptor.py), then the L2 prefetch the
-# worker issues as it starts the instruction, so memory stays busy through the node's wait, reduction
-# and signal: PREFETCH_RANGES (int64 address, int64 bytes) pairs, bytes 0 for none. The host fills
-# them with what a later node on the same worker reads (Graph.add(prefetch=...), prefetch_ahead).
-PREFETCH_RANGES = 2
-I_PREFETCH = DESC_WORDS
-INST_WORDS = DESC_WORDS + 4 * PREFETCH_RANGES
-
 # Error record in the arena's C_ERROR line and mirrored in the host block (int32 words).
 E_CODE, E_OPCODE, E_WORKER, E_DETAIL, E_TASK, E_FATAL = 0, 1, 2, 3, 4, 6   # E_TASK: int64, words 4-5
 

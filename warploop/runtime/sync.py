@@ -201,23 +201,6 @@ def idle_pause(idle, BACKEND: tl.constexpr):
                                   is_pure=False, pack=1)
 
 
-PREFETCH_LINES = tl.constexpr(512)   # 128-byte lines a program asks for at once (64 KB)
-
-
-@triton.jit
-def prefetch_l2(address, nbytes, BACKEND: tl.constexpr):
-    """Ask L2 for `nbytes` at `address` (a global address as an int64; nothing if nbytes <= 0), and
-    go on at once: prefetch.global.L2 per 128-byte line, spread over the program's threads (a hint:
-    nothing waits for it, nothing is returned). A no-op where the backend has none wired (hip, cpu)."""
-    if BACKEND == "cuda":
-        k = tl.arange(0, PREFETCH_LINES).to(tl.int64) * 128
-        for off in range(0, nbytes, PREFETCH_LINES * 128):
-            # lines past the end repeat the last one (a repeated prefetch is merged, never a fault)
-            a = address + off + tl.minimum(k, nbytes - off - 1)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [a], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
 @triton.jit
 def fence_sys(BACKEND: tl.constexpr):
     """A sequentially consistent system-scope fence: a store before it is visible to the host before

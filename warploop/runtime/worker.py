@@ -29,6 +29,7 @@ from warploop.runtime.sync import (
     ARG_WORD,
     CTX_BASE,
     CTX_WORDS,
+    DESC_WORDS,
     DRAIN,
     MAX_PARAMS,
     acquire,
@@ -39,15 +40,12 @@ from warploop.runtime.sync import (
     i64,
     idle_pause,
     p64,
-    prefetch_l2,
     uload,
     uload_ctl2,
     wait_ge,
 )
 
 ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
-INST_WORDS = tl.constexpr(L.INST_WORDS)
-I_PREFETCH = tl.constexpr(L.I_PREFETCH)
 MAX_ARGS = tl.constexpr(D.MAX_ARGS)
 
 
@@ -90,23 +88,8 @@ def desc_words(d, ok, NSLOTS: tl.constexpr, VOLATILE: tl.constexpr):
 
 @triton.jit
 def inst_words(insts, i, end, NSLOTS: tl.constexpr):
-    """Instruction i of a graph's list (all zeros, nothing read, once i reaches end): its descriptor
-    words and its prefetch ranges (layout.INST_WORDS), all issued at once."""
-    d = insts + i * INST_WORDS
-    ok = i < end
-    h, args = desc_words(d, ok, NSLOTS, False)
-    pf = p64(d + I_PREFETCH)
-    ranges = (tl.load(pf, mask=ok, other=0), tl.load(pf + 1, mask=ok, other=0),
-              tl.load(pf + 2, mask=ok, other=0), tl.load(pf + 3, mask=ok, other=0))
-    return h, args, ranges
-
-
-@triton.jit
-def prefetch_inst(words, BACKEND: tl.constexpr):
-    """Issue an instruction's prefetch ranges (what a later node on this worker reads)."""
-    ranges = words[2]
-    prefetch_l2(ranges[0], ranges[1], BACKEND)
-    prefetch_l2(ranges[2], ranges[3], BACKEND)
+    """Instruction i of a graph's list (all zeros, nothing read, once i reaches end)."""
+    return desc_words(insts + i * DESC_WORDS, i < end, NSLOTS, False)
 
 
 @triton.jit
@@ -167,7 +150,7 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
 def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
     """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal."""
-    h, args, _ = words
+    h, args = words
     op, node, pmask, sig, c0, n0, c1, n1 = h
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
              & (pmask >= 0) & ((pmask >> MAX_ARGS) == 0))
@@ -234,7 +217,6 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
     node costs no descriptor round trip of its own, but a body shorter than an L2 round trip still
     waits for its successor's words at the top of the next pass (docs/runtime.md, the instruction path).
-    Each instruction's prefetch ranges (a later node's weights) go to L2 before its body starts.
     """
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
@@ -243,7 +225,6 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     words = inst_words(insts, i, end, NSLOTS)
     while i < end:
         ahead = inst_words(insts, i + 1, end, NSLOTS)
-        prefetch_inst(words, BACKEND)
         status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
         words = ahead
         i += 1

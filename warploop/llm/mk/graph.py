@@ -29,9 +29,6 @@ from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
 from warploop.llm.mk.tasks import MkTasks
 
 ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
-# The most bytes of one weight range a node asks its worker to prefetch: a tile's (tens of KB) whole;
-# of a stream node's span (a worker's share, up to MBs: all of them would not fit in L2) its start.
-PREFETCH_CAP = 64 << 10
 
 
 @dataclasses.dataclass
@@ -100,17 +97,6 @@ def sample_spans(plan: Plan, vocab: int, nodes: int) -> list[tuple[int, int]]:
     return spans(vocab, max(plan.bn, plan.tile_constexprs()["TND"]), nodes)
 
 
-def weight_rows(w, span: tuple[int, int], offset: int = 0) -> tuple[int, int]:
-    """(address, bytes) of rows [r, r + n) of a row-major weight, span (r, n) clipped to its rows and
-    to PREFETCH_CAP, `offset` rows further down (gate_up's up half): what a GEMV node reads first,
-    for Graph.add(prefetch=)."""
-    rows, cols = w.shape
-    assert w.stride() == (cols, 1), "a GEMV weight is row-major and contiguous"
-    row = cols * w.element_size()
-    r, n = span[0] + offset, min(span[1], rows - offset - span[0], max(1, PREFETCH_CAP // row))
-    return w.data_ptr() + r * row, n * row
-
-
 def _overlaps(span: tuple[int, int], ranges) -> bool:
     return any(span[0] < hi and lo < span[0] + span[1] for lo, hi in ranges)
 
@@ -128,7 +114,7 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1, prefetch_ahead: int = 1) -> DecodeGraph:
+                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
@@ -136,12 +122,11 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
     instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
-    blocks, not held in registers: fewer, longer nodes); prefetch_ahead: a GEMV node's weight rows go
-    to L2 as its worker starts the instruction this many places before it (0: not prefetched).
+    blocks, not held in registers: fewer, longer nodes).
     """
     per = batch_tiles if batch > 1 else 1
     fused = plan.splits == 1 if fused is None else fused
-    g = rt.graph(prefetch_ahead)
+    g = rt.graph()
     inp = g.param("inp", "*i32")
     kinds: collections.Counter = collections.Counter()
     labels: list[str] = []
@@ -149,10 +134,10 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
     tn = plan.tile_constexprs()
 
-    def add(kind, task, *args, after=(), cost=1.0, prefetch=()):
+    def add(kind, task, *args, after=(), cost=1.0):
         kinds[kind] += 1
         labels.append(kind)
-        return g.add(task, *args, after=after, cost=float(cost), prefetch=prefetch)
+        return g.add(task, *args, after=after, cost=float(cost))
 
     def opt(t):
         return (t, 1) if t is not None else (0, 0)
@@ -162,7 +147,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
-                             eps, has, after=prev, cost=s[1] * d, prefetch=[weight_rows(lw.qkv, s)]))
+                             eps, has, after=prev, cost=s[1] * d))
                      for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
@@ -184,20 +169,15 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q, prefetch=[weight_rows(lw.o, s)])
-             for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
+                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d,
-                       prefetch=[weight_rows(lw.gate_up, s), weight_rows(lw.gate_up, s, f)])
-                   for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
+                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
         bias, has = opt(lw.down_bias)
         prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f, prefetch=[weight_rows(lw.down, s)])
-                for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
+                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
     heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
-                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d,
-                     prefetch=[weight_rows(weights.lm_head, s)]))
+                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
              for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per)]
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
