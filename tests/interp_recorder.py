@@ -43,7 +43,8 @@ def recorded_accesses(mk, dg):
         node = current["node"]
         if node is None:
             return
-        addrs = ptrs.data[mask.data].astype(np.int64).ravel()
+        # as a boolean: a mask the interpreter holds as integers would otherwise index, not select
+        addrs = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape).astype(bool)].astype(np.int64).ravel()
         for base, end, size, width, rows in spans:
             element = (addrs[(addrs >= base) & (addrs < end)] - base) // size
             for row, column in set(zip((element // width if rows else 0 * element - 1).tolist(),

@@ -16,7 +16,7 @@ graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
 | rope_kv[b, g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
 | attn[b, g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
 | combine[b, g] | parts and lse: g's heads, every split | attn: g's heads |
-| rope_attn[b, g] (one split) | as rope_kv[b, g], and k and v cache: head g | as rope_kv[b, g], and attn: g's heads |
+| rope_attn[b, g] (fused) | as rope_kv[b, g], and k and v cache: head g | k and v cache: head g; attn: g's heads |
 | sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
 | sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
 | advance | tokens, the loop block | the loop block (and the step inputs, the mailbox: loop.py) |
@@ -86,9 +86,10 @@ def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
         v = ((H + KVH + g) * HD, (H + KVH + g + 1) * HD)
         return [acc(qkv, *q), acc(qkv, *k), acc(qkv, *v), acc(qkv, *q, True), acc(qkv, *k, True),
                 acc(kc, g * HD, (g + 1) * HD, True), acc(vc, g * HD, (g + 1) * HD, True)]
-    if kind == "rope_attn":
+    if kind == "rope_attn":     # rope_kv's reads and cache writes (its q and k stay in registers)
         _, qkv, _, _, _, _, kc, vc, out, _, _, _ = args
-        rope = footprint(plan, "rope_kv", (None, qkv, None, None, None, None, kc, vc, n, None, None))
+        rope = [a for a in footprint(plan, "rope_kv", (None, qkv, None, None, None, None, kc, vc, n, None, None))
+                if not (a.write and a.buffer == address(qkv))]
         return rope + [acc(kc, g * HD, (g + 1) * HD), acc(vc, g * HD, (g + 1) * HD),
                        acc(out, g * G * HD, (g + 1) * G * HD, True)]
     if kind == "attn":

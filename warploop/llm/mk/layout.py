@@ -291,8 +291,10 @@ class Plan:
         return tn, tk
 
     def constexprs(self) -> dict[str, int]:
+        # HALFP, GP1: operands of rope_attn's tl.dot over half heads (>= 16 each way)
         return {"H": self.heads, "KVH": self.kv_heads, "HD": self.head_dim, "HDP": max(16, _pow2(self.head_dim)),
-                "HALFP": _pow2(self.head_dim // 2), "GP": max(16, _pow2(self.group)), "GP1": _pow2(self.group + 1),
+                "HALFP": max(16, _pow2(self.head_dim // 2)), "GP": max(16, _pow2(self.group)),
+                "GP1": max(16, _pow2(self.group + 1)),
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,

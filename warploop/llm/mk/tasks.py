@@ -99,11 +99,11 @@ def mk_attn(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH:
     attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
 
 
-def mk_rope_attn(inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
+def mk_rope_attn(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
                  KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr,
                  GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, BACKEND: tl.constexpr):
-    rope_attn_node(inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H, KVH, HD, HDP, HALFP, GP1, GP, BS,
-                   TILE, BACKEND)
+    rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H, KVH, HD, HDP, HALFP, GP1, GP,
+                   BS, TILE, BACKEND)
 
 
 def mk_combine(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
@@ -153,7 +153,8 @@ def _signatures(dt: str) -> dict:
     }
 
 
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head)   # they issue weight loads, then wl.wait
+# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn)
 
 
 @dataclasses.dataclass(frozen=True)
