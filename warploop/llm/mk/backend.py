@@ -45,7 +45,7 @@ GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256}
 # Steps whose longest context (to the end of a decode loop) is at most this many tokens run the
 # graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
 # each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
-FUSED_UPTO = 80
+FUSED_UPTO = 128
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
 BATCH_TILES = 2
