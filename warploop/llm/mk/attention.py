@@ -160,6 +160,15 @@ def _cached_halves(kc, vc, table, t0, n_old, g, live, KVH: tl.constexpr, HD: tl.
 
 
 @triton.jit
+def _whole(a, b):
+    """Halves a, b [R, HALFP] of heads as one [R, 2 * HALFP] operand: the head itself when HALFP is
+    half the head (a power-of-two dim), so one dot over it sums as attn_node's does."""
+    R: tl.constexpr = a.shape[0]
+    W: tl.constexpr = 2 * a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (R, W))
+
+
+@triton.jit
 def _row(x, j, which):
     """Row `which` of a [GP1, HALFP] block as a [HALFP] vector (a compile-time shape: a masked sum)."""
     return tl.sum(tl.where((j == which)[:, None], x.to(tl.float32), 0.0), axis=0)
@@ -176,8 +185,8 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
     Everything no predecessor writes is read before `wl.wait`: the step's fields, the RoPE rows,
     the q/k norm weights, the block table and the first TILE tokens of the cached context (the
     tokens before this step's). After it, only this step's q, k and v are read (from qkv). They
-    stay in registers as the halves RoPE works in: the scores are the sum of two dots over half a
-    head each, the new token's k and v are patched into the cached tile from registers (and
+    stay in registers as the halves RoPE works in, joined into whole heads for the scores' one dot
+    (so they sum as attn_node's do); the new token's k and v are patched into the cached tile from registers (and
     written to the cache for later steps), and the output is made half by half. Rounding as
     rope_kv_node and attn_node: q and k rounded to the model dtype after RoPE, p to v's dtype
     for the PV product on a GPU, an online softmax in float32."""
@@ -239,6 +248,7 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
         tl.store(vc + dst + HALF + d, nv2, mask=dmask)
     q1 = tl.where(is_q, o1, 0.0).to(dt)
     q2 = tl.where(is_q, o2, 0.0).to(dt)
+    q = _whole(q1, q2)
     mx = tl.full([GP1], float("-inf"), tl.float32)
     acc_l = tl.zeros([GP1], tl.float32)
     acc1 = tl.zeros([GP1, HALFP], tl.float32)
@@ -251,7 +261,7 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
         k2 = tl.where(new, nk2[None, :], k2)
         v1 = tl.where(new, nv1[None, :], v1)
         v2 = tl.where(new, nv2[None, :], v2)
-        sc = (mma(q1, tl.trans(k1), BACKEND) + mma(q2, tl.trans(k2), BACKEND)) * scale
+        sc = mma(q, tl.trans(_whole(k1, k2)), BACKEND) * scale
         sc = tl.where((toks < n_ctx)[None, :], sc, float("-inf"))
         m_new = tl.maximum(mx, tl.max(sc, axis=1))
         p = tl.exp(sc - m_new[:, None])
