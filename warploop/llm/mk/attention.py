@@ -37,6 +37,37 @@ def node_row(inp, n, KVH: tl.constexpr):
 
 
 @triton.jit
+def qk_norm_weights(qn, kn, d, dmask, is_q, HALF: tl.constexpr):
+    """The q/k RMSNorm weights (Qwen3) as halves over a group's rows: q's for the q heads, k's for the k head."""
+    w1 = tl.where(is_q, tl.load(qn + d, mask=dmask, other=0.0)[None, :],
+                  tl.load(kn + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
+    w2 = tl.where(is_q, tl.load(qn + HALF + d, mask=dmask, other=0.0)[None, :],
+                  tl.load(kn + HALF + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
+    return w1, w2
+
+
+@triton.jit
+def norm_rope(x1, x2, w1, w2, eps, c, s, NORM, HD: tl.constexpr, dt: tl.constexpr, BACKEND: tl.constexpr):
+    """The halves x1, x2 (float32) of a group's q and k heads, q/k-normed where NORM, then rotated by
+    the RoPE rows c, s: (o1, o2) in dtype dt. Rounding as the per-op backend of the same device: on
+    the CPU layers.py (cos, sin and every product rounded to the model dtype), on the GPU
+    triton_ops.py (float32, one rounding)."""
+    if NORM:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
+        x1 = rnd(w1 * rnd(x1 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
+        x2 = rnd(w2 * rnd(x2 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
+    if BACKEND == "cpu":
+        c = rnd(c, dt, BACKEND).to(tl.float32)
+        s = rnd(s, dt, BACKEND).to(tl.float32)
+        o1 = rnd(rnd(x1 * c, dt, BACKEND).to(tl.float32) - rnd(x2 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
+        o2 = rnd(rnd(x2 * c, dt, BACKEND).to(tl.float32) + rnd(x1 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
+    else:
+        o1 = (x1 * c - x2 * s).to(dt)
+        o2 = (x2 * c + x1 * s).to(dt)
+    return o1, o2
+
+
+@triton.jit
 def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
                  HD: tl.constexpr, HDP: tl.constexpr, HALFP: tl.constexpr, GP1: tl.constexpr, BACKEND: tl.constexpr):
     G: tl.constexpr = H // KVH
@@ -53,26 +84,13 @@ def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.
         base = qkv + i64(b) * ROW + head[:, None] * HD + d[None, :]
         x1 = tl.load(base, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=m, other=0.0).to(tl.float32)
+        w1, w2 = x1, x2                         # unused without a q/k norm
         if has_qk_norm != 0:
-            is_q = (j < G)[:, None]
-            w1 = tl.where(is_q, tl.load(qn + d, mask=dmask, other=0.0)[None, :],
-                          tl.load(kn + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
-            w2 = tl.where(is_q, tl.load(qn + HALF + d, mask=dmask, other=0.0)[None, :],
-                          tl.load(kn + HALF + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
-            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
-            x1 = rnd(w1 * rnd(x1 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
-            x2 = rnd(w2 * rnd(x2 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
+            w1, w2 = qk_norm_weights(qn, kn, d, dmask, (j < G)[:, None], HALF)
         pos = step_field(inp, 1, b).to(tl.int64)
         c = tl.load(cos + pos * HALF + d, mask=dmask, other=0.0)[None, :]
         s = tl.load(sin + pos * HALF + d, mask=dmask, other=0.0)[None, :]
-        if BACKEND == "cpu":   # as layers.py: cos, sin and every product rounded to the model dtype
-            c = rnd(c, dt, BACKEND).to(tl.float32)
-            s = rnd(s, dt, BACKEND).to(tl.float32)
-            o1 = rnd(rnd(x1 * c, dt, BACKEND).to(tl.float32) - rnd(x2 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
-            o2 = rnd(rnd(x2 * c, dt, BACKEND).to(tl.float32) + rnd(x1 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
-        else:                  # as triton_ops.py: float32, one rounding
-            o1 = (x1 * c - x2 * s).to(dt)
-            o2 = (x2 * c + x1 * s).to(dt)
+        o1, o2 = norm_rope(x1, x2, w1, w2, eps, c, s, has_qk_norm != 0, HD, dt, BACKEND)
         tl.store(base, o1, mask=m)
         tl.store(base + HALF, o2, mask=m)
         slot = step_field(inp, 3, b).to(tl.int64)
@@ -211,10 +229,7 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
     w1 = tl.zeros([GP1, HALFP], tl.float32)
     w2 = tl.zeros([GP1, HALFP], tl.float32)
     if qk_eps >= 0:
-        w1 = tl.where(is_q, tl.load(qn + d, mask=dmask, other=0.0)[None, :],
-                      tl.load(kn + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(qn + HALF + d, mask=dmask, other=0.0)[None, :],
-                      tl.load(kn + HALF + d, mask=dmask, other=0.0)[None, :]).to(tl.float32)
+        w1, w2 = qk_norm_weights(qn, kn, d, dmask, is_q, HALF)
     table = step_table(inp, b)
     k1, k2, v1, v2 = _cached_halves(kc, vc, table, 0, n_ctx - 1, g, live, KVH, HD, HALF, HALFP, BS, TILE)
     wl.wait(ctx, BACKEND)
@@ -225,18 +240,7 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
     vrow = qkv + i64(b) * ROW + (H + KVH + g) * HD + d
     nv1 = tl.load(vrow, mask=dmask & live, other=0.0)
     nv2 = tl.load(vrow + HALF, mask=dmask & live, other=0.0)
-    if qk_eps >= 0:
-        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + qk_eps)[:, None]
-        x1 = rnd(w1 * rnd(x1 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
-        x2 = rnd(w2 * rnd(x2 * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND).to(tl.float32)
-    if BACKEND == "cpu":   # as layers.py: cos, sin and every product rounded to the model dtype
-        c = rnd(c, dt, BACKEND).to(tl.float32)
-        s = rnd(s, dt, BACKEND).to(tl.float32)
-        o1 = rnd(rnd(x1 * c, dt, BACKEND).to(tl.float32) - rnd(x2 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
-        o2 = rnd(rnd(x2 * c, dt, BACKEND).to(tl.float32) + rnd(x1 * s, dt, BACKEND).to(tl.float32), dt, BACKEND)
-    else:                  # as triton_ops.py: float32, one rounding
-        o1 = (x1 * c - x2 * s).to(dt)
-        o2 = (x2 * c + x1 * s).to(dt)
+    o1, o2 = norm_rope(x1, x2, w1, w2, qk_eps, c, s, qk_eps >= 0, HD, dt, BACKEND)
     # the new token's k and v: into the cache for later steps, and into the tile from registers
     nk1 = _row(o1, j, G).to(dt)
     nk2 = _row(o2, j, G).to(dt)
