@@ -89,23 +89,6 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         mk.close()
 
 
-def test_batch_rows_multiply_the_tile_held_in_registers_across_row_blocks():
-    """batch_tiles 1 (the default): a node of a batch graph reads its tile once and multiplies every
-    live row by it (gemv_tile.tile_rows, tl.dot over chunks padded to 16 rows). Intermediate 512
-    in 4 KB fp32 tiles: down's tiles are 2 rows of 8 chunks of 64 (padded 8x), gate_up's 8 rows
-    (2x); 17 sequences are two blocks of 16 batch rows, the second with one live row."""
-    cfg = dataclasses.replace(LLAMA_GQA, intermediate_size=512)
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=17, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, max_context=64)
-    try:
-        t = mk.plan.tile_constexprs()
-        assert (t["TNF"], t["TKF"], t["TNS"]) == (2, 64, 8)
-        assert mk.graphs[max(mk.graphs)].kinds["down"] == cfg.num_layers * cfg.hidden_size // 2
-        check(run_steps(ref, mk, [[i + 1, 2 * i + 3] + [5] * (i % 4) for i in range(17)], steps=1, seed=4))
-    finally:
-        mk.close()
-
-
 def test_batch_graphs_give_each_gemv_node_several_tiles():
     """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
     through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row

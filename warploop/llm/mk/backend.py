@@ -46,10 +46,9 @@ GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256}
 # graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
 # each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
 FUSED_UPTO = 128
-# GEMV tiles per node in the graphs of more than one row (tiles plans). 1: a node holds its one
-# tile in registers and multiplies every live row by it (gemv_tile.tile_rows), weights read once a
-# step; more: a node's rows are re-read per block of R batch rows (gemv.batch_blocks), fewer nodes.
-BATCH_TILES = 1
+# GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
+# through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
+BATCH_TILES = 2
 
 
 BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout", "fused_upto", "batch_tiles")

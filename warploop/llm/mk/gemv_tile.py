@@ -1,16 +1,15 @@
 """GEMV tiles (Plan.tile_kb): one node per fixed tile of weight rows over a compile-time width K,
-at most layout.TILE_CHUNKS loads in straight-line code, the whole tile in flight at once, read
-once a step whatever the batch: more than one live row multiplies the tile held in registers
-through tl.dot blocks of R rows (tile_rows).
+at most layout.TILE_CHUNKS loads in straight-line code, the whole tile in flight at once. More
+than one live row takes gemv.batch_blocks.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from warploop.llm.mk.gemv import EPI_SILU, batch_blocks, epilogue, row_rstd, x_chunk
+from warploop.llm.mk.gemv import EPI_SILU, batch_blocks, epilogue
 from warploop.llm.mk.layout import step_rows
-from warploop.llm.mk.numerics import mma, rnd
+from warploop.llm.mk.numerics import rnd
 from warploop.runtime import device as wl
 
 
@@ -80,77 +79,13 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def pad_rows(v, Q: tl.constexpr, TK: tl.constexpr):
-    """[n, TK] -> [n * Q, TK] (Q a power of two <= 16): row i at row i * Q, zero rows between."""
-    if Q >= 2:
-        v = tl.reshape(tl.permute(tl.join(v, tl.zeros_like(v)), (0, 2, 1)), [2 * v.shape[0], TK])
-    if Q >= 4:
-        v = tl.reshape(tl.permute(tl.join(v, tl.zeros_like(v)), (0, 2, 1)), [2 * v.shape[0], TK])
-    if Q >= 8:
-        v = tl.reshape(tl.permute(tl.join(v, tl.zeros_like(v)), (0, 2, 1)), [2 * v.shape[0], TK])
-    if Q >= 16:
-        v = tl.reshape(tl.permute(tl.join(v, tl.zeros_like(v)), (0, 2, 1)), [2 * v.shape[0], TK])
-    return v
-
-
-@triton.jit
-def tile_rows(bias, x, norm_w, out, n_out, f, rows, end, b0, nb, eps, a0, a1, a2, a3, a4, a5, a6, a7, has_bias,
-              NORM: tl.constexpr, EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr,
-              R: tl.constexpr, BK: tl.constexpr, dt: tl.constexpr, BACKEND: tl.constexpr):
-    """Batch rows [b0, b0 + R) of a tile whose chunks a0.. are in registers (loaded once a step,
-    whatever the batch): per chunk, tl.dot of x [R, ...] (normalised as layers.rms_norm rounds it)
-    by the chunk, then the epilogue for the live rows.
-
-    tl.dot's N is at least 16, and a tile may be narrower (down: 4 rows of 1,024 columns). So a
-    [TN, TK] chunk is cut into P = 16 / TN column segments, its rows seen as [TN * P, TK / P]
-    (a reshape: no copy), and multiplied P times, by x's segment p each time, keeping the
-    products of the pseudo-rows of segment p; their sum over p is the tile's row. Where TK / P
-    would fall below 16 (tl.dot's K), fewer segments and zero rows (pad_rows) make up the 16."""
-    NC: tl.constexpr = (K + TK - 1) // TK
-    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
-    P: tl.constexpr = 1 if TN >= 16 else min(16 // TN, TK // 16)
-    SK: tl.constexpr = TK // P
-    Q: tl.constexpr = 1 if TN * P >= 16 else 16 // (TN * P)
-    PN: tl.constexpr = TN * P * Q
-    brow = b0 + tl.arange(0, R)
-    bmask = brow < nb
-    rstd = tl.full([R], 1.0, tl.float32)
-    if NORM:
-        rstd = row_rstd(x, K, brow, bmask, K, eps, BK)
-    seg = (tl.arange(0, PN) // Q) % P           # the segment each product column holds
-    cols = tl.arange(0, SK)
-    acc = tl.zeros([R, PN], tl.float32)
-    gate = acc
-    for i in tl.static_range(SUB * NC):
-        wt = tl.trans(pad_rows(tl.reshape(pick(i, a0, a1, a2, a3, a4, a5, a6, a7), [TN * P, SK]), Q, SK))
-        for p in tl.static_range(P):
-            xv = x_chunk(x, K, brow, bmask, (i % NC) * TK + p * SK + cols, K, norm_w, rstd, NORM, BACKEND)
-            z = mma(xv, wt, BACKEND)
-            if P == 1:
-                acc += z
-            else:
-                acc += tl.where((seg == p)[None, :], z, 0.0)
-        if SUB == 2 and i == NC - 1:
-            gate = acc
-            acc = tl.zeros([R, PN], tl.float32)
-    total = acc
-    first = gate
-    if PN > TN:          # fold each row's P * Q columns (one holds segment p's products, the rest zeros)
-        total = tl.sum(tl.reshape(acc, [R, TN, PN // TN]), axis=2)
-        first = tl.sum(tl.reshape(gate, [R, TN, PN // TN]), axis=2)
-    if SUB == 1:
-        first = total
-    epilogue(first, total, bias, out, rows, rows < end, brow, bmask, n_out, f, has_bias, dt, EPI, BACKEND)
-
-
-@triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
               R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
-    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles > 1):
-    those take gemv.batch_blocks (weights re-read per block of R rows) whatever the live rows.
+    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
+    take gemv.batch_blocks whatever the live rows.
 
     Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
     then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
@@ -158,8 +93,8 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     no load is moved above one). So the whole tile is in flight at once. x (and its norm: rstd a
     scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
     per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
-    elementwise into [TN, TK] float32 and are reduced once. More rows: the same chunks, all in
-    flight the same way, then per block of R batch rows a tl.dot per chunk (tile_rows)."""
+    elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
+    gemv_node_k."""
     NC: tl.constexpr = (K + TK - 1) // TK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     NCH: tl.constexpr = SUB * NC
@@ -189,7 +124,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     wl.wait(ctx, BACKEND)
     end = tl.minimum(row0 + count, n_out)
     nb = step_rows(inp)
-    if count <= TN:
+    if nb == 1 and count <= TN:
         if AHEAD <= 1 and NCH > 1:
             a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 2 and NCH > 2:
@@ -205,36 +140,30 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         if AHEAD <= 7 and NCH > 7:
             a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
         rows = row0 + tl.arange(0, TN)
-        if nb == 1:
-            cols = tl.arange(0, TK)
-            rstd = 1.0
+        cols = tl.arange(0, TK)
+        rstd = 1.0
+        if NORM:
+            rstd = tile_rstd(x, eps, K, TK, NC)
+        acc = tl.zeros([TN, TK], tl.float32)
+        gate = tl.zeros([TN, TK], tl.float32)
+        for i in tl.static_range(NCH):
+            c0 = (i % NC) * TK
+            xv = tile_x(x, c0, cols, rows, K, TK)
             if NORM:
-                rstd = tile_rstd(x, eps, K, TK, NC)
-            acc = tl.zeros([TN, TK], tl.float32)
-            gate = tl.zeros([TN, TK], tl.float32)
-            for i in tl.static_range(NCH):
-                c0 = (i % NC) * TK
-                xv = tile_x(x, c0, cols, rows, K, TK)
-                if NORM:
-                    nw = tile_x(norm_w, c0, cols, rows, K, TK)
-                    dt = x.dtype.element_ty
-                    xv = rnd(nw.to(tl.float32) * rnd(xv.to(tl.float32) * rstd, dt, BACKEND).to(tl.float32), dt,
-                             BACKEND)
-                acc += pick(i, a0, a1, a2, a3, a4, a5, a6, a7).to(tl.float32) * xv.to(tl.float32)
-                if SUB == 2 and i == NC - 1:
-                    gate = acc
-                    acc = tl.zeros([TN, TK], tl.float32)
-            total = tl.sum(acc, axis=1)[None, :]
-            first = total
-            if SUB == 2:
-                first = tl.sum(gate, axis=1)[None, :]
-            bo = tl.arange(0, 1)
-            epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty,
-                     EPI, BACKEND)
-        else:
-            for b0 in tl.range(0, nb, R, num_stages=1):     # the chunks' shared copies made once
-                tile_rows(bias, x, norm_w, out, n_out, f, rows, end, b0, nb, eps, a0, a1, a2, a3, a4, a5, a6, a7,
-                          has_bias, NORM, EPI, K, TN, TK, R, BK, w.dtype.element_ty, BACKEND)
+                nw = tile_x(norm_w, c0, cols, rows, K, TK)
+                dt = x.dtype.element_ty
+                xv = rnd(nw.to(tl.float32) * rnd(xv.to(tl.float32) * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND)
+            acc += pick(i, a0, a1, a2, a3, a4, a5, a6, a7).to(tl.float32) * xv.to(tl.float32)
+            if SUB == 2 and i == NC - 1:
+                gate = acc
+                acc = tl.zeros([TN, TK], tl.float32)
+        total = tl.sum(acc, axis=1)[None, :]
+        first = total
+        if SUB == 2:
+            first = tl.sum(gate, axis=1)[None, :]
+        bo = tl.arange(0, 1)
+        epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
+                 BACKEND)
     else:
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
                      BACKEND)
