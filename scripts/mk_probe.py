@@ -6,7 +6,8 @@
 
 Per batch: the device time of one step (a graph replayed `--repeat` times, the runtime's own
 clock), the host's full `decode()` (step inputs, copy, run, wait, logits), and the host-only
-parts. With --trace, a second runtime records one step (batch --trace-batch); the Perfetto trace is written to
+parts, and the step's logits against the per-op backend's (max relative error, argmax per row).
+With --trace, a second runtime records one step (batch --trace-batch); the Perfetto trace is written to
 OUT_DIR and summarised per task kind (busy time summed over workers, count, mean) and per layer.
 One JSON object is printed.
 """
@@ -78,8 +79,13 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
                    tuple(batch.slot_mapping(BLOCK).tolist()), tuple(tuple(t) for t in batch.block_tables), (), (),
                    dg.history_width).serialize()
         ser.append((time.perf_counter() - t0) * 1e6)
+    # the graph's logits against the per-op backend's for the same step (both write the same KV slot)
+    got = mk.forward(batch).float().clone()
+    want = mk.per_op.forward(batch).float()
+    check = {"rel_err": float((got - want).abs().max() / want.abs().max()),
+             "argmax_equal": f"{int((got.argmax(-1) == want.argmax(-1)).sum())}/{n}"}
     med = statistics.median
-    return {"device_us_per_step": round(med(device), 1), "device_runs_us": [round(x, 1) for x in device],
+    return {"device_us_per_step": round(med(device), 1), "vs_per_op": check, "device_runs_us": [round(x, 1) for x in device],
             "graph_run_wall_us": round(med(run), 1), "decode_wall_us": round(med(host), 1),
             "step_inputs_us": round(med(ser), 1), "relaunches_in_50_decodes": relaunched,
             "last_resume_us": round(getattr(backend, "last_resume_us", 0.0), 1),
@@ -162,6 +168,7 @@ def main() -> None:
                     out[key] = timing(mk, n, args.repeat, c)
                     out[key]["attention"] = "fused" if "rope_attn" in out[key]["kinds"] else "split"
                     print(json.dumps({key: out[key]["device_us_per_step"], "attention": out[key]["attention"],
+                                      "vs_per_op": out[key]["vs_per_op"],
                                       "nodes": out[key]["nodes"], "options": p}), flush=True)
         finally:
             mk.close()
