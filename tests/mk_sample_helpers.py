@@ -14,9 +14,11 @@ class SampleGraph:
     """Sample tiles and a combine recorded once for `batch` rows of `vocab` logits; `draw` replays it."""
 
     def __init__(self, rt, tasks, batch: int, vocab: int, history_width: int = 8, nodes: int = 4) -> None:
+        self.rt, self.tasks = rt, tasks
         self.batch, self.vocab, self.history_width = batch, vocab, history_width
         self.logits = torch.zeros(batch, vocab, dtype=torch.float32)
         vs = spans(vocab, PLAN.bn, nodes)
+        self.tiles = len(vs)
         self.fstat = torch.zeros(batch, len(vs), 3)
         self.istat = torch.zeros(batch, len(vs), 2 + PLAN.candidates, dtype=torch.int32)
         self.tokens = torch.zeros(batch, dtype=torch.int32)

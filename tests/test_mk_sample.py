@@ -34,6 +34,25 @@ def test_greedy_is_the_first_argmax_across_tiles(graphs):
     assert wide.draw(x, [RowSampling()] * 4)[1:3] == [40, 17]
 
 
+def test_greedy_over_spans_and_tile_counts_wider_than_one_wide_step(graphs):
+    """Greedy rows read WIDE_LANES * KC (256 here) logits a step, and the combine as many tiles a
+    step: a 600-token span in one tile takes three steps (the last masked), 300 tiles take the
+    combine two; ties across steps keep the lower index, as torch.argmax."""
+    wide, _ = graphs
+    one_tile = SampleGraph(wide.rt, wide.tasks, 3, 600, nodes=1)
+    x = torch.randn(3, 600, generator=torch.Generator().manual_seed(1))
+    x[0, 100] = x[0, 400] = 9.0            # across two steps
+    x[1, 599] = 9.0                        # in the masked last step
+    x[2, 255] = x[2, 256] = 9.0            # either side of a step's edge
+    assert one_tile.draw(x, [RowSampling()] * 3) == [100, 599, 255]
+    many = SampleGraph(wide.rt, wide.tasks, 2, 4800, nodes=300)
+    assert many.tiles == 300
+    x = torch.randn(2, 4800, generator=torch.Generator().manual_seed(2))
+    x[0, 10 * 16 + 3] = x[0, 290 * 16 + 5] = 9.0     # tiles 10 and 290: the combine's two steps
+    x[1, 4799] = 9.0
+    assert many.draw(x, [RowSampling()] * 2) == [163, 4799]
+
+
 def test_top_k_1_and_a_tiny_top_p_are_greedy(graphs):
     wide, _ = graphs
     x = torch.randn(4, 258, generator=torch.Generator().manual_seed(1))
