@@ -79,6 +79,16 @@ def merge_top(best, keys, KC: tl.constexpr):
 
 
 @triton.jit
+def first_max(x, idx, none, best, arg):
+    """(best, arg, top): the running largest value and its first index after block x at indices idx
+    (in order; `none` past them), and the block's own largest. A later block replaces the pair only
+    with a strictly larger value, so ties keep the lowest index (torch.argmax's rule)."""
+    top = tl.max(x, axis=0)
+    at = tl.min(tl.where(x == top, idx, none), axis=0)
+    return tl.maximum(best, top), tl.where(top > best, at, arg), top
+
+
+@triton.jit
 def sample_tile_node(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles, KC: tl.constexpr):
     WIDE: tl.constexpr = WIDE_LANES * KC
     end = tl.minimum(row0 + count, vocab)
@@ -115,15 +125,9 @@ def sample_tile_node(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles
                 c = c0 + lanes
                 valid = c < end
                 x = tl.load(row + c, mask=valid, other=float("-inf"))
-                top = tl.max(x, axis=0)
-                at = tl.min(tl.where(x == top, c, vocab), axis=0)
-                arg = tl.where(top > best, at, arg)
-                best = tl.maximum(best, top)
+                best, arg, top = first_max(x, c, vocab, best, arg)
                 g = tl.where(valid, x / tn + gumbel(seed, counter, c), float("-inf"))
-                gtop = tl.max(g, axis=0)
-                gat = tl.min(tl.where(g == gtop, c, vocab), axis=0)
-                winner = tl.where(gtop > race, gat, winner)
-                race = tl.maximum(race, gtop)
+                race, winner, _ = first_max(g, c, vocab, race, winner)
                 if filtered:      # only filtered rows need exact probabilities: the softmax's sum and candidates
                     m_new = tl.maximum(m, top)
                     s = s * tl.exp((m - m_new) / tn) + tl.sum(tl.where(valid, tl.exp((x - m_new) / tn), 0.0), axis=0)
@@ -133,10 +137,7 @@ def sample_tile_node(inp, logits, fstat, istat, vocab, row0, count, tile, ntiles
             for c0 in range(row0, end, WIDE):
                 c = c0 + wide
                 x = tl.load(row + c, mask=c < end, other=float("-inf"))
-                top = tl.max(x, axis=0)
-                at = tl.min(tl.where(x == top, c, vocab), axis=0)
-                arg = tl.where(top > best, at, arg)
-                best = tl.maximum(best, top)
+                best, arg, _ = first_max(x, c, vocab, best, arg)
         f = fstat + (i64(b) * ntiles + tile) * F_STATS
         tl.store(f, best)
         tl.store(f + 1, s)
@@ -166,20 +167,15 @@ def sample_combine_node(inp, logits, fstat, istat, tokens, vocab, ntiles, KC: tl
         big = tl.full([], float("-inf"), tl.float32)
         first = tl.full([], 0, tl.int32)
         race = tl.full([], float("-inf"), tl.float32)
-        winner = tl.full([], 0, tl.int32)
+        won = tl.full([], 0, tl.int32)                    # the tile whose race value is the largest
         for t0 in range(0, ntiles, WIDE):     # tiles in order: the first tile holding the max has its first index
             t = t0 + wide
             tm = tl.load(f + t * F_STATS, mask=t < ntiles, other=float("-inf"))
-            top = tl.max(tm, axis=0)
-            at = tl.min(tl.where(tm == top, t, ntiles), axis=0)
-            first = tl.where(top > big, at, first)
-            big = tl.maximum(big, top)
+            big, first, _ = first_max(tm, t, ntiles, big, first)
             rv = tl.load(f + t * F_STATS + 2, mask=t < ntiles, other=float("-inf"))
-            rtop = tl.max(rv, axis=0)
-            rat = tl.min(tl.where(rv == rtop, t, ntiles), axis=0)
-            winner = tl.where(rtop > race, tl.load(ip + rat * (I_HEAD + KC) + 1, mask=rat < ntiles, other=0), winner)
-            race = tl.maximum(race, rtop)
+            race, won, _ = first_max(rv, t, ntiles, race, won)
         greedy = tl.load(ip + first * (I_HEAD + KC))
+        winner = tl.load(ip + won * (I_HEAD + KC) + 1)
         z = tl.full([], 0.0, tl.float32)
         cand = tl.full([KC], NO_KEY, tl.int64)
         unfiltered = ((top_k <= 0) | (top_k >= vocab)) & (top_p > 1.0) & (min_p <= 0.0)
