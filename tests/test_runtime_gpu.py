@@ -33,6 +33,12 @@ def bump(x):
     tl.atomic_add(x, 1)
 
 
+@warploop.task(signature={"x": "*i32", "out": "*i32", "i": "i32"})
+@triton.jit
+def snap(x, out, i):
+    tl.store(out + i, tl.load(x, volatile=True))
+
+
 @warploop.task(signature={"x": "*i32", "n": "i32"})
 @triton.jit
 def fan_out(ctx, x, n):
@@ -83,6 +89,24 @@ def test_graph_chain_across_all_workers_and_trace(tmp_path):
     events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(events) == 15 * rt.workers
     assert all(e["dur"] >= 0 for e in events)
+
+
+def test_a_stage_run_on_one_worker_releases_every_signal_once():
+    """Four nodes of one stage back to back on each worker (same waits, same counter) release their
+    signals together (worker.run_inst): the next stage still sees every one, on every run, and each
+    counter ends at its signals per run times the runs."""
+    x = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with warploop.Runtime(device="cuda", tasks=[bump, snap]) as rt:
+        w = rt.workers
+        out = torch.full((w,), -1, dtype=torch.int32, device="cuda")
+        g = rt.graph()
+        first = [g.add(bump, x, worker=i % w) for i in range(4 * w)]
+        for i in range(w):
+            g.add(snap, x, out, i, after=first, worker=(i + 1) % w)
+        g.run(repeat=3, timeout=20)
+        assert out.cpu().tolist() == [12 * w] * w
+        sizes = list(g.schedule.counter_sizes)
+        assert sizes and g._tensors[2].cpu().tolist()[:len(sizes)] == [3 * n for n in sizes]
 
 
 def test_dynamic_fan_out_and_bad_opcode():

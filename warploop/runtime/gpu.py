@@ -210,7 +210,13 @@ class GpuBackend:
             raise RuntimeFault(f"resident kernel fault: {err['message']} (opcode {err['opcode']}, "
                                f"worker {err['worker']}, node/detail {err['detail']})")
         if self.host[L.HB_EXITED] and self.host[L.HB_STOP] == L.RUN and not self.host[L.HB_PARK] & 1:
-            raise RuntimeFault("the resident kernel exited while the runtime was open")
+            # The words as read now, and the grid's own state: evidence for a report (seen once, on
+            # an H100, 2026-11-25, at the first decode after a prefill had parked the kernel).
+            words = {name: int(self.host[getattr(L, name)]) for name in ("HB_EXITED", "HB_STOP", "HB_PARK",
+                                                                          "HB_PARK_NOW", "HB_STARTED")}
+            raise RuntimeFault(f"the resident kernel exited while the runtime was open ({words}, "
+                               f"{self.programs} programs, {self.relaunches} relaunches, grid ended: "
+                               f"{self._ended.query()})")
 
     # -- memory ----------------------------------------------------------------------------------
     def snapshot(self) -> np.ndarray:

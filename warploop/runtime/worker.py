@@ -147,14 +147,27 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
 
 
 @triton.jit
-def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
+def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, waited, carry, ahead, more,
              DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal."""
+    """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal.
+    Returns (status, signals still owed, whether the next instruction continues the run).
+
+    A run of instructions on one worker with the same waits and the same signal counter (the tiles of
+    one GEMV stage) is fenced once: `waited` (the one before had these waits, so they are met) skips
+    the wait, and when the next instruction (`ahead`, if `more`) has them too this node's signal is
+    added to `carry` instead of released, so the run's last node releases them all with one fence.
+    The comparison with `ahead` comes after the body, so its words (loaded one instruction early)
+    are not waited for before it. The run's successors wait for its whole count anyway, and no node
+    in the run waits for anything the run signals (its waits were met before the run began), so
+    deferring cannot deadlock."""
     h, args = words
     op, node, pmask, sig, c0, n0, c1, n1 = h
     valid = ((sig >= -1) & (sig < ncounters) & (c0 >= -1) & (c0 < ncounters) & (c1 >= -1) & (c1 < ncounters)
              & (pmask >= 0) & ((pmask >> MAX_ARGS) == 0))
     tl.store(ctx + L.X_NODE, node)      # for rt.status(): the node this worker is at
+    if waited:
+        c0 = c0 * 0 - 1
+        c1 = c1 * 0 - 1
     if TRACE:
         t0 = clock(BACKEND)
     status = tl.full([], ERR_BAD_DESCRIPTOR, tl.int32)
@@ -163,16 +176,28 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
     tl.debug_barrier()
     if valid:
         status = DISPATCH(arena, ctx, op, pmask, params, args, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
+    defer = same_stage(h, ahead[0], more)
     if status == 0:
         if sig >= 0:
-            tl.debug_barrier()
-            tl.atomic_add(counters + sig, i64(1), sem="release")
+            if defer:
+                carry += 1
+            else:
+                tl.debug_barrier()
+                tl.atomic_add(counters + sig, i64(carry + 1), sem="release")
+                carry = carry * 0
     else:
         # Successors would wait forever on this node: a graph fault stops the runtime.
         report_error(arena, status, op, worker, node, -1, 1)
     if TRACE:
         write_trace(arena, ctx, worker, t0, clock(BACKEND), op, node)
-    return status
+    return status, carry, defer
+
+
+@triton.jit
+def same_stage(ha, hb, valid_b):
+    """Headers ha and hb have the same waits and signal counter, and hb's instruction is one to run."""
+    return (valid_b & (ha[3] == hb[3]) & (ha[4] == hb[4]) & (ha[5] == hb[5]) & (ha[6] == hb[6])
+            & (ha[7] == hb[7]))
 
 
 @triton.jit
@@ -223,9 +248,12 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
     tl.store(ctx + L.X_INLINE, 0)       # a node that spawns queues its children on the ring
     words = inst_words(insts, i, end, NSLOTS)
+    waited = i < 0                      # False, as a run-time value: it is loop-carried
+    carry = tl.full([], 0, tl.int32)
     while i < end:
         ahead = inst_words(insts, i + 1, end, NSLOTS)
-        status = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, DISPATCH, TRACE, BACKEND)
+        status, carry, waited = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, waited,
+                                         carry, ahead, i + 1 < end, DISPATCH, TRACE, BACKEND)
         words = ahead
         i += 1
         if status != 0:
@@ -314,8 +342,9 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
     ctx = ctx_of(arena, worker)
     i, end, insts, counters, ncounters, params, epoch = graph_run_start(arena, ctx, worker)
     if index >= 0:
-        run_inst(arena, ctx, worker, inst_words(insts, index, index + 1, NSLOTS), counters, ncounters, params,
-                 epoch, DISPATCH, False, "cpu")
+        words = inst_words(insts, index, index + 1, NSLOTS)
+        run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, False, tl.full([], 0, tl.int32),
+                 words, False, DISPATCH, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
 
