@@ -74,8 +74,11 @@ def test_llama_1b_graph_has_every_conflict_ordered(batch, workers):
 
 
 def test_a_removed_edge_is_reported_as_a_race():
-    # o_proj tiles need every combine: drop one, and the o_proj tile races the attention output
-    dg, plan = addressed_graph(LLAMA_GQA, "cuda", 1, 131)
+    # o_proj tiles need every combine: drop one, and the o_proj tile races the attention output.
+    # The chunk-stream plan (tile_kb 0): several o_proj nodes, so the others still order the next
+    # layer after that combine. (With 32 KB tiles this model's o_proj is one node, and dropping its
+    # edge rightly shows races all down the next layer too.)
+    dg, plan = addressed_graph(LLAMA_GQA, "cuda", 1, 131, tile_kb=0, depth=4)
     nodes = dg.graph.nodes
     o = dg.labels.index("o_proj")
     deps = [n.deps for n in nodes]

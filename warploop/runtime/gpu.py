@@ -74,7 +74,7 @@ def compile_resident(module, device, backend: str, worker_warps: int, trace: boo
 
 
 class GpuBackend:
-    def __init__(self, info: DeviceInfo, module, workers: int | None, worker_warps: int, trace: bool,
+    def __init__(self, info: DeviceInfo, module, workers: int | str | None, worker_warps: int, trace: bool,
                  pool: int, submit_slots: int, ports_addr: int = 0, park_ns: int = -1,
                  sm_fraction: float | None = None, reserve: int = L.ArenaLayout.reserve) -> None:
         import torch
@@ -87,7 +87,9 @@ class GpuBackend:
         if capacity < 2:
             raise RuntimeFault(f"the resident kernel fits {capacity} program(s) on this GPU; it needs a front and "
                                f"a worker: lower worker_warps or simplify the task bodies")
-        if workers is None:
+        if workers == "fill":
+            workers = capacity - 1
+        elif workers is None:
             # Leave one program's worth of room per SM (where there is any) for other kernels,
             # which would otherwise queue behind a kernel that never ends.
             density = min(max(1, per_sm - 1), max(1, WARPS_PER_SM // worker_warps))

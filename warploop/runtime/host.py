@@ -100,14 +100,16 @@ class GraphFuture:
 
 
 class Runtime:
-    def __init__(self, device=None, workers: int | None = None, worker_warps: int = 4, trace: bool = False, *,
+    def __init__(self, device=None, workers: int | str | None = None, worker_warps: int = 4, trace: bool = False, *,
                  tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S,
                  ports=None, park_after_us: float | None = DEFAULT_PARK_AFTER_US,
                  sm_fraction: float | None = None, reserve: int = 256) -> None:
         """Start the resident kernel for `tasks` (default: every task registered so far).
 
         device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
-        workers: worker programs (default: as many as fit co-resident; 4 on the CPU executor).
+        workers: worker programs (default: as many as fit co-resident, less one slot per SM left for
+            other kernels; 4 on the CPU executor). "fill": every slot (less the front's), so kernels
+            launched beside the runtime wait for it to park (Runtime.park).
         worker_warps: warps per worker; 1 makes each worker a single warp.
         trace: record start/end times of every task for save_trace().
         timeout: default for every host wait, in seconds.
@@ -123,6 +125,9 @@ class Runtime:
             one program less per SM than fits, which leaves room beside them).
         """
         from warploop.runtime import codegen
+        if not (workers is None or workers == "fill" or (isinstance(workers, (int, np.integer)) and workers >= 1)):
+            raise ValueError(f"workers={workers!r}: use a number of worker programs >= 1, \"fill\" (every slot) "
+                             f"or None (the default)")
         if worker_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"worker_warps={worker_warps}: use 1, 2, 4, 8 or 16")
         if park_after_us is not None and not 0 <= park_after_us <= 60e6:
@@ -144,7 +149,8 @@ class Runtime:
         ports_addr = 0 if ports is None else ports.data_ptr()
         if self.info.target.backend == "cpu":
             from warploop.runtime.cpu import CpuExecutor
-            self._backend = CpuExecutor(self.module, workers, trace, pool, submit_slots, ports_addr, reserve)
+            self._backend = CpuExecutor(self.module, None if workers == "fill" else workers, trace, pool, submit_slots,
+                                        ports_addr, reserve)
         else:
             from warploop.runtime.gpu import GpuBackend
             park_ns = -1 if park_after_us is None else int(park_after_us * 1000)

@@ -41,7 +41,14 @@ COMPILE_NOTICE = ("warploop: compiling the decode megakernel for this model shap
 # use of a CUDA module (a context-wide synchronisation) waits this long once.
 PARK_AFTER_US = 5000.0
 CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the interpreter pays per op
-GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256}
+# On a GPU every GEMV is cut into tiles of tile_kb KB, one node each, the whole tile in flight at once
+# (gemv_tile), with every SM slot a worker. A small model wants smaller tiles at batch 1: cut into 64 KB
+# tiles, SmolLM2-135M's layer leaves most workers idle in each stage. Measured on an H100, batch 1
+# (BENCHMARKS.md, Decode, "tile_kb by model"): SmolLM2-135M (6.8 MB a layer) 32 KB 742 us a step,
+# 16 KB 825, 64 KB 834; Qwen3-0.6B (30 MB) 64 KB 1,325, 32 KB 1,596. (Batch 8 prefers the smaller
+# tiles of each pair; batch 1 decides here.)
+GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256, "depth": 8}
+TILE_KB = ((16 << 20, 64), (0, 32))     # (a layer's weight bytes at least, tile_kb), first match
 # Steps whose longest context (to the end of a decode loop) is at most this many tokens run the
 # graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
 # each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
@@ -71,10 +78,24 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
     name = TRITON_DTYPES.get(str(dtype).removeprefix("torch."))
     if name is None:
         raise ValueError(f"the megakernel backend runs float32, bfloat16 or float16 weights, not {dtype}")
-    # on a GPU the batch-1 GEMVs stream unrolled chunks over the model's widths (compile-time)
-    widths = {} if device_type == "cpu" else {"hidden": config.hidden_size, "inter": config.intermediate_size}
+    # on a GPU the GEMVs run tiles over the model's widths (compile-time)
+    widths = {} if device_type == "cpu" else {"hidden": config.hidden_size, "inter": config.intermediate_size,
+                                              "tile_kb": default_tile_kb(config, 4 if name == "fp32" else 2)}
     sizes = {**(CPU_PLAN if device_type == "cpu" else GPU_PLAN), **widths, **overrides}
     return Plan(name, config.num_heads, config.num_kv_heads, config.head_dim, block_size, **sizes)
+
+
+def layer_bytes(config: ModelConfig, elem: int) -> int:
+    """One decoder layer's projection weights, in bytes (qkv, o, gate, up, down)."""
+    q, kv, d, f = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.hidden_size, \
+        config.intermediate_size
+    return elem * (d * (q + 2 * kv) + q * d + 3 * d * f)
+
+
+def default_tile_kb(config: ModelConfig, elem: int) -> int:
+    """The GPU plan's GEMV tile size for a model: TILE_KB's first row its layer reaches."""
+    size = layer_bytes(config, elem)
+    return next(kb for least, kb in TILE_KB if size >= least)
 
 
 def _aligned(t):
@@ -101,6 +122,8 @@ class MegakernelBackend(Backend):
         self.plan = plan_for(config, weights.embed.dtype, layout.block_size, self.device.type, **plan_overrides)
         self.tasks = tasks_for(self.plan)
         self.width = -(max_context // -layout.block_size)
+        if workers is None and self.device.type == "cuda" and self.plan.tile_kb:
+            workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
         self.park_after_us = park_after_us
         if fused_upto is None:
