@@ -163,3 +163,17 @@ def test_plan_tiles_hold_at_most_eight_chunks_and_refuse_bad_sizes():
         Plan("bf16", 4, 2, 64, 16, tile_kb=64)
     with pytest.raises(ValueError, match="Plan.tile_kb"):
         Plan("bf16", 4, 2, 64, 16, hidden=64, inter=96, tile_kb=48)
+
+
+def test_gpu_plan_is_tiles_sized_by_the_layer():
+    """On a GPU the default plan is GEMV tiles (depth 8): 64 KB for Llama-1B and Qwen3-0.6B layers
+    (16 MB or more of projection weights), 32 KB for SmolLM2-135M's; the CPU plan has none, and
+    WARPLOOP_MK_PLAN-style overrides win."""
+    from warploop.bench.decode_models import LLAMA_3_2_1B, QWEN3_0_6B, SMOLLM2_135M
+    from warploop.llm.mk.backend import layer_bytes, plan_for
+    assert layer_bytes(LLAMA_3_2_1B, 2) == 2 * (2048 * (2048 + 2 * 512) + 2048 * 2048 + 3 * 2048 * 8192)
+    for cfg, kb in ((LLAMA_3_2_1B, 64), (QWEN3_0_6B, 64), (SMOLLM2_135M, 32)):
+        plan = plan_for(cfg, "bfloat16", 16, "cuda")
+        assert (plan.tile_kb, plan.depth, plan.hidden) == (kb, 8, cfg.hidden_size)
+    assert plan_for(SMOLLM2_135M, "bfloat16", 16, "cpu").tile_kb == 0
+    assert plan_for(LLAMA_3_2_1B, "bfloat16", 16, "cuda", tile_kb=0, depth=4).tile_kb == 0

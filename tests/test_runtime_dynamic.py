@@ -100,3 +100,15 @@ def test_many_submits_reuse_slots(rt):
         for f in futures:
             f.result(timeout=30)
     assert sorted(logged(log, cursor)) == list(range(10))
+
+
+@pytest.mark.parametrize("workers", [0, -2, 1.5, "all"])
+def test_runtime_refuses_bad_worker_counts_before_starting(workers):
+    with pytest.raises(ValueError, match="workers=.*: use a number of worker programs >= 1, \"fill\""):
+        warploop.Runtime(device="cpu", tasks=[note], workers=workers)
+
+
+def test_fill_takes_the_executors_default_on_the_cpu():
+    with warploop.Runtime(device="cpu", tasks=[note], workers="fill") as rt:
+        with warploop.Runtime(device="cpu", tasks=[note]) as default:
+            assert rt.workers == default.workers >= 1
