@@ -57,15 +57,18 @@ def test_small_graphs_have_every_conflict_ordered(name, batch, device_type, work
 
 
 def test_llama_1b_graph_with_one_fused_attention_node_per_group_and_row_has_every_conflict_ordered():
-    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", 3, 131, splits=1)
+    # the chunk-stream GEMVs (tile_kb 0): this is about the attention nodes; the tile plan's whole
+    # graphs are checked below (its 64 KB tiles make ~39,000 nodes: 40 s of checking each)
+    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", 3, 131, splits=1, tile_kb=0, depth=4)
     assert dg.kinds["rope_attn"] == 16 * 8 * 3 and not dg.kinds["attn"]      # per layer, group and row
     found = hazards(dg, plan)
     assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
     assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
 
 
-@pytest.mark.parametrize("batch, workers", [(1, 131), (32, 263)])
+@pytest.mark.parametrize("batch, workers", [(1, 263), (32, 263)])
 def test_llama_1b_graph_has_every_conflict_ordered(batch, workers):
+    """The default GPU plan (64 KB tiles, every slot of an H100 a worker), batch 1 and 32."""
     dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", batch, workers, width=256)
     assert len(dg.graph) > 8000
     found = hazards(dg, plan)

@@ -237,6 +237,8 @@ class MegakernelBackend(Backend):
         tokens = tokens.to(torch.int64)
         missed = (tokens < 0).nonzero().flatten().tolist()
         if missed:      # the graph already applied these rows' penalty to the logits
+            if self.rt is not None and self.device.type == "cuda":
+                self.rt.park()      # the host sampler's kernels need SM slots (the kernel may hold all)
             rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
                                           token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
             index = torch.tensor(missed, device=self.last.buffers.logits.device)
