@@ -18,13 +18,14 @@ Weights rotate over several copies so that L2 holds none of them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import statistics
 
 import torch
 import triton
 import triton.language as tl
 
+from warploop.bench.runtime_gpu import copy_gbs, events_us
 from warploop.llm.mk.gemv_tile import gemv_tile
 
 
@@ -90,6 +91,13 @@ def mk_body_kernel(ctx, inp, w, x, norm_w, out, N, f, P, NORM: tl.constexpr, EPI
                   "cuda")
 
 
+def rotating_us(fn, ws, before=(), after=(), **kw) -> float:
+    """Device µs per call fn(*before, w, *after, **kw), w cycling over the weight copies ws (so L2
+    holds none of them)."""
+    it = itertools.cycle(ws)
+    return events_us(torch, lambda: fn(*before, next(it), *after, **kw), reps=30)
+
+
 def mk_bodies(dev, sms: int, bw: float, per: int) -> dict:
     """The megakernel's tile body on Llama-3.2-1B's gate_up (norm, SiLU) and down shapes, and plain."""
     from warploop.llm.mk.gemv import EPI_OUT, EPI_SILU
@@ -118,19 +126,13 @@ def mk_bodies(dev, sms: int, bw: float, per: int) -> dict:
             xr = xr * torch.rsqrt(xr.pow(2).mean() + 1e-5) * nw.double()
         y = ws[0].double() @ xr
         ref = torch.nn.functional.silu(y[:n]) * y[n:] if sub == 2 else y
-        it = [0]
-
-        def rot():
-            it[0] = (it[0] + 1) % copies
-            return ws[it[0]]
-
         args = dict(NORM=norm, EPI=epi, K=k, TN=tn, TK=tk, R=plan.rows, BN=plan.bn, BK=plan.bk, num_warps=4,
                     num_stages=1)
         try:
             h = mk_body_kernel[(p,)](ctx, inp, ws[0], x, nw, out, n, n, p, **args)
             torch.cuda.synchronize()
             err = float((out.double() - ref).norm() / ref.norm())
-            us = median_ms(lambda: mk_body_kernel[(p,)](ctx, inp, rot(), x, nw, out, n, n, p, **args)) * 1e3
+            us = rotating_us(mk_body_kernel[(p,)], ws, (ctx, inp), (x, nw, out, n, n, p), **args)
             floor = n * sub * k * 2 / bw / 1e3
             rows[f"mk-{name}-{per}ps"] = {"us": round(us, 2), "floor_us": round(floor, 2),
                                           "of_floor": round(floor / us, 3), "rel_err": err, "regs": h.n_regs,
@@ -140,21 +142,6 @@ def mk_bodies(dev, sms: int, bw: float, per: int) -> dict:
         print(name, rows[f"mk-{name}-{per}ps"], flush=True)
         del ws
     return rows
-
-
-def median_ms(fn, reps: int = 30, rounds: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -168,12 +155,9 @@ def main() -> None:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     results = []
-    big = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
-    copy_ms = median_ms(lambda: big.clone())
-    bw = 2 * big.numel() / copy_ms / 1e6          # GB/s, bytes read + written
+    bw = copy_gbs(torch)                            # GB/s, bytes read + written
     print(json.dumps({"device": torch.cuda.get_device_name(dev), "sms": sms, "copy_GBps": round(bw),
                       "torch": torch.__version__, "triton": triton.__version__}), flush=True)
-    del big
     if args.mk:
         mk = {}
         for per in (2, 3):
@@ -192,13 +176,7 @@ def main() -> None:
         x = torch.randn(k, device=dev, dtype=torch.bfloat16)
         ref = ws[0].double() @ x.double()
         floor_us = n * k * 2 / bw / 1e3
-        it = [0]
-
-        def rot():
-            it[0] = (it[0] + 1) % copies
-            return ws[it[0]]
-
-        peer = median_ms(lambda: torch.mv(rot(), x)) * 1e3
+        peer = rotating_us(torch.mv, ws, (), (x,))
         row = {"shape": shape, "MB": round(n * k * 2 / 2**20, 1), "floor_us": round(floor_us, 2),
                "torch_mv_us": round(peer, 2), "variants": {}}
         for kb in args.tile_kb:
@@ -222,7 +200,7 @@ def main() -> None:
                         torch.cuda.synchronize()
                         err = float((out.double() - ref).norm() / ref.norm())
                         ptx = h.asm.get("ptx", "")
-                        us = median_ms(lambda: kern[(p,)](rot(), x, out, n, p, *consts, num_warps=4, **opts)) * 1e3
+                        us = rotating_us(kern[(p,)], ws, (), (x, out, n, p, *consts), num_warps=4, **opts)
                         row["variants"][key] = {"us": round(us, 2), "of_floor": round(floor_us / us, 3),
                                                 "vs_torch": round(peer / us, 3), "rel_err": err,
                                                 "cp_async": "cp.async" in ptx, "regs": h.n_regs,
