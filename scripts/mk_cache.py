@@ -36,12 +36,12 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
         from warploop.llm.build import torch_dtype
         from warploop.llm.loader import load_config, resolve_model_dir
         cfg = load_config(resolve_model_dir("tiny"))
-        p, warps = plan_of(cfg, json.loads(plan), torch_dtype(None, cfg))
+        p, warps, regs = plan_of(cfg, json.loads(plan), torch_dtype(None, cfg))
     else:
         cfg = (GPU_MODELS | CPU_MODELS)[model][1]
-        p, warps = plan_of(cfg, json.loads(plan))
+        p, warps, regs = plan_of(cfg, json.loads(plan))
     t0 = time.perf_counter()
-    kernel = compile_kernel(p, None, warps, traced, arch)
+    kernel = compile_kernel(p, None, warps, traced, arch, regs)
     return {"model": model, "plan": plan, "trace": traced, "s": round(time.perf_counter() - t0, 1),
             "shared": kernel.metadata.shared, "hash": kernel.hash}
 

@@ -85,7 +85,8 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
     check = {"rel_err": float((got - want).abs().max() / want.abs().max()),
              "argmax_equal": f"{int((got.argmax(-1) == want.argmax(-1)).sum())}/{n}"}
     med = statistics.median
-    return {"device_us_per_step": round(med(device), 1), "vs_per_op": check, "device_runs_us": [round(x, 1) for x in device],
+    return {"device_us_per_step": round(med(device), 1), "vs_per_op": check,
+            "device_runs_us": [round(x, 1) for x in device],
             "graph_run_wall_us": round(med(run), 1), "decode_wall_us": round(med(host), 1),
             "step_inputs_us": round(med(ser), 1), "relaunches_in_50_decodes": relaunched,
             "last_resume_us": round(getattr(backend, "last_resume_us", 0.0), 1),
@@ -151,8 +152,8 @@ def main() -> None:
 
         t0 = time.perf_counter()
         # with --trace the traced kernel only (run a plain one beside it)
-        compiled_plan, warps = plan_of(cfg, plan)
-        compile_kernel(compiled_plan, None, warps, trace=bool(args.trace))
+        compiled_plan, warps, regs = plan_of(cfg, plan)
+        compile_kernel(compiled_plan, None, warps, trace=bool(args.trace), max_registers=regs)
         print(json.dumps({"compiled": args.plan[0], "s": round(time.perf_counter() - t0, 1)}))
         return
     out = {"model": args.model, "context": args.context}

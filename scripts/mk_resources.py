@@ -27,11 +27,11 @@ from warploop.runtime.tasks import lookup
 
 
 def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
-    """(Plan, worker warps) of a model's shapes with WARPLOOP_MK_PLAN-style overrides (backend-only
-    options such as workers are dropped: they do not change the kernel)."""
-    warps = overrides.get("worker_warps", 4)
+    """(Plan, worker warps, register cap) of a model's shapes with WARPLOOP_MK_PLAN-style overrides
+    (other backend-only options such as workers are dropped: they do not change the kernel)."""
+    warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
     overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
-    return plan_for(cfg, dtype, 16, "cuda", **overrides), warps
+    return plan_for(cfg, dtype, 16, "cuda", **overrides), warps, regs
 
 
 class StandInDriver:
@@ -50,7 +50,8 @@ class StandInDriver:
         return self.target
 
 
-def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False, arch: int = 90):
+def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = False, arch: int = 90,
+                   max_registers: int | None = None):
     """The resident kernel of the plan's tasks `kinds` (None: every task), compiled as the runtime
     compiles it (Triton's JIT warmup, into Triton's cache, nothing launched): on this machine's GPU,
     or without one for sm_`arch` through a stand-in driver, so the same source, options and target
@@ -60,13 +61,13 @@ def compile_kernel(plan, kinds: list[str] | None, warps: int, trace: bool = Fals
     chosen = tasks.all if kinds is None else [getattr(tasks, k) for k in kinds]
     module = codegen.build([lookup(t) for t in chosen])
     if torch.cuda.is_available():
-        return compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace)[0]
+        return compile_resident(module, torch.device("cuda", 0), "cuda", warps, trace, max_registers)[0]
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
     saved = driver._active      # noqa: SLF001 (reset_active would look for a real driver)
     driver.set_active(StandInDriver(GPUTarget("cuda", arch, 32)))
     try:
-        return compile_resident(module, torch.device("cpu"), "cuda", warps, trace)[0]
+        return compile_resident(module, torch.device("cpu"), "cuda", warps, trace, max_registers)[0]
     finally:
         driver._active = saved  # noqa: SLF001
 
@@ -99,11 +100,11 @@ def main() -> None:
     cfg = (GPU_MODELS | CPU_MODELS)[args.model][1]
     overrides = json.loads(args.plan)
     overrides.setdefault("worker_warps", args.warps)
-    plan, warps = plan_of(cfg, overrides)
+    plan, warps, regs = plan_of(cfg, overrides)
     runs = [[k] for k in args.kinds] + ([] if args.alone else [None])
     for kinds in runs:
         t0 = time.perf_counter()
-        kernel = compile_kernel(plan, kinds, warps)
+        kernel = compile_kernel(plan, kinds, warps, max_registers=regs)
         row = {"kinds": kinds or "all", **report(kernel), "s": round(time.perf_counter() - t0, 1)}
         if args.ttgir:
             row["buffers"] = buffers(kernel.asm.get("ttgir", ""))

@@ -108,6 +108,17 @@ def test_runtime_refuses_bad_worker_counts_before_starting(workers):
         warploop.Runtime(device="cpu", tasks=[note], workers=workers)
 
 
+@pytest.mark.parametrize("regs", [16, 256, 100.5, "128"])
+def test_runtime_refuses_bad_register_caps_before_starting(regs):
+    with pytest.raises(ValueError, match="max_registers=.*: use a number of registers per thread from 32 to 255"):
+        warploop.Runtime(device="cpu", tasks=[note], max_registers=regs)
+
+
+def test_a_register_cap_is_a_cuda_option_the_cpu_executor_ignores():
+    with warploop.Runtime(device="cpu", tasks=[note], max_registers=128) as rt:
+        assert rt.workers >= 1
+
+
 def test_fill_takes_the_executors_default_on_the_cpu():
     with warploop.Runtime(device="cpu", tasks=[note], workers="fill") as rt:
         with warploop.Runtime(device="cpu", tasks=[note]) as default:

@@ -172,12 +172,20 @@ def wait(ctx, BACKEND: tl.constexpr = PORTABLE):
     """
     arena = arena_of(ctx)
     counters = tl.load(p64(ctx + L.X_COUNTERS)).to(tl.pointer_type(tl.int64))
-    for i in tl.static_range(2):
-        c = tl.load(ctx + L.X_WAIT + i)
-        if c >= 0:
-            tl.store(ctx + L.X_DETAIL, c)
-            tl.store(ctx + L.X_STATE, L.S_WAITING)
-            wait_ge(arena, counters + c, tl.load(p64(ctx + L.X_WAIT_TARGET) + i), BACKEND)
+    # Every word is read before the first poll: the poll's acquire invalidates L1, so a word read
+    # after it would cost an L2 round trip of its own (and on a loaded GPU that is microseconds).
+    c0 = tl.load(ctx + L.X_WAIT)
+    c1 = tl.load(ctx + L.X_WAIT + 1)
+    t0 = tl.load(p64(ctx + L.X_WAIT_TARGET))
+    t1 = tl.load(p64(ctx + L.X_WAIT_TARGET) + 1)
+    if c0 >= 0:
+        tl.store(ctx + L.X_DETAIL, c0)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c0, t0, BACKEND)
+    if c1 >= 0:
+        tl.store(ctx + L.X_DETAIL, c1)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c1, t1, BACKEND)
     tl.store(ctx + L.X_STATE, L.S_RUNNING)
 
 

@@ -60,15 +60,18 @@ def _emergency_stop(host: np.ndarray) -> None:
     host[L.HB_STOP] = L.ABORT
 
 
-def compile_resident(module, device, backend: str, worker_warps: int, trace: bool):
+def compile_resident(module, device, backend: str, worker_warps: int, trace: bool, max_registers: int | None = None):
     """(compiled kernel, launch options) of the resident kernel of `module` (codegen.build): compiled
     here or found in Triton's cache, without launching anything. The megakernel's probes call it
-    in parallel processes to fill the cache before timing."""
+    in parallel processes to fill the cache before timing. max_registers caps the registers a
+    thread may use (CUDA: ptxas spills the rest), so more programs fit on an SM."""
     import torch
 
     from warploop.runtime.portable_cache import keyed
     probe = torch.zeros(L.HEADER_WORDS, dtype=torch.int32, device=device)
     opts = dict(INLINE=False, TRACE=trace, BACKEND=backend, num_warps=worker_warps, launch_cooperative_grid=True)
+    if max_registers is not None and backend == "cuda":
+        opts["maxnreg"] = max_registers
     with keyed():       # WARPLOOP_PORTABLE_CACHE: a binary compiled without a GPU is found (portable_cache.py)
         return module.resident.warmup(probe, grid=(1,), **opts), opts
 
@@ -76,12 +79,13 @@ def compile_resident(module, device, backend: str, worker_warps: int, trace: boo
 class GpuBackend:
     def __init__(self, info: DeviceInfo, module, workers: int | str | None, worker_warps: int, trace: bool,
                  pool: int, submit_slots: int, ports_addr: int = 0, park_ns: int = -1,
-                 sm_fraction: float | None = None, reserve: int = L.ArenaLayout.reserve) -> None:
+                 sm_fraction: float | None = None, reserve: int = L.ArenaLayout.reserve,
+                 max_registers: int | None = None) -> None:
         import torch
         self.info = info
         self.device = torch.device(info.target.backend if info.target.backend != "hip" else "cuda", 0)
         self.backend = "cuda" if info.target.backend == "cuda" else "hip"
-        compiled, opts = compile_resident(module, self.device, self.backend, worker_warps, trace)
+        compiled, opts = compile_resident(module, self.device, self.backend, worker_warps, trace, max_registers)
         per_sm = blocks_per_sm(compiled, worker_warps) if self.backend == "cuda" else 1
         capacity = info.sm_count * per_sm
         if capacity < 2:

@@ -103,7 +103,7 @@ class Runtime:
     def __init__(self, device=None, workers: int | str | None = None, worker_warps: int = 4, trace: bool = False, *,
                  tasks=None, pool: int = 4096, submit_slots: int = 256, timeout: float = DEFAULT_TIMEOUT_S,
                  ports=None, park_after_us: float | None = DEFAULT_PARK_AFTER_US,
-                 sm_fraction: float | None = None, reserve: int = 256) -> None:
+                 sm_fraction: float | None = None, reserve: int = 256, max_registers: int | None = None) -> None:
         """Start the resident kernel for `tasks` (default: every task registered so far).
 
         device: "cuda", "hip", "cpu" or None (WARPLOOP_DEVICE, else the first GPU, else the CPU).
@@ -123,6 +123,8 @@ class Runtime:
             inline needs about depth x (tasks per level) of them.
         sm_fraction: with workers=None, the share of the GPU's SMs the workers take (default all, at
             one program less per SM than fits, which leaves room beside them).
+        max_registers: cap on registers per thread (CUDA; the compiler spills past it), e.g. 128 with
+            worker_warps=8 so two workers fit on an SM. None: the compiler's choice (up to 255).
         """
         from warploop.runtime import codegen
         if not (workers is None or workers == "fill" or (isinstance(workers, (int, np.integer)) and workers >= 1)):
@@ -130,6 +132,10 @@ class Runtime:
                              f"or None (the default)")
         if worker_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"worker_warps={worker_warps}: use 1, 2, 4, 8 or 16")
+        if max_registers is not None and not (isinstance(max_registers, (int, np.integer))
+                                              and 32 <= max_registers <= 255):
+            raise ValueError(f"max_registers={max_registers!r}: use a number of registers per thread from 32 to "
+                             f"255, or None (the compiler's choice)")
         if park_after_us is not None and not 0 <= park_after_us <= 60e6:
             raise ValueError(f"park_after_us={park_after_us}: use a number of microseconds from 0 to 60e6, or None")
         if sm_fraction is not None and not 0 < sm_fraction <= 1:
@@ -155,7 +161,7 @@ class Runtime:
             from warploop.runtime.gpu import GpuBackend
             park_ns = -1 if park_after_us is None else int(park_after_us * 1000)
             self._backend = GpuBackend(self.info, self.module, workers, worker_warps, trace, pool, submit_slots,
-                                       ports_addr, park_ns, sm_fraction, reserve)
+                                       ports_addr, park_ns, sm_fraction, reserve, max_registers)
         self.workers, self.layout = self._backend.workers, self._backend.layout
         self._h = self._backend.host
         self._h64 = self._h.view(np.int64)

@@ -58,7 +58,8 @@ FUSED_UPTO = 128
 BATCH_TILES = 2
 
 
-BACKEND_OPTIONS = ("workers", "worker_warps", "park_after_us", "timeout", "fused_upto", "batch_tiles")
+BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
+                   "batch_tiles")
 
 
 def env_options() -> dict:
@@ -114,7 +115,7 @@ class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
                  worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 batch_tiles: int = BATCH_TILES, **plan_overrides) -> None:
+                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
@@ -125,7 +126,7 @@ class MegakernelBackend(Backend):
         if workers is None and self.device.type == "cuda" and self.plan.tile_kb:
             workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
-        self.park_after_us = park_after_us
+        self.park_after_us, self.max_registers = park_after_us, max_registers
         if fused_upto is None:
             fused_upto = 0 if self.device.type == "cpu" else FUSED_UPTO
         if not isinstance(fused_upto, int) or fused_upto < 0:
@@ -163,7 +164,8 @@ class MegakernelBackend(Backend):
             where = "cpu" if self.device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
             self.rt = Runtime(device=where, workers=self.workers,
                               tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
-                              worker_warps=self.worker_warps, park_after_us=self.park_after_us)
+                              worker_warps=self.worker_warps, park_after_us=self.park_after_us,
+                              max_registers=self.max_registers)
         finally:
             notice.cancel()
         nodes = self.rt.workers

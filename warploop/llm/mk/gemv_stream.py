@@ -147,8 +147,8 @@ def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, h
         a7 = lead_chunk(w, 7, row0, end, f, EPI, K, BN, BK)
     else:
         a4, a5, a6, a7 = a0, a1, a2, a3      # unused
+    nb = step_rows(inp)     # fixed for the run: read before the wait, whose acquire empties L1
     wl.wait(ctx, BACKEND)
-    nb = step_rows(inp)
     if nb == 1:
         one = tl.arange(0, 1)
         rstd = tl.full([1], 1.0, tl.float32)

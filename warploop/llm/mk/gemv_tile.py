@@ -121,9 +121,9 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 7 and NCH > 7:
         a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
+    nb = step_rows(inp)     # fixed for the run: read before the wait, whose acquire empties L1
     wl.wait(ctx, BACKEND)
     end = tl.minimum(row0 + count, n_out)
-    nb = step_rows(inp)
     if nb == 1 and count <= TN:
         if AHEAD <= 1 and NCH > 1:
             a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
