@@ -89,29 +89,6 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         mk.close()
 
 
-def test_pipelined_tile_runs_match_per_op_backend():
-    """Plan.pipe: in the batch-1 graph a GEMV node takes a worker's share of its stage's tiles (3
-    workers: down's 8 tiles as 3 + 3 + 2, gate_up's 9 as 3 x 3, so runs end on a masked second
-    slot and on a full one), two tiles in registers, the next issued before this one's products.
-    Tokens equal the per-op backend's; the batch-2 graph keeps its tl.dot tiles."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, pipe=1, workers=3)
-    try:
-        t, one = mk.plan.tile_constexprs(), mk.graphs[1].kinds
-        assert mk.plan.pipe == 1 and mk.plan.constexprs()["PIPE"] == 1
-        for kind, tn, rows in (("down", "TNF", cfg.hidden_size), ("gate_up", "TNS", cfg.intermediate_size),
-                               ("lm_head", "TND", cfg.vocab_size)):
-            tiles = -(-rows // t[tn])
-            assert one[kind] == cfg.num_layers ** (kind != "lm_head") * -(-tiles // -(-tiles // 3)), kind
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
-    finally:
-        mk.close()
-    with pytest.raises(ValueError, match="Plan.pipe must be 0 or 1, and 1 only with tile_kb"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, pipe=1)
-
-
 def test_batch_graphs_give_each_gemv_node_several_tiles():
     """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
     through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row

@@ -76,25 +76,6 @@ def test_llama_1b_graph_has_every_conflict_ordered(batch, workers):
     assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_pipelined_tile_runs_have_every_conflict_ordered(name):
-    """Plan.pipe: batch-1 GEMV nodes of a worker's share of tiles (their spans cross attention's
-    head groups: a qkv node may feed several groups)."""
-    dg, plan = addressed_graph(CONFIGS[name](), "cuda", 1, 5, pipe=1)
-    assert plan.pipe == 1
-    found = hazards(dg, plan)
-    assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
-    assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
-
-
-def test_llama_1b_pipelined_graph_has_every_conflict_ordered():
-    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", 1, 263, width=256, tile_kb=32, pipe=1)
-    assert dg.kinds["gate_up"] == 16 * 256 and dg.kinds["lm_head"] == 263
-    found = hazards(dg, plan)
-    assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
-    assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
-
-
 def test_a_removed_edge_is_reported_as_a_race():
     # o_proj tiles need every combine: drop one, and the o_proj tile races the attention output.
     # The chunk-stream plan (tile_kb 0): several o_proj nodes, so the others still order the next

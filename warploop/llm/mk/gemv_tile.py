@@ -16,7 +16,7 @@ from warploop.runtime import device as wl
 @triton.jit
 def tile_chunk(w, i, row0, n_out, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr):
     """Chunk i (a compile-time index) of a tile: columns [c * TK, c * TK + TK) of its TN rows, or of
-    the up rows f further down for i >= NC (EPI_SILU); loaded now. Rows from n_out on are not read."""
+    the up rows f further down for i >= NC (EPI_SILU); loaded now."""
     c: tl.constexpr = i % NC
     rows = row0 + tl.arange(0, TN)
     cols = c * TK + tl.arange(0, TK)
@@ -27,36 +27,6 @@ def tile_chunk(w, i, row0, n_out, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.c
     else:
         v = tl.load(ptr, mask=(rows < n_out)[:, None], other=0.0, eviction_policy="evict_first")
     return v
-
-
-@triton.jit
-def tile_issue(w, row0, end, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr,
-               NCH: tl.constexpr):
-    """Every chunk of the tile at row0 (rows from `end` on not read), all issued at once: 8 values,
-    the ones past NCH repeating chunk 0."""
-    a0 = tile_chunk(w, 0, row0, end, f, K, TN, TK, NC)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    a4 = a0
-    a5 = a0
-    a6 = a0
-    a7 = a0
-    if NCH > 1:
-        a1 = tile_chunk(w, 1, row0, end, f, K, TN, TK, NC)
-    if NCH > 2:
-        a2 = tile_chunk(w, 2, row0, end, f, K, TN, TK, NC)
-    if NCH > 3:
-        a3 = tile_chunk(w, 3, row0, end, f, K, TN, TK, NC)
-    if NCH > 4:
-        a4 = tile_chunk(w, 4, row0, end, f, K, TN, TK, NC)
-    if NCH > 5:
-        a5 = tile_chunk(w, 5, row0, end, f, K, TN, TK, NC)
-    if NCH > 6:
-        a6 = tile_chunk(w, 6, row0, end, f, K, TN, TK, NC)
-    if NCH > 7:
-        a7 = tile_chunk(w, 7, row0, end, f, K, TN, TK, NC)
-    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
@@ -109,65 +79,9 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def tile_out(a, bias, x, norm_w, out, n_out, f, row0, end, rstd, has_bias, dt: tl.constexpr, NORM: tl.constexpr,
-             EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr,
-             NCH: tl.constexpr, BACKEND: tl.constexpr):
-    """Batch 1: the products of the tile at row0 (its chunks `a`, loaded) with x (normalised by rstd
-    and norm_w with NORM, chunk by chunk as layers.rms_norm rounds it; x read through a row-stride-0
-    block in the tile's own layout), reduced once, then the epilogue's stores for rows below end."""
-    SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
-    a0, a1, a2, a3, a4, a5, a6, a7 = a
-    rows = row0 + tl.arange(0, TN)
-    cols = tl.arange(0, TK)
-    acc = tl.zeros([TN, TK], tl.float32)
-    gate = tl.zeros([TN, TK], tl.float32)
-    for i in tl.static_range(NCH):
-        c0 = (i % NC) * TK
-        xv = tile_x(x, c0, cols, rows, K, TK)
-        if NORM:
-            nw = tile_x(norm_w, c0, cols, rows, K, TK)
-            xdt = x.dtype.element_ty
-            xv = rnd(nw.to(tl.float32) * rnd(xv.to(tl.float32) * rstd, xdt, BACKEND).to(tl.float32), xdt, BACKEND)
-        acc += pick(i, a0, a1, a2, a3, a4, a5, a6, a7).to(tl.float32) * xv.to(tl.float32)
-        if SUB == 2 and i == NC - 1:
-            gate = acc
-            acc = tl.zeros([TN, TK], tl.float32)
-    total = tl.sum(acc, axis=1)[None, :]
-    first = total
-    if SUB == 2:
-        first = tl.sum(gate, axis=1)[None, :]
-    bo = tl.arange(0, 1)
-    epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, dt, EPI, BACKEND)
-
-
-@triton.jit
-def tile_run(a, w, bias, x, norm_w, out, n_out, f, row0, end, eps, has_bias, NORM: tl.constexpr,
-             EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr,
-             NCH: tl.constexpr, BACKEND: tl.constexpr):
-    """Batch 1, a node of several tiles (rows [row0, end)), two in registers at a time: the next
-    tile's loads are issued before this one's products, so the worker always has a tile in flight
-    and its reduction, stores and loop cost no memory time (Plan.pipe). `a`: the first tile,
-    issued before the wait. Each tile slot is reloaded in place (no rotation, which would make the
-    back edge wait for the newest load)."""
-    rstd = 1.0
-    if NORM:
-        rstd = tile_rstd(x, eps, K, TK, NC)
-    dt = w.dtype.element_ty
-    a0, a1, a2, a3, a4, a5, a6, a7 = a
-    for r in range(row0, end, 2 * TN):
-        b = tile_issue(w, r + TN, end, f, K, TN, TK, NC, NCH)
-        tile_out((a0, a1, a2, a3, a4, a5, a6, a7), bias, x, norm_w, out, n_out, f, r, end, rstd, has_bias, dt, NORM,
-                 EPI, K, TN, TK, NC, NCH, BACKEND)
-        a0, a1, a2, a3, a4, a5, a6, a7 = tile_issue(w, r + 2 * TN, end, f, K, TN, TK, NC, NCH)
-        if r + TN < end:
-            tile_out(b, bias, x, norm_w, out, n_out, f, r + TN, end, rstd, has_bias, dt, NORM, EPI, K, TN, TK, NC,
-                     NCH, BACKEND)
-
-
-@triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PIPE: tl.constexpr, BACKEND: tl.constexpr):
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
     graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
@@ -210,7 +124,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     nb = step_rows(inp)     # fixed for the run: read before the wait, whose acquire empties L1
     wl.wait(ctx, BACKEND)
     end = tl.minimum(row0 + count, n_out)
-    if nb == 1 and (count <= TN or PIPE):
+    if nb == 1 and count <= TN:
         if AHEAD <= 1 and NCH > 1:
             a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 2 and NCH > 2:
@@ -225,18 +139,31 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
             a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 7 and NCH > 7:
             a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
-        run = False         # without PIPE only one-tile nodes come here, and tile_run is not compiled in
-        if PIPE:
-            run = count > TN
-        if run:
-            tile_run((a0, a1, a2, a3, a4, a5, a6, a7), w, bias, x, norm_w, out, n_out, f, row0, end, eps, has_bias,
-                     NORM, EPI, K, TN, TK, NC, NCH, BACKEND)
-        else:
-            rstd = 1.0
+        rows = row0 + tl.arange(0, TN)
+        cols = tl.arange(0, TK)
+        rstd = 1.0
+        if NORM:
+            rstd = tile_rstd(x, eps, K, TK, NC)
+        acc = tl.zeros([TN, TK], tl.float32)
+        gate = tl.zeros([TN, TK], tl.float32)
+        for i in tl.static_range(NCH):
+            c0 = (i % NC) * TK
+            xv = tile_x(x, c0, cols, rows, K, TK)
             if NORM:
-                rstd = tile_rstd(x, eps, K, TK, NC)
-            tile_out((a0, a1, a2, a3, a4, a5, a6, a7), bias, x, norm_w, out, n_out, f, row0, end, rstd, has_bias,
-                     w.dtype.element_ty, NORM, EPI, K, TN, TK, NC, NCH, BACKEND)
+                nw = tile_x(norm_w, c0, cols, rows, K, TK)
+                dt = x.dtype.element_ty
+                xv = rnd(nw.to(tl.float32) * rnd(xv.to(tl.float32) * rstd, dt, BACKEND).to(tl.float32), dt, BACKEND)
+            acc += pick(i, a0, a1, a2, a3, a4, a5, a6, a7).to(tl.float32) * xv.to(tl.float32)
+            if SUB == 2 and i == NC - 1:
+                gate = acc
+                acc = tl.zeros([TN, TK], tl.float32)
+        total = tl.sum(acc, axis=1)[None, :]
+        first = total
+        if SUB == 2:
+            first = tl.sum(gate, axis=1)[None, :]
+        bo = tl.arange(0, 1)
+        epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
+                 BACKEND)
     else:
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
                      BACKEND)

@@ -86,10 +86,7 @@ def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
 
 def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1) -> list[tuple[int, int]]:
     """The nodes of a GEMV over `rows` output rows: `per` tiles of TN rows each when the plan has
-    tiles (tn, from Plan.tile_constexprs; per 0: a share of whole tiles for each of at most `nodes`
-    nodes, Plan.pipe), else at most `nodes` spans of whole BN-row blocks."""
-    if tn and per == 0:
-        return spans(rows, tn, nodes)
+    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
     if tn:
         return [(r, tn * per) for r in range(0, rows, tn * per)]
     return spans(rows, plan.bn, nodes)
@@ -127,7 +124,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
     blocks, not held in registers: fewer, longer nodes).
     """
-    per = batch_tiles if batch > 1 else (0 if plan.pipe else 1)
+    per = batch_tiles if batch > 1 else 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     inp = g.param("inp", "*i32")

@@ -245,8 +245,6 @@ class Plan:
     depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
     tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
     #                         0: one span of rows per worker, streamed (the chunk stream)
-    pipe: int = 0           # with tiles, 1: a batch-1 GEMV node takes a worker's share of its stage, two
-    #                         tiles in registers, the next issued before this one's products (gemv_tile.tile_run)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -260,9 +258,6 @@ class Plan:
                              "or both 0 (run-time widths)")
         if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
             raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
-        if self.pipe not in (0, 1) or (self.pipe and not self.tile_kb):
-            raise ValueError(f"Plan.pipe must be 0 or 1, and 1 only with tile_kb, got pipe={self.pipe} "
-                             f"tile_kb={self.tile_kb}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -278,7 +273,7 @@ class Plan:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
-                + (f"-T{self.tile_kb}" if self.tile_kb else "") + ("-P" if self.pipe else ""))
+                + (f"-T{self.tile_kb}" if self.tile_kb else ""))
 
     @property
     def elem(self) -> int:
@@ -303,7 +298,6 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PIPE": self.pipe,
                 **self.tile_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
