@@ -89,24 +89,6 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         mk.close()
 
 
-def test_staggered_stages_match_per_op_backend():
-    """stagger: each batch-1 GEMV stage starts with half tiles on half the workers (3 workers: one
-    half tile a stage, so every later tile starts half a tile off its boundary and down's last
-    tile is cut short); tokens equal the per-op backend's."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, stagger=True)
-    try:
-        t, one = mk.plan.tile_constexprs(), mk.graphs[1].kinds
-        for kind, tn, rows in (("down", "TNF", cfg.hidden_size), ("gate_up", "TNS", cfg.intermediate_size)):
-            half = t[tn] // 2
-            assert one[kind] == cfg.num_layers * (1 + -(-(rows - half) // t[tn])), kind
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
-    finally:
-        mk.close()
-
-
 def test_batch_graphs_give_each_gemv_node_several_tiles():
     """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
     through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row

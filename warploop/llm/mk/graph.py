@@ -84,20 +84,9 @@ def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
     return [(b * bn, per * bn) for b in range(0, blocks, per)]
 
 
-def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1,
-               stagger: bool = False) -> list[tuple[int, int]]:
+def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1) -> list[tuple[int, int]]:
     """The nodes of a GEMV over `rows` output rows: `per` tiles of TN rows each when the plan has
-    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks.
-
-    stagger (one tile a node, TN >= 2): the first nodes//2 nodes are half tiles, so the workers
-    that start the stage with them reach their tile boundaries half a tile out of step with the
-    rest. Workers that start a stage together and stream equal tiles finish them together, and
-    their next tiles' loads all wait through the same gap (reduction, stores, the next issue):
-    memory idles in step. Staggered, half the workers are mid-tile during the other half's gap."""
-    if tn and stagger and per == 1 and tn >= 2:
-        half = tn // 2
-        first = min(nodes // 2, cdiv(rows, half))
-        return [(i * half, half) for i in range(first)] + [(r, tn) for r in range(first * half, rows, tn)]
+    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
     if tn:
         return [(r, tn * per) for r in range(0, rows, tn * per)]
     return spans(rows, plan.bn, nodes)
@@ -125,7 +114,7 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1, stagger: bool = False) -> DecodeGraph:
+                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
@@ -133,11 +122,9 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
     instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
-    blocks, not held in registers: fewer, longer nodes); stagger: the batch-1 GEMV stages start
-    with half tiles on half the workers (gemv_spans).
+    blocks, not held in registers: fewer, longer nodes).
     """
     per = batch_tiles if batch > 1 else 1
-    stagger = stagger and batch == 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     inp = g.param("inp", "*i32")
@@ -161,7 +148,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
                              eps, has, after=prev, cost=s[1] * d))
-                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per, stagger)]
+                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
@@ -182,17 +169,16 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per, stagger)]
+                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d)
-                   for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per, stagger)]
+                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
         bias, has = opt(lw.down_bias)
         prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per, stagger)]
+                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
     heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
                      cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
-             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per, stagger)]
+             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per)]
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
                  len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
