@@ -89,22 +89,6 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
         mk.close()
 
 
-def test_dephased_stages_match_per_op_backend():
-    """dephase: batch-1 GEMV stages of at least a tile per worker are pinned, tile t to worker
-    t % 3, and worker 1 and 2 split their first tile around the rest of their share (down's 8 tiles
-    of 8 rows: 8 + 2 nodes); tokens equal the per-op backend's."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, dephase=True)
-    try:
-        t, one = mk.plan.tile_constexprs(), mk.graphs[1].kinds
-        assert one["down"] == cfg.num_layers * (cfg.hidden_size // t["TNF"] + 2)
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
-    finally:
-        mk.close()
-
-
 def test_batch_graphs_give_each_gemv_node_several_tiles():
     """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
     through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row

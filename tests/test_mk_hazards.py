@@ -25,9 +25,7 @@ from warploop.runtime import Runtime
 
 
 def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size: int = 16, width: int = 64, **plan):
-    """The decode graph of `cfg` with a distinct fake address per buffer (nothing is allocated);
-    `plan` holds Plan fields and build_decode_graph's dephase."""
-    dephase = plan.pop("dephase", False)
+    """The decode graph of `cfg` with a distinct fake address per buffer (nothing is allocated)."""
     plan = plan_for(cfg, "bfloat16", block_size, device_type, **plan)
     tasks = tasks_for(plan)
     fresh = (n << 32 for n in itertools.count(1))
@@ -39,7 +37,7 @@ def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size:
     buffers = StepBuffers(*(next(fresh) for _ in dataclasses.fields(StepBuffers)))
     with Runtime(device="cpu", workers=workers, tasks=tasks.all) as rt:
         dg = build_decode_graph(rt, tasks, plan, cfg, weights, kv, next(fresh), next(fresh), buffers, batch, width,
-                                workers, dephase=dephase)
+                                workers)
         dg.graph.descriptors()          # placement and counters only
     return dg, plan
 
@@ -68,21 +66,11 @@ def test_llama_1b_graph_with_one_fused_attention_node_per_group_and_row_has_ever
     assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
 
 
-@pytest.mark.parametrize("batch, workers, dephase", [(1, 263, False), (1, 263, True), (32, 263, False)])
-def test_llama_1b_graph_has_every_conflict_ordered(batch, workers, dephase):
-    """The default GPU plan (64 KB tiles, every slot of an H100 a worker), batch 1 (also dephased)
-    and 32."""
-    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", batch, workers, width=256, dephase=dephase)
+@pytest.mark.parametrize("batch, workers", [(1, 263), (32, 263)])
+def test_llama_1b_graph_has_every_conflict_ordered(batch, workers):
+    """The default GPU plan (64 KB tiles, every slot of an H100 a worker), batch 1 and 32."""
+    dg, plan = addressed_graph(LLAMA_3_2_1B, "cuda", batch, workers, width=256)
     assert len(dg.graph) > 8000
-    found = hazards(dg, plan)
-    assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
-    assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_dephased_stages_have_every_conflict_ordered(name):
-    """dephase: pinned GEMV nodes, half the workers' first tiles split around their share."""
-    dg, plan = addressed_graph(CONFIGS[name](), "cuda", 1, 5, dephase=True)
     found = hazards(dg, plan)
     assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
     assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []

@@ -56,12 +56,10 @@ FUSED_UPTO = 128
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
 BATCH_TILES = 2
-# Batch-1 GEMV stages pinned so that half the workers run half a tile out of step (graph.gemv_spans)
-DEPHASE = False
 
 
 BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
-                   "batch_tiles", "dephase")
+                   "batch_tiles")
 
 
 def env_options() -> dict:
@@ -117,8 +115,7 @@ class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
                  worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, dephase: bool = DEPHASE,
-                 **plan_overrides) -> None:
+                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
@@ -139,7 +136,7 @@ class MegakernelBackend(Backend):
         self.fused_upto = fused_upto if self.plan.splits > 1 else 0
         if not isinstance(batch_tiles, int) or not 1 <= batch_tiles <= 64:
             raise ValueError(f"batch_tiles={batch_tiles!r}: use 1 to 64 GEMV tiles per node of a batch graph")
-        self.batch_tiles, self.dephase = batch_tiles, bool(dephase)
+        self.batch_tiles = batch_tiles
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
@@ -186,11 +183,11 @@ class MegakernelBackend(Backend):
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
                                                 self.sin, buffers[b], b, self.width, nodes,
-                                                batch_tiles=self.batch_tiles, dephase=self.dephase)
+                                                batch_tiles=self.batch_tiles)
             if self.fused_upto:     # the same buffers: a bucket's graphs never run at once
                 self.fused[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv,
                                                    self.cos, self.sin, buffers[b], b, self.width, nodes, fused=True,
-                                                   batch_tiles=self.batch_tiles, dephase=self.dephase)
+                                                   batch_tiles=self.batch_tiles)
         # Placed and uploaded now, not on its first step: a single request (`warploop generate`) would
         # otherwise pay the placement of thousands of nodes inside its first decode step (0.45 s
         # for the tiny model on an H100: 3.8 instead of 1.0 ms/token over 64 tokens). Larger

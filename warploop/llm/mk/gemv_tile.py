@@ -99,8 +99,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     NCH: tl.constexpr = SUB * NC
     tl.static_assert(NCH <= 8)
-    end = tl.minimum(row0 + count, n_out)     # a node of less than a tile reads only its own rows
-    a0 = tile_chunk(w, 0, row0, end, f, K, TN, TK, NC)
+    a0 = tile_chunk(w, 0, row0, n_out, f, K, TN, TK, NC)
     a1 = a0
     a2 = a0
     a3 = a0
@@ -109,36 +108,37 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     a6 = a0
     a7 = a0
     if AHEAD > 1 and NCH > 1:
-        a1 = tile_chunk(w, 1, row0, end, f, K, TN, TK, NC)
+        a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 2 and NCH > 2:
-        a2 = tile_chunk(w, 2, row0, end, f, K, TN, TK, NC)
+        a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 3 and NCH > 3:
-        a3 = tile_chunk(w, 3, row0, end, f, K, TN, TK, NC)
+        a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 4 and NCH > 4:
-        a4 = tile_chunk(w, 4, row0, end, f, K, TN, TK, NC)
+        a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 5 and NCH > 5:
-        a5 = tile_chunk(w, 5, row0, end, f, K, TN, TK, NC)
+        a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 6 and NCH > 6:
-        a6 = tile_chunk(w, 6, row0, end, f, K, TN, TK, NC)
+        a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
     if AHEAD > 7 and NCH > 7:
-        a7 = tile_chunk(w, 7, row0, end, f, K, TN, TK, NC)
+        a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
     nb = step_rows(inp)     # fixed for the run: read before the wait, whose acquire empties L1
     wl.wait(ctx, BACKEND)
+    end = tl.minimum(row0 + count, n_out)
     if nb == 1 and count <= TN:
         if AHEAD <= 1 and NCH > 1:
-            a1 = tile_chunk(w, 1, row0, end, f, K, TN, TK, NC)
+            a1 = tile_chunk(w, 1, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 2 and NCH > 2:
-            a2 = tile_chunk(w, 2, row0, end, f, K, TN, TK, NC)
+            a2 = tile_chunk(w, 2, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 3 and NCH > 3:
-            a3 = tile_chunk(w, 3, row0, end, f, K, TN, TK, NC)
+            a3 = tile_chunk(w, 3, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 4 and NCH > 4:
-            a4 = tile_chunk(w, 4, row0, end, f, K, TN, TK, NC)
+            a4 = tile_chunk(w, 4, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 5 and NCH > 5:
-            a5 = tile_chunk(w, 5, row0, end, f, K, TN, TK, NC)
+            a5 = tile_chunk(w, 5, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 6 and NCH > 6:
-            a6 = tile_chunk(w, 6, row0, end, f, K, TN, TK, NC)
+            a6 = tile_chunk(w, 6, row0, n_out, f, K, TN, TK, NC)
         if AHEAD <= 7 and NCH > 7:
-            a7 = tile_chunk(w, 7, row0, end, f, K, TN, TK, NC)
+            a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
         rows = row0 + tl.arange(0, TN)
         cols = tl.arange(0, TK)
         rstd = 1.0

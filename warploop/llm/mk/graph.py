@@ -84,35 +84,12 @@ def spans(rows: int, bn: int, nodes: int) -> list[tuple[int, int]]:
     return [(b * bn, per * bn) for b in range(0, blocks, per)]
 
 
-class Span(tuple):
-    """(first row, row count) of a GEMV node, and the worker it is pinned to (None: placed by cost)."""
-
-    def __new__(cls, row0: int, count: int, worker: int | None = None):
-        span = super().__new__(cls, (row0, count))
-        span.worker = worker
-        return span
-
-
-def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1, dephase: bool = False) -> list[Span]:
+def gemv_spans(plan: Plan, rows: int, tn: int, nodes: int, per: int = 1) -> list[tuple[int, int]]:
     """The nodes of a GEMV over `rows` output rows: `per` tiles of TN rows each when the plan has
-    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks.
-
-    dephase (one tile a node, at least a tile per worker, TN >= 2): the nodes are pinned, tile t
-    to worker t % nodes in rounds, and the second half of the workers start their share with the
-    first half of their first tile and end it with its second half. Every worker keeps its bytes,
-    but half of them reach their tile boundaries half a tile out of step with the rest: workers
-    that start a stage together and stream equal tiles otherwise finish them together, and their
-    gaps between tiles (reduction, stores, the next issue) leave memory idle all at once."""
-    tiles = cdiv(rows, tn) if tn else 0
-    if tn and dephase and per == 1 and tn >= 2 and tiles >= nodes:
-        half, late = tn // 2, range(nodes // 2, nodes)
-        first = [Span(w * tn, half, w) if w in late else Span(w * tn, tn, w) for w in range(nodes)]
-        middle = [Span(t * tn, tn, t % nodes) for t in range(nodes, tiles)]
-        last = [Span(w * tn + half, tn - half, w) for w in late]
-        return first + middle + last
+    tiles (tn, from Plan.tile_constexprs), else at most `nodes` spans of whole BN-row blocks."""
     if tn:
-        return [Span(r, tn * per) for r in range(0, rows, tn * per)]
-    return [Span(*s) for s in spans(rows, plan.bn, nodes)]
+        return [(r, tn * per) for r in range(0, rows, tn * per)]
+    return spans(rows, plan.bn, nodes)
 
 
 def sample_spans(plan: Plan, vocab: int, nodes: int) -> list[tuple[int, int]]:
@@ -137,7 +114,7 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1, dephase: bool = False) -> DecodeGraph:
+                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
@@ -145,11 +122,9 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
     instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
-    blocks, not held in registers: fewer, longer nodes); dephase: the batch-1 GEMV stages of at least
-    a tile per worker are pinned so that half the workers run half a tile out of step (gemv_spans).
+    blocks, not held in registers: fewer, longer nodes).
     """
     per = batch_tiles if batch > 1 else 1
-    dephase = dephase and batch == 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     inp = g.param("inp", "*i32")
@@ -159,10 +134,10 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
     tn = plan.tile_constexprs()
 
-    def add(kind, task, *args, after=(), cost=1.0, worker=None):
+    def add(kind, task, *args, after=(), cost=1.0):
         kinds[kind] += 1
         labels.append(kind)
-        return g.add(task, *args, after=after, cost=float(cost), worker=worker)
+        return g.add(task, *args, after=after, cost=float(cost))
 
     def opt(t):
         return (t, 1) if t is not None else (0, 0)
@@ -172,8 +147,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
         qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
-                             eps, has, after=prev, cost=s[1] * d, worker=s.worker))
-                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per, dephase)]
+                             eps, has, after=prev, cost=s[1] * d))
+                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per)]
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
@@ -194,17 +169,16 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
         o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q, worker=s.worker) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per, dephase)]
+                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
         bias, has = opt(lw.gate_up_bias)
         gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d, worker=s.worker)
-                   for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per, dephase)]
+                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
         bias, has = opt(lw.down_bias)
         prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f, worker=s.worker) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per, dephase)]
+                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
     heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
-                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d, worker=s.worker))
-             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per, dephase)]
+                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
+             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per)]
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
                  len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
