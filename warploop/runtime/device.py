@@ -31,7 +31,7 @@ from warploop.runtime import external as X
 from warploop.runtime import layout as L
 from warploop.runtime.sched import attach, never_issued, push, report_error, write_header
 from warploop.runtime.slots import alloc_task, push_inline, spill_inline
-from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, desc_of, i64, meta32, meta64, p64, wait_ge
+from warploop.runtime.sync import ARG_WORD, CTX_BASE, CTX_WORDS, desc_of, i64, meta32, meta64, p64, wait_ge, wait_pair
 
 ERR_BAD_HANDLE = tl.constexpr(E.ERR_BAD_HANDLE)
 K_PTR = tl.constexpr(D.K_PTR)
@@ -178,15 +178,7 @@ def wait(ctx, BACKEND: tl.constexpr = PORTABLE):
     c1 = tl.load(ctx + L.X_WAIT + 1)
     t0 = tl.load(p64(ctx + L.X_WAIT_TARGET))
     t1 = tl.load(p64(ctx + L.X_WAIT_TARGET) + 1)
-    if c0 >= 0:
-        tl.store(ctx + L.X_DETAIL, c0)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c0, t0, BACKEND)
-    if c1 >= 0:
-        tl.store(ctx + L.X_DETAIL, c1)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c1, t1, BACKEND)
-    tl.store(ctx + L.X_STATE, L.S_RUNNING)
+    wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND)
 
 
 @triton.jit

@@ -249,3 +249,19 @@ def wait_ge(arena, p, target, BACKEND: tl.constexpr):
             v = tl.load(p, volatile=True)
             go = (v < target) & (tl.load(ctl(arena, L.C_STOP), volatile=True) < ABORT)
         acquire(p)
+
+
+@triton.jit
+def wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):
+    """The runtime's wait before a body: counter c >= target for each wait in use. The context words
+    (for rt.status()) are written only around a wait that happens."""
+    if c0 >= 0:
+        tl.store(ctx + L.X_DETAIL, c0)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c0, t0, BACKEND)
+    if c1 >= 0:
+        tl.store(ctx + L.X_DETAIL, c1)
+        tl.store(ctx + L.X_STATE, L.S_WAITING)
+        wait_ge(arena, counters + c1, t1, BACKEND)
+    if (c0 >= 0) | (c1 >= 0):
+        tl.store(ctx + L.X_STATE, L.S_RUNNING)

@@ -42,7 +42,7 @@ from warploop.runtime.sync import (
     p64,
     uload,
     uload_ctl2,
-    wait_ge,
+    wait_pair,  # noqa: F401 (the generated dispatch calls W.wait_pair)
 )
 
 ERR_BAD_DESCRIPTOR = tl.constexpr(E.ERR_BAD_DESCRIPTOR)
@@ -101,22 +101,6 @@ def arg(a, j: tl.constexpr, pmask, params):
     if (pmask >> j) & 1:
         v = tl.load(params + (v & (MAX_PARAMS - 1)))
     return v
-
-
-@triton.jit
-def wait_pair(arena, ctx, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):
-    """The runtime's wait before a body: counter c >= target for each wait in use. The context words
-    (for rt.status()) are written only around a wait that happens."""
-    if c0 >= 0:
-        tl.store(ctx + L.X_DETAIL, c0)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c0, t0, BACKEND)
-    if c1 >= 0:
-        tl.store(ctx + L.X_DETAIL, c1)
-        tl.store(ctx + L.X_STATE, L.S_WAITING)
-        wait_ge(arena, counters + c1, t1, BACKEND)
-    if (c0 >= 0) | (c1 >= 0):
-        tl.store(ctx + L.X_STATE, L.S_RUNNING)
 
 
 @triton.jit
