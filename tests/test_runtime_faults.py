@@ -116,3 +116,17 @@ def test_close_after_exception_and_use_after_close():
     assert rt._closed
     with pytest.raises(RuntimeError, match="closed"):
         rt.submit(ok, x)
+
+
+def test_a_timeout_report_on_hundreds_of_workers_names_the_one_at_work():
+    """A GPU runtime has hundreds of workers, and after a relaunch the idle ones may still read as
+    exited: the report's few lines must show the worker joining (seen on an H100: 263 workers, the
+    joining one past the first 12 lines, so the report never said what hung)."""
+    from warploop.runtime.status import PendingTask, RuntimeStatus, WorkerState
+    workers = [WorkerState(i, "exited", -1, -1, 0) for i in range(263)]
+    workers[200] = WorkerState(200, "joining", 71424, -1, 71424)
+    status = RuntimeStatus(workers=tuple(workers), pending=(PendingTask(71424, 1, "self_join", -1, 1),),
+                           issued=1, completed=0, ready=0, graph_runs=0, error=None)
+    text = status.describe()
+    assert "worker 200: joining handle 71424 (task 71424)" in text.splitlines()[2]
+    assert len(text.splitlines()) <= 2 + 12 + 2

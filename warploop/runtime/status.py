@@ -53,7 +53,9 @@ class RuntimeStatus:
         lines += [f"  pending: {p}" for p in self.pending[:limit]]
         if len(self.pending) > limit:
             lines.append(f"  ... and {len(self.pending) - limit} more pending")
-        busy = [w for w in self.workers if w.state != "idle"]
+        # the workers at work first (an exited one holds nothing): with hundreds of workers and a
+        # limit of lines, the one joining a task is what a reader needs to see
+        busy = sorted((w for w in self.workers if w.state != "idle"), key=lambda w: (w.state == "exited", w.index))
         lines += [f"  {w}" for w in busy[:limit]]
         lines.append(f"  {len(self.workers) - len(busy)} of {len(self.workers)} worker(s) idle")
         if self.error:

@@ -295,6 +295,8 @@ def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: t
         front_on = pid == 0
         worker_on = pid > 0
     ctx = ctx_of(arena, tl.maximum(worker, 0))
+    if worker_on:       # a relaunch after a park: not "exited" any more (rt.status() reads this)
+        tl.store(ctx + L.X_STATE, L.S_IDLE)
     if front_on:
         tl.store(ctl(arena, L.C_IDLE_SINCE), clock(BACKEND))
         tl.atomic_xchg(host + L.HB_STARTED, 1, sem="release", scope="sys")
