@@ -113,6 +113,36 @@ def test_batch_graphs_give_each_gemv_node_several_tiles():
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
 
 
+@pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
+def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
+    """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the
+    width (64 columns: 4 chunks of 16; gate_up 2 of gate and 2 of up over 32), its partial sums
+    added by the slice that counts last, and each RMSNorm's rstd from the row blocks' sums of
+    squares; Llama-like gate_up, down (72 wide: a masked tail) and Qwen3-like o_proj (128) run
+    two slices. The batch-1 graph keeps its row tiles. Tokens and logits equal the per-op
+    backend's at batches 1, 2 and 3, over steps that reuse the counters."""
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16)
+    try:
+        p = mk.plan.split_constexprs()
+        assert (p["PN"], p["PKD"], p["PCD"], p["PKS"], p["PCS"]) == (16, 16, 4, 16, 2)
+        one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
+        assert "qkv_split" not in one and "qkv" not in more
+        assert more["gate_up_split"] == cfg.num_layers * -(-cfg.intermediate_size // 16) * 2
+        slices = {"down_split": -(-cfg.intermediate_size // 64), "o_proj_split": -(-cfg.q_size // 64)}
+        for kind, ps in slices.items():
+            assert more[kind] == cfg.num_layers * -(-cfg.hidden_size // 16) * ps, kind
+        assert max(slices.values()) == 2
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=3, seed=2))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
+        assert int(mk.graphs[4].buffers.cnt.abs().sum()) == 0      # every counter back to 0
+    finally:
+        mk.close()
+    with pytest.raises(ValueError, match="Plan.split_rows must be 0 or a power of two >= 16"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
+
+
 def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():
     """fused_upto: a bucket holds two graphs over the same buffers, one attention node per (row,
     group) for steps whose longest context is at most fused_upto tokens, Plan.splits nodes and a

@@ -48,6 +48,8 @@ class StepBuffers:
     istat: object        # int32 [batch, sample tiles, 2 + KC]: its argmax, race winner, candidates
     loop: object         # int32 [LoopBlock(batch, free).words]: the decode loop's state (loop.py)
     mail: object         # int32 [Mailbox(batch, MAX_STEPS).words], pinned host memory on a GPU
+    work: object         # float32: the residual's sums of squares, then split-K partial sums (gemv_split.py)
+    cnt: object          # int32 [row blocks of the largest split GEMV]: slices counted, 0 between GEMVs
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device,
@@ -58,6 +60,7 @@ class StepBuffers:
             return torch.zeros(shape, dtype=dt, device=device)
 
         tiles = len(sample_spans(plan, cfg.vocab_size, gemv_nodes))
+        work, cnt = split_scratch(cfg, plan, batch)
         mail = torch.zeros(Mailbox(batch, MAX_STEPS).words, dtype=torch.int32,
                            pin_memory=torch.device(device).type == "cuda")
         return cls(inp=z(StepInputs.words(batch, width, width * plan.block_size), dt=torch.int32),
@@ -69,7 +72,27 @@ class StepBuffers:
                    logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32),
                    fstat=z(batch, tiles, 3, dt=torch.float32),
                    istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32),
-                   loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail)
+                   loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail,
+                   work=z(work, dt=torch.float32), cnt=z(cnt, dt=torch.int32))
+
+
+def split_gemvs(cfg: ModelConfig, plan: Plan) -> dict[str, tuple[int, int, int]]:
+    """Per GEMV kind of a split-K graph: (output rows, partial rows a slice stores, slices)."""
+    q, f, d = cfg.q_size, cfg.intermediate_size, cfg.hidden_size
+    return {"qkv": (q + 2 * cfg.kv_size, q + 2 * cfg.kv_size, plan.split_tile(d)[2]),
+            "o_proj": (d, d, plan.split_tile(q)[2]), "gate_up": (f, 2 * f, plan.split_tile(d, 2)[2]),
+            "down": (d, d, plan.split_tile(f)[2]), "lm_head": (cfg.vocab_size, cfg.vocab_size, plan.split_tile(d)[2])}
+
+
+def split_scratch(cfg: ModelConfig, plan: Plan, batch: int) -> tuple[int, int]:
+    """(floats of `work`, counters of `cnt`) for a graph of `batch` rows (gemv_split.py's layout)."""
+    if not plan.split_rows:
+        return 1, 1
+    pr = cdiv(cfg.hidden_size, plan.split_rows)
+    sums = cdiv(batch * pr, 64) * 64
+    gemvs = split_gemvs(cfg, plan).values()
+    return (sums + batch * max(nt * ps for _, nt, ps in gemvs),
+            max(cdiv(n, plan.split_rows) for n, _, _ in gemvs))
 
 
 def loop_block(batch: int, block_size: int) -> LoopBlock:
@@ -125,6 +148,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     blocks, not held in registers: fewer, longer nodes).
     """
     per = batch_tiles if batch > 1 else 1
+    split = bool(plan.split_rows) and batch > 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     inp = g.param("inp", "*i32")
@@ -142,13 +166,27 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     def opt(t):
         return (t, 1) if t is not None else (0, 0)
 
-    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, d, cost=batch * d)]
+    slices = {kind: ps for kind, (_, _, ps) in split_gemvs(cfg, plan).items()} if split else {}
+
+    def gemv(kind, n, k, rows_per_tile, head, tail, after, sub=1):
+        """The nodes of one GEMV of n output rows over width k, as (span of output rows, node): the
+        arguments are head, then (work, cnt, n, tile) for split-K tiles (every slice of each row
+        block) or (k, n, row0, count) for row tiles, then tail."""
+        if split:
+            pn, ps = plan.split_rows, slices[kind]
+            task = getattr(tasks, kind + "_split")
+            return [((rb * pn, pn), add(kind + "_split", task, *head, b.work, b.cnt, n, rb * ps + s, *tail, after=after,
+                                        cost=sub * pn * k / ps))
+                    for rb in range(cdiv(n, pn)) for s in range(ps)]
+        return [(sp, add(kind, getattr(tasks, kind), *head, k, n, *sp, *tail, after=after, cost=sub * sp[1] * k))
+                for sp in gemv_spans(plan, n, rows_per_tile, gemv_nodes, per)]
+
+    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, b.work, d, cost=batch * d)]
     for i, lw in enumerate(weights.layers):
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
-        qkv_nodes = [(s, add("qkv", tasks.qkv, inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv, d, q + 2 * kvs, *s,
-                             eps, has, after=prev, cost=s[1] * d))
-                     for s in gemv_spans(plan, q + 2 * kvs, tn["TND"], gemv_nodes, per)]
+        qkv_nodes = gemv("qkv", q + 2 * kvs, d, tn["TND"], (inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv),
+                         (eps, has), prev)
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
         combines = []
         for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
@@ -168,17 +206,14 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
             combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, n, after=splits,
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)
-        o = [add("o_proj", tasks.o_proj, inp, lw.o, bias, b.attn, b.res, q, d, *s, has, after=combines,
-                 cost=s[1] * q) for s in gemv_spans(plan, d, tn["TNQ"], gemv_nodes, per)]
+        o = [n for _, n in gemv("o_proj", d, q, tn["TNQ"], (inp, lw.o, bias, b.attn, b.res), (has,), combines)]
         bias, has = opt(lw.gate_up_bias)
-        gate_up = [add("gate_up", tasks.gate_up, inp, lw.gate_up, bias, b.res, lw.post_norm, b.act, d, f, *s, eps,
-                       has, after=o, cost=2 * s[1] * d) for s in gemv_spans(plan, f, tn["TNS"], gemv_nodes, per)]
+        gate_up = [n for _, n in gemv("gate_up", f, d, tn["TNS"], (inp, lw.gate_up, bias, b.res, lw.post_norm, b.act),
+                                      (eps, has), o, sub=2)]
         bias, has = opt(lw.down_bias)
-        prev = [add("down", tasks.down, inp, lw.down, bias, b.act, b.res, f, d, *s, has, after=gate_up,
-                    cost=s[1] * f) for s in gemv_spans(plan, d, tn["TNF"], gemv_nodes, per)]
-    heads = [(s, add("lm_head", tasks.lm_head, inp, weights.lm_head, b.res, weights.norm, b.logits, d,
-                     cfg.vocab_size, *s, eps, after=prev, cost=s[1] * d))
-             for s in gemv_spans(plan, cfg.vocab_size, tn["TND"], gemv_nodes, per)]
+        prev = [n for _, n in gemv("down", d, f, tn["TNF"], (inp, lw.down, bias, b.act, b.res), (has,), gate_up)]
+    heads = gemv("lm_head", cfg.vocab_size, d, tn["TND"], (inp, weights.lm_head, b.res, weights.norm, b.logits),
+                 (eps,), prev)
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
     tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
                  len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
