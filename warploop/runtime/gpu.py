@@ -13,6 +13,7 @@ arrives. Such CUDA work therefore waits only until the runtime is idle.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -40,6 +41,9 @@ def blocks_per_sm(kernel, num_warps: int) -> int:
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeFault(f"occupancy query failed: {err}")
     return int(n)
+
+
+RESUME_SYNC = os.environ.get("WARPLOOP_RESUME_SYNC", "1") != "0"
 
 
 def torch_stream(stream):
@@ -182,6 +186,11 @@ class GpuBackend:
                 for index in (L.C_STOP, L.C_EXITED):
                     word = self.layout.ctl_word(index) // 2
                     self._ctl64[word:word + 1].copy_(self._reset_words[:1], non_blocking=True)
+            # Landed before the launch, not only ordered before it: a relaunched kernel that still
+            # read PARK here exited at once (the exit-while-open fault, 1 in ~25 relaunches on an
+            # H100, 2026-11-25; RESUME_SYNC=0 brings the old way back to test that).
+            if RESUME_SYNC:
+                self.stream.synchronize()
             self.host[L.HB_EXITED] = 0
             self.host[L.HB_PARK] = gen + 1
             self._launch()
@@ -220,9 +229,14 @@ class GpuBackend:
             # an H100, 2026-11-25, at the first decode after a prefill had parked the kernel).
             words = {name: int(self.host[getattr(L, name)]) for name in ("HB_EXITED", "HB_STOP", "HB_PARK",
                                                                           "HB_PARK_NOW", "HB_STARTED")}
-            raise RuntimeFault(f"the resident kernel exited while the runtime was open ({words}, "
-                               f"{self.programs} programs, {self.relaunches} relaunches, grid ended: "
-                               f"{self._ended.query()})")
+            ended = self._ended.query()
+            ctl = {}
+            if ended:       # nothing runs: the arena's own stop and exit words, as the kernel left them
+                a64 = self.snapshot().view(np.int64)
+                ctl = {name: int(a64[self.layout.ctl_word(getattr(L, name)) // 2])
+                       for name in ("C_STOP", "C_EXITED", "C_PARK_SEQ", "C_RUN_SEQ")}
+            raise RuntimeFault(f"the resident kernel exited while the runtime was open ({words}, {ctl}, "
+                               f"{self.programs} programs, {self.relaunches} relaunches, grid ended: {ended})")
 
     # -- memory ----------------------------------------------------------------------------------
     def snapshot(self) -> np.ndarray:
