@@ -14,6 +14,9 @@ import threading
 import types
 from collections.abc import Callable
 
+import numpy as np
+import triton.language as tl
+from triton.language import semantic as _semantic
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
@@ -76,6 +79,23 @@ def _patch_tensor(tensor, scope) -> None:
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
 
+def _int1_bitwise(orig):
+    # Triton 3.9's interpreter gives `block_of_int1 & scalar_int1` an int32 handle under an int1
+    # type: a load or store then refuses it as a mask ("mask has unsupported dtype"), and `~` of it
+    # would be truthy both ways. Keep int1 results as numpy bools (bit 0, as the GPU keeps one bit).
+    def op(self, input, other):
+        ret = orig(self, input, other)
+        h = ret.handle
+        if isinstance(h, interpreter.TensorHandle) and ret.type.scalar == tl.int1 and h.data.dtype != np.bool_:
+            ret.handle = interpreter.TensorHandle((h.data & 1).astype(np.bool_), tl.int1)
+        return ret
+    return op
+
+
+_BITWISE = {name: getattr(_semantic.TritonSemantic, name) for name in ("and_", "or_", "xor_")
+            if hasattr(getattr(_semantic, "TritonSemantic", None), name)}
+
+
 def _twin(raw) -> InterpretedFunction:
     fn = _twins.get(raw)
     if fn is None:
@@ -107,6 +127,8 @@ def _patched(overrides: dict):
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
             interpreter._LangPatchScope.set_attr = _set_attr
+            for name, orig in _BITWISE.items():
+                setattr(_semantic.TritonSemantic, name, _int1_bitwise(orig))
         _depth += 1
         try:
             yield
@@ -118,6 +140,8 @@ def _patched(overrides: dict):
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
                 interpreter._LangPatchScope.set_attr = _orig_set_attr
+                for name, orig in _BITWISE.items():
+                    setattr(_semantic.TritonSemantic, name, orig)
                 for obj, name, original in _touched.values():
                     if original is not _MISSING:
                         setattr(obj, name, original)
