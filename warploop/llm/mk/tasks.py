@@ -33,13 +33,13 @@ from warploop.llm.mk.tokens import embed_node
 @triton.jit
 def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, BACKEND: tl.constexpr):
-    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile), else a span of rows over
-    the compile-time width K when the plan has one (gemv_node_k), else over the run-time width k
-    (gemv_node)."""
+         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, PN: tl.constexpr, BACKEND: tl.constexpr):
+    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile; with split-K tiles, PN not
+    0, for batch 1 only), else a span of rows over the compile-time width K when the plan has one
+    (gemv_node_k), else over the run-time width k (gemv_node)."""
     if TN != 0:
         gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
-                  R, BN, BK, BACKEND)
+                  R, BN, BK, PN, BACKEND)
     elif K != 0:
         gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
                     DEPTH, BACKEND)
@@ -54,74 +54,76 @@ def mk_embed(inp, table, res, work, d, BK: tl.constexpr, PN: tl.constexpr, PR: t
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr,
-           TKD: tl.constexpr, BACKEND: tl.constexpr):
+           TKD: tl.constexpr, PN: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
-         DEPTH, TND, TKD, BACKEND)
+         DEPTH, TND, TKD, PN, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TNS: tl.constexpr,
-               TKS: tl.constexpr, BACKEND: tl.constexpr):
+               TKS: tl.constexpr, PN: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
-         DEPTH, TNS, TKS, BACKEND)
+         DEPTH, TNS, TKS, PN, BACKEND)
 
 
 # o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
 # tasks, because a task's constexprs are bound by parameter name
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, TNQ: tl.constexpr, TKQ: tl.constexpr,
-              BACKEND: tl.constexpr):
+              PN: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
-         TNQ, TKQ, BACKEND)
+         TNQ, TKQ, PN, BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
             BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, TNF: tl.constexpr, TKF: tl.constexpr,
-            BACKEND: tl.constexpr):
+            PN: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
-         TNF, TKF, BACKEND)
+         TNF, TKF, PN, BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr, TKD: tl.constexpr,
-               BACKEND: tl.constexpr):
+               PN: tl.constexpr, BACKEND: tl.constexpr):
     gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
-         TND, TKD, BACKEND)
+         TND, TKD, PN, BACKEND)
 
 
 # The split-K tiles of the graphs of more than one row (Plan.split_rows, gemv_split.py): node `tile`
 # is a row block and a slice of the width; work and cnt are the graph's partial sums and counters.
 def mk_qkv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, tile, eps, has_bias, R: tl.constexpr,
                  KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                 BACKEND: tl.constexpr):
+                 PX: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, 0, tile, eps, has_bias, True, EPI_OUT, KD, KD,
-               PN, PKD, PCD, PR, R, BACKEND)
+               PN, PKD, PCD, PR, R, PX, BACKEND)
 
 
 def mk_gate_up_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, tile, eps, has_bias, R: tl.constexpr,
                      KD: tl.constexpr, PN: tl.constexpr, PKS: tl.constexpr, PCS: tl.constexpr, PR: tl.constexpr,
-                     BACKEND: tl.constexpr):
+                     PX: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, f, tile, eps, has_bias, True, EPI_SILU, KD, KD,
-               PN, PKS, PCS, PR, R, BACKEND)
+               PN, PKS, PCS, PR, R, PX, BACKEND)
 
 
 def mk_o_proj_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KQ: tl.constexpr,
-                    PN: tl.constexpr, PKQ: tl.constexpr, PCQ: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
+                    PN: tl.constexpr, PKQ: tl.constexpr, PCQ: tl.constexpr, PR: tl.constexpr,
+                    PX: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KQ, KQ, PN,
-               PKQ, PCQ, PR, R, BACKEND)
+               PKQ, PCQ, PR, R, PX, BACKEND)
 
 
 def mk_down_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KF: tl.constexpr,
-                  PN: tl.constexpr, PKF: tl.constexpr, PCF: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
+                  PN: tl.constexpr, PKF: tl.constexpr, PCF: tl.constexpr, PR: tl.constexpr,
+                  PX: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KF, KF, PN,
-               PKF, PCF, PR, R, BACKEND)
+               PKF, PCF, PR, R, PX, BACKEND)
 
 
 def mk_lm_head_split(ctx, inp, w, res, norm_w, logits, work, cnt, vocab, tile, eps, R: tl.constexpr,
                      KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                     BACKEND: tl.constexpr):
+                     PX: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, w, res, norm_w, logits, work, cnt, vocab, 0, tile, eps, 0, True, EPI_OUT, KD, KD, PN,
-               PKD, PCD, PR, R, BACKEND)
+               PKD, PCD, PR, R, PX, BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
