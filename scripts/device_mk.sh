@@ -6,7 +6,7 @@
 #   server - tests/test_server_gpu.py: 64 concurrent streams through `warploop serve --backend megakernel`
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
-#            tokens of context (default 512), the plan $WARPLOOP_MK_PLAN; JSON to $OUT/probe.json
+#            tokens of context (default 512), each plan of $PLANS in its own process; JSON to $OUT/probe-N.json
 #   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
@@ -59,10 +59,21 @@ for name, e in r['models'].items():
     print(name, 'floor_ms', e['floor_ms'], json.dumps({k: v for k, v in e.items() if k not in ('model',)}, default=str)[:3000])
 " ;;
     probe)
-      # shellcheck disable=SC2086
-      plan="${WARPLOOP_MK_PLAN:-}"; [ -n "$plan" ] || plan='{}'
-      python scripts/mk_probe.py --plan "$plan" --batch ${PROBE_BATCHES:-1 8 32} \
-        --context "${PROBE_CONTEXT:-512}" --repeat 10 | tee "$OUT/probe.json" ;;
+      # one process per plan of $PLANS (';'-separated JSON objects; default $WARPLOOP_MK_PLAN or {});
+      # with PROBE_CACHED_ONLY=1 a plan whose kernel is not in the carried cache is skipped, not
+      # compiled there (minutes of device time: compile it here with scripts/mk_cache.py)
+      IFS=';' read -ra plans <<< "${PLANS:-${WARPLOOP_MK_PLAN:-{\}}}"
+      i=0
+      for plan in "${plans[@]}"; do
+        i=$((i+1))
+        if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && ! timeout 30 python scripts/mk_probe.py --compile-only --plan "$plan"; then
+          echo "plan $plan: not in the cache, skipped"; continue
+        fi
+        # shellcheck disable=SC2086
+        env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --plan "$plan" --batch ${PROBE_BATCHES:-1 8 32} \
+          --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
+        grep '^{"bs' "$OUT/probe-$i.json"
+      done ;;
     loop)
       # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
       # time per token), then a traced loop request (Perfetto, gzipped) into $OUT

@@ -1,7 +1,6 @@
 """Park and relaunch the resident kernel many times and count the relaunches it did not survive.
 
-    WARPLOOP_RESUME_SYNC=0 PYTHONPATH=$PWD python scripts/probe_relaunch.py --cycles 300
-    PYTHONPATH=$PWD python scripts/probe_relaunch.py --cycles 300           # the default (sync before relaunch)
+    PYTHONPATH=$PWD python scripts/probe_relaunch.py --cycles 400 [--workers fill]
 
 Each cycle: submit a task, take its result, then wait until the kernel has parked (park_after_us=0),
 so the next submit relaunches it. A relaunch the kernel does not survive shows as a RuntimeFault
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -57,7 +55,7 @@ def main() -> None:
             rt = warploop.Runtime(tasks=[bump], park_after_us=0, timeout=20, workers=workers)
     relaunches += rt._backend.relaunches
     rt.close(timeout=10)
-    print(json.dumps({"resume_sync": os.environ.get("WARPLOOP_RESUME_SYNC", "1"), "cycles": args.cycles,
+    print(json.dumps({"cycles": args.cycles,
                       "faults": faults, "relaunches": relaunches, "bumps": int(x.item()),
                       "s": round(time.perf_counter() - t0, 1), "first_fault": first}))
 

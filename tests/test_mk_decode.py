@@ -113,18 +113,16 @@ def test_batch_graphs_give_each_gemv_node_several_tiles():
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
 
 
-@pytest.mark.parametrize("cfg, split_x", [(LLAMA_TAIL, 0), (QWEN3_LIKE, 1)],
-                         ids=["llama_gqa_tail_chunk_x_pipelined", "qwen3_qknorm_bias_x_in_registers"])
-def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg, split_x):
+@pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
+def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
     """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the
     width (64 columns: 4 chunks of 16; gate_up 2 of gate and 2 of up over 32), its partial sums
     added by the slice that counts last, and each RMSNorm's rstd from the row blocks' sums of
     squares; Llama-like gate_up, down (72 wide: a masked tail) and Qwen3-like o_proj (128) run
     two slices. The batch-1 graph keeps its row tiles. Tokens and logits equal the per-op
-    backend's at batches 1, 2 and 3, over steps that reuse the counters. split_x 1 issues a batch
-    block's x chunks ahead into registers (split_x 0: Triton's pipelining, a no-op on the CPU)."""
+    backend's at batches 1, 2 and 3, over steps that reuse the counters."""
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16, split_x=split_x)
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16)
     try:
         p = mk.plan.split_constexprs()
         assert (p["PN"], p["PKD"], p["PCD"], p["PKS"], p["PCS"]) == (16, 16, 4, 16, 2)
@@ -143,8 +141,6 @@ def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg, split_x):
         mk.close()
     with pytest.raises(ValueError, match="Plan.split_rows must be 0 or a power of two >= 16"):
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
-    with pytest.raises(ValueError, match="Plan.split_x must be 0"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=16, split_x=2)
 
 
 def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():

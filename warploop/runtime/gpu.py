@@ -13,7 +13,6 @@ arrives. Such CUDA work therefore waits only until the runtime is idle.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -41,9 +40,6 @@ def blocks_per_sm(kernel, num_warps: int) -> int:
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeFault(f"occupancy query failed: {err}")
     return int(n)
-
-
-RESUME_SYNC = os.environ.get("WARPLOOP_RESUME_SYNC", "1") != "0"
 
 
 def torch_stream(stream):
@@ -186,11 +182,12 @@ class GpuBackend:
                 for index in (L.C_STOP, L.C_EXITED):
                     word = self.layout.ctl_word(index) // 2
                     self._ctl64[word:word + 1].copy_(self._reset_words[:1], non_blocking=True)
-            # Landed before the launch, not only ordered before it: a relaunched kernel that still
-            # read PARK here exited at once (the exit-while-open fault, 1 in ~25 relaunches on an
-            # H100, 2026-11-25; RESUME_SYNC=0 brings the old way back to test that).
-            if RESUME_SYNC:
-                self.stream.synchronize()
+            # Landed before the launch, not only ordered before it: the exit-while-open fault (seen
+            # on an H100 on 2026-11-25 at the first decode after a prefill parked the kernel) looked
+            # like a relaunched kernel that read the old exit words. scripts/probe_relaunch.py saw
+            # no fault in 1,600 relaunches with or without this sync (2026-11-27); it stays, since a
+            # relaunch already costs about 100 us of host work.
+            self.stream.synchronize()
             self.host[L.HB_EXITED] = 0
             self.host[L.HB_PARK] = gen + 1
             self._launch()

@@ -51,34 +51,6 @@ def split_chunk(w, i: tl.constexpr, row0, n_out, f, k0, K: tl.constexpr, PN: tl.
 
 
 @triton.jit
-def x_raw(x, K: tl.constexpr, bo, bmask, c):
-    """x[bo, c] as stored (the norm is applied by x_normed)."""
-    return tl.load(x + bo.to(tl.int64)[:, None] * K + c[None, :], mask=bmask[:, None] & (c < K)[None, :], other=0.0)
-
-
-@triton.jit
-def x_normed(v, nw, rstd, NORM: tl.constexpr, BACKEND: tl.constexpr):
-    """gemv.x_chunk's arithmetic on loaded values: round(nw * round(v * rstd)) with NORM."""
-    if NORM:
-        dt = v.dtype
-        v = rnd(nw.to(tl.float32)[None, :] * rnd(v.to(tl.float32) * rstd[:, None], dt, BACKEND).to(tl.float32), dt,
-                BACKEND)
-    return v
-
-
-@triton.jit
-def x_ahead(x, norm_w, K: tl.constexpr, bo, bmask, k0, i: tl.constexpr, PK: tl.constexpr, PC: tl.constexpr,
-            NORM: tl.constexpr):
-    """(x chunk i of the slice, its norm weights): issued now, used later."""
-    c = k0 + (i % PC) * PK + tl.arange(0, PK)
-    v = x_raw(x, K, bo, bmask, c)
-    nw = v
-    if NORM:
-        nw = tl.load(norm_w + c, mask=c < K, other=0.0)
-    return v, nw
-
-
-@triton.jit
 def parts_of(work, inp, PR: tl.constexpr):
     """The partial sums' region of `work` (after the batch's sums of squares)."""
     return work + (tl.load(inp + D_BATCH) * PR + 63) // 64 * 64
@@ -121,7 +93,7 @@ def finish(acc, gate, bias, out, work, rows, rmask, bo, bmask, n_out, f, rb, has
 @triton.jit
 def gemv_split(ctx, inp, w, bias, x, norm_w, out, work, cnt, n_out, f, tile, eps, has_bias, NORM: tl.constexpr,
                EPI: tl.constexpr, K: tl.constexpr, KN: tl.constexpr, PN: tl.constexpr, PK: tl.constexpr,
-               PC: tl.constexpr, PR: tl.constexpr, R: tl.constexpr, PX: tl.constexpr, BACKEND: tl.constexpr):
+               PC: tl.constexpr, PR: tl.constexpr, R: tl.constexpr, BACKEND: tl.constexpr):
     """Node `tile` of a split-K GEMV over width K: row block tile // PS, slice tile % PS (PS slices
     of PC chunks of PK columns). out is the output (EPI_OUT, EPI_SILU: f gate rows, then the up
     rows) or the residual (EPI_RES). KN: the width the norm's mean is over (the hidden size)."""
@@ -163,55 +135,18 @@ def gemv_split(ctx, inp, w, bias, x, norm_w, out, work, cnt, n_out, f, tile, eps
     dt = w.dtype.element_ty
     rows = row0 + tl.arange(0, PN)
     rmask = rows < n_out
-    # PX 0: Triton pipelines this loop (x's chunks copied ahead into shared memory, about 32 KB a
-    # node); PX 1: not pipelined, every x chunk of a batch block issued into registers before the
-    # first product (the chunks' reads are concurrent either way, not one L2 round trip each)
-    NS: tl.constexpr = 1 if PX == 1 else 3
-    for b0 in tl.range(0, nb, R, num_stages=NS):
+    for b0 in range(0, nb, R):
         bo = b0 + tl.arange(0, R)
         bmask = bo < nb
         rstd = tl.full([R], 1.0, tl.float32)
-        if PX == 1:
-            x0, n0 = x_ahead(x, norm_w, K, bo, bmask, k0, 0, PK, PC, NORM)
-            x1, n1 = x0, n0
-            x2, n2 = x0, n0
-            x3, n3 = x0, n0
-            x4, n4 = x0, n0
-            x5, n5 = x0, n0
-            x6, n6 = x0, n0
-            x7, n7 = x0, n0
-            if PC > 1:
-                x1, n1 = x_ahead(x, norm_w, K, bo, bmask, k0, 1, PK, PC, NORM)
-            if PC > 2:
-                x2, n2 = x_ahead(x, norm_w, K, bo, bmask, k0, 2, PK, PC, NORM)
-            if PC > 3:
-                x3, n3 = x_ahead(x, norm_w, K, bo, bmask, k0, 3, PK, PC, NORM)
-            if PC > 4:
-                x4, n4 = x_ahead(x, norm_w, K, bo, bmask, k0, 4, PK, PC, NORM)
-            if PC > 5:
-                x5, n5 = x_ahead(x, norm_w, K, bo, bmask, k0, 5, PK, PC, NORM)
-            if PC > 6:
-                x6, n6 = x_ahead(x, norm_w, K, bo, bmask, k0, 6, PK, PC, NORM)
-            if PC > 7:
-                x7, n7 = x_ahead(x, norm_w, K, bo, bmask, k0, 7, PK, PC, NORM)
         if NORM:
             rstd = ss_rstd(work, bo, bmask, KN, eps, PR)
         acc = tl.zeros([R, PN], tl.float32)
         gate = acc
         for i in tl.static_range(NCH):
-            if PX == 1:
-                xv = x_normed(pick(i % PC, x0, x1, x2, x3, x4, x5, x6, x7),
-                              pick(i % PC, n0, n1, n2, n3, n4, n5, n6, n7), rstd, NORM, BACKEND)
-            else:
-                c = k0 + (i % PC) * PK + tl.arange(0, PK)
-                xv = x_chunk(x, K, bo, bmask, c, K, norm_w, rstd, NORM, BACKEND)
-            # b0 < batch always holds; the select makes the chunk's operand a value of this iteration,
-            # so its copy into shared memory is made here, one buffer reused, not hoisted out of
-            # the loop as eight buffers live at once (64 KB of shared memory, 8 KB this way)
-            wv = pick(i, a0, a1, a2, a3, a4, a5, a6, a7)
-            if BACKEND != "cpu":
-                wv = tl.where(b0 < batch, wv, 0.0)
-            acc += mma(xv, tl.trans(wv), BACKEND)
+            c = k0 + (i % PC) * PK + tl.arange(0, PK)
+            xv = x_chunk(x, K, bo, bmask, c, K, norm_w, rstd, NORM, BACKEND)
+            acc += mma(xv, tl.trans(pick(i, a0, a1, a2, a3, a4, a5, a6, a7)), BACKEND)
             if SUB == 2 and i == PC - 1:
                 gate = acc
                 acc = tl.zeros([R, PN], tl.float32)

@@ -247,8 +247,6 @@ class Plan:
     #                         0: one span of rows per worker, streamed (the chunk stream)
     split_rows: int = 0     # with tiles: the graphs of more than one row cut each GEMV into tiles of this
     #                         many rows over a slice of the width (split-K, gemv_split.py); 0: whole rows
-    split_x: int = 0        # split-K tiles' x chunks: 0 copied ahead by Triton's pipelining (shared memory),
-    #                         1 issued into registers before the first product (no shared memory)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -265,8 +263,6 @@ class Plan:
         if self.split_rows and (not self.tile_kb or self.split_rows < 16 or self.split_rows & (self.split_rows - 1)):
             raise ValueError(f"Plan.split_rows must be 0 or a power of two >= 16 (tl.dot's smallest) with tile_kb "
                              f"set, got {self.split_rows}")
-        if self.split_x not in (0, 1):
-            raise ValueError(f"Plan.split_x must be 0 (pipelined) or 1 (registers), got {self.split_x}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -282,8 +278,7 @@ class Plan:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
-                + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
-                + (f"x{self.split_x}" if self.split_x else ""))
+                + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else ""))
 
     @property
     def elem(self) -> int:
@@ -321,8 +316,7 @@ class Plan:
         q = self.heads * self.head_dim
         # PR: row blocks of the residual stream, whose sums of squares the nodes that write it leave
         # for the RMSNorm of the nodes that read it (gemv_split.py)
-        out = {"PN": self.split_rows, "PR": -(-self.hidden // self.split_rows) if self.split_rows else 0,
-               "PX": self.split_x}
+        out = {"PN": self.split_rows, "PR": -(-self.hidden // self.split_rows) if self.split_rows else 0}
         for name, k, sub in (("D", self.hidden, 1), ("S", self.hidden, 2), ("Q", q, 1), ("F", self.inter, 1)):
             width, chunks, _ = self.split_tile(k, sub)
             out.update({f"PK{name}": width, f"PC{name}": chunks})

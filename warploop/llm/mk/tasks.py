@@ -93,37 +93,35 @@ def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: 
 # is a row block and a slice of the width; work and cnt are the graph's partial sums and counters.
 def mk_qkv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, tile, eps, has_bias, R: tl.constexpr,
                  KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                 PX: tl.constexpr, BACKEND: tl.constexpr):
+                 BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, 0, tile, eps, has_bias, True, EPI_OUT, KD, KD,
-               PN, PKD, PCD, PR, R, PX, BACKEND)
+               PN, PKD, PCD, PR, R, BACKEND)
 
 
 def mk_gate_up_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, tile, eps, has_bias, R: tl.constexpr,
                      KD: tl.constexpr, PN: tl.constexpr, PKS: tl.constexpr, PCS: tl.constexpr, PR: tl.constexpr,
-                     PX: tl.constexpr, BACKEND: tl.constexpr):
+                     BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, f, tile, eps, has_bias, True, EPI_SILU, KD, KD,
-               PN, PKS, PCS, PR, R, PX, BACKEND)
+               PN, PKS, PCS, PR, R, BACKEND)
 
 
 def mk_o_proj_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KQ: tl.constexpr,
-                    PN: tl.constexpr, PKQ: tl.constexpr, PCQ: tl.constexpr, PR: tl.constexpr,
-                    PX: tl.constexpr, BACKEND: tl.constexpr):
+                    PN: tl.constexpr, PKQ: tl.constexpr, PCQ: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KQ, KQ, PN,
-               PKQ, PCQ, PR, R, PX, BACKEND)
+               PKQ, PCQ, PR, R, BACKEND)
 
 
 def mk_down_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KF: tl.constexpr,
-                  PN: tl.constexpr, PKF: tl.constexpr, PCF: tl.constexpr, PR: tl.constexpr,
-                  PX: tl.constexpr, BACKEND: tl.constexpr):
+                  PN: tl.constexpr, PKF: tl.constexpr, PCF: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KF, KF, PN,
-               PKF, PCF, PR, R, PX, BACKEND)
+               PKF, PCF, PR, R, BACKEND)
 
 
 def mk_lm_head_split(ctx, inp, w, res, norm_w, logits, work, cnt, vocab, tile, eps, R: tl.constexpr,
                      KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                     PX: tl.constexpr, BACKEND: tl.constexpr):
+                     BACKEND: tl.constexpr):
     gemv_split(ctx, inp, w, w, res, norm_w, logits, work, cnt, vocab, 0, tile, eps, 0, True, EPI_OUT, KD, KD, PN,
-               PKD, PCD, PR, R, PX, BACKEND)
+               PKD, PCD, PR, R, BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
