@@ -217,15 +217,19 @@ class _Interval:
         self.row_writer: dict[int, int] = {}
         self.row_readers: dict[int, list[int]] = {}
 
-    def writers_met(self, row: int) -> list[int]:
+    def writers_met(self, row: int):
         """The last writers an access of `row` (-1: every row) must come after."""
         if row >= 0:
             w = self.row_writer.get(row, self.writer)
-            return [] if w is None else [w]
+            return () if w is None else (w,)
+        if not self.row_writer:
+            return () if self.writer is None else (self.writer,)
         return ([] if self.writer is None else [self.writer]) + list(self.row_writer.values())
 
-    def readers_met(self, row: int) -> list[int]:
+    def readers_met(self, row: int):
         """The readers since those writers that a write of `row` must come after."""
+        if not self.row_readers:
+            return self.readers
         if row >= 0:
             return self.readers + self.row_readers.get(row, [])
         return self.readers + [r for rs in self.row_readers.values() for r in rs]
@@ -258,29 +262,39 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
         for a in accs:
             cuts.setdefault(a.buffer, set()).update((a.lo, a.hi))
     cuts = {b: sorted(c) for b, c in cuts.items()}
-    state: dict[tuple[int, int], _Interval] = {}
+    state = {b: [_Interval() for _ in range(len(c) - 1)] for b, c in cuts.items()}
     found: dict[tuple[int, int, str], Hazard] = {}
 
-    def ordered(a: int, b: int) -> bool:
-        return worker_of[a] == worker_of[b] or bool((anc[b] >> a) & 1)
-
     for node, accs in enumerate(accesses):
+        # whether node comes after each earlier node it meets: a node meets the same others over
+        # many intervals, and a test of its ancestors' bit shifts an integer of one bit a node
+        after = {node: True}
+        mine, above = worker_of[node], anc[node]
         updates = []
         for a in accs:
-            lo, hi = bisect.bisect_left(cuts[a.buffer], a.lo), bisect.bisect_left(cuts[a.buffer], a.hi)
+            cut, ivs, row = cuts[a.buffer], state[a.buffer], a.row
+            lo, hi = bisect.bisect_left(cut, a.lo), bisect.bisect_left(cut, a.hi)
             for k in range(lo, hi):
-                key = (a.buffer, k)
-                cols = (cuts[a.buffer][k], cuts[a.buffer][k + 1])
-                iv = state.setdefault(key, _Interval())
-                for w in iv.writers_met(a.row):
-                    if w != node and not ordered(w, node):
-                        kind = "WAW" if a.write else "RAW"
-                        found.setdefault((w, node, kind), Hazard(kind, w, node, a.buffer, cols))
+                iv = ivs[k]
+                bad = None
+                for w in iv.writers_met(row):
+                    ok = after.get(w)
+                    if ok is None:
+                        ok = after[w] = worker_of[w] == mine or bool((above >> w) & 1)
+                    if not ok:
+                        bad = bad or []
+                        bad.append((w, "WAW" if a.write else "RAW"))
                 if a.write:
-                    for r in iv.readers_met(a.row):
-                        if r != node and not ordered(r, node):
-                            found.setdefault((r, node, "WAR"), Hazard("WAR", r, node, a.buffer, cols))
-                updates.append((iv, a.row, a.write))
+                    for r in iv.readers_met(row):
+                        ok = after.get(r)
+                        if ok is None:
+                            ok = after[r] = worker_of[r] == mine or bool((above >> r) & 1)
+                        if not ok:
+                            bad = bad or []
+                            bad.append((r, "WAR"))
+                for other, kind in bad or ():
+                    found.setdefault((other, node, kind), Hazard(kind, other, node, a.buffer, (cut[k], cut[k + 1])))
+                updates.append((iv, row, a.write))
         for iv, row, write in updates:
             if write:
                 iv.record(node, row, True)
