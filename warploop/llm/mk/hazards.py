@@ -274,26 +274,18 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
         for a in accs:
             cut, ivs, row = cuts[a.buffer], state[a.buffer], a.row
             lo, hi = bisect.bisect_left(cut, a.lo), bisect.bisect_left(cut, a.hi)
+            first = "WAW" if a.write else "RAW"
             for k in range(lo, hi):
                 iv = ivs[k]
-                bad = None
-                for w in iv.writers_met(row):
-                    ok = after.get(w)
-                    if ok is None:
-                        ok = after[w] = worker_of[w] == mine or bool((above >> w) & 1)
-                    if not ok:
-                        bad = bad or []
-                        bad.append((w, "WAW" if a.write else "RAW"))
-                if a.write:
-                    for r in iv.readers_met(row):
-                        ok = after.get(r)
+                met = ((iv.writers_met(row), first), (iv.readers_met(row), "WAR")) if a.write else \
+                    ((iv.writers_met(row), first),)
+                for others, kind in met:
+                    for o in others:
+                        ok = after.get(o)
                         if ok is None:
-                            ok = after[r] = worker_of[r] == mine or bool((above >> r) & 1)
+                            ok = after[o] = worker_of[o] == mine or bool((above >> o) & 1)
                         if not ok:
-                            bad = bad or []
-                            bad.append((r, "WAR"))
-                for other, kind in bad or ():
-                    found.setdefault((other, node, kind), Hazard(kind, other, node, a.buffer, (cut[k], cut[k + 1])))
+                            found.setdefault((o, node, kind), Hazard(kind, o, node, a.buffer, (cut[k], cut[k + 1])))
                 updates.append((iv, row, a.write))
         for iv, row, write in updates:
             if write:
