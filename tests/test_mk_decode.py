@@ -141,6 +141,8 @@ def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
         mk.close()
     with pytest.raises(ValueError, match="Plan.split_rows must be 0 or a power of two >= 16"):
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
+    with pytest.raises(ValueError, match="cuts GEMV tiles, and this plan has none"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=64)
 
 
 def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():

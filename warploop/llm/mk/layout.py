@@ -260,9 +260,13 @@ class Plan:
                              "or both 0 (run-time widths)")
         if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
             raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
-        if self.split_rows and (not self.tile_kb or self.split_rows < 16 or self.split_rows & (self.split_rows - 1)):
+        if self.split_rows and (self.split_rows < 16 or self.split_rows & (self.split_rows - 1)):
             raise ValueError(f"Plan.split_rows must be 0 or a power of two >= 16 (tl.dot's smallest) with tile_kb "
                              f"set, got {self.split_rows}")
+        if self.split_rows and not self.tile_kb:
+            raise ValueError(f"Plan.split_rows ({self.split_rows}) cuts GEMV tiles, and this plan has none (tile_kb "
+                             "0: the CPU plan or the chunk stream); a GPU plan has them (tile_kb set): leave "
+                             "split_rows out here")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
