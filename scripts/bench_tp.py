@@ -7,6 +7,8 @@ copy bandwidth). Needs two GPUs; scripts/device_tp.sh runs it one part per call.
     python scripts/bench_tp.py --part one|tp|tp_eager|compile|replicas [--dir DIR] > part.json
 
 (tp_eager: TP=2 without CUDA graphs, the fallback if capturing NCCL all-reduces fails on a machine.)
+`--shapes small --device cpu` runs the same code on a 2-layer model on the CPU (gloo), as a smoke
+test of this script before it spends device time (tests/test_tp_gloo.py runs it).
 
 The weights are written once as a checkpoint (`--dir`), so one GPU, TP=2 (each rank reads only its
 slices) and the replicas all run the same values.
@@ -16,7 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests.llm_helpers: the tokenizer
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.rope import RopeConfig
@@ -27,10 +32,15 @@ LLAMA_3_1_8B = ModelConfig(
     rope=RopeConfig(rope_type="llama3", theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=8192),
     dtype="bfloat16", eos_token_ids=(128001,), bos_token_id=128000)
+SMALL = ModelConfig(
+    family="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+    rope=LLAMA_3_1_8B.rope, dtype="bfloat16", eos_token_ids=(257,), bos_token_id=256)
+SHAPES = {"llama-3.1-8b": LLAMA_3_1_8B, "small": SMALL}
 MAX_LEN, BATCH = 1024, 32
 
 
-def write_checkpoint(path: Path) -> None:
+def write_checkpoint(path: Path, cfg: ModelConfig, device: str) -> None:
     """config.json, a byte-level tokenizer and random bf16 weights, one safetensors file per 4 layers."""
     import torch
     from safetensors.torch import save_file
@@ -38,7 +48,6 @@ def write_checkpoint(path: Path) -> None:
     from tests.llm_helpers import save_tokenizer
     from warploop.llm.weights import checkpoint_shapes
 
-    cfg = LLAMA_3_1_8B
     path.mkdir(parents=True, exist_ok=True)
     rope = cfg.rope
     (path / "config.json").write_text(json.dumps({
@@ -51,21 +60,21 @@ def write_checkpoint(path: Path) -> None:
                                                    "low_freq_factor": rope.low_freq_factor,
                                                    "high_freq_factor": rope.high_freq_factor,
                                                    "original_max_position_embeddings": 8192},
-        "eos_token_id": 128001, "bos_token_id": 128000}))
+        "eos_token_id": cfg.eos_token_ids[0], "bos_token_id": cfg.bos_token_id}))
     save_tokenizer(path)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     groups: dict[str, dict] = {}
     for name, shape in checkpoint_shapes(cfg).items():
         layer = name.split(".")[2] if name.startswith("model.layers.") else "head"
         key = "head" if layer == "head" else f"{int(layer) // 4:02d}"
-        t = torch.ones(shape, device="cuda", dtype=torch.bfloat16) if name.endswith("norm.weight") else \
-            torch.randn(shape, device="cuda", generator=gen).mul_(0.02).to(torch.bfloat16)
+        t = torch.ones(shape, device=device, dtype=torch.bfloat16) if name.endswith("norm.weight") else \
+            torch.randn(shape, device=device, generator=gen).mul_(0.02).to(torch.bfloat16)
         groups.setdefault(key, {})[name] = t.cpu()
     for key, tensors in groups.items():
         save_file(tensors, str(path / f"model-{key}.safetensors"))
 
 
-def measure(engine, steps: int, repeats: int, batch: int = BATCH) -> dict:
+def measure(engine, cfg: ModelConfig, steps: int, repeats: int, batch: int = BATCH) -> dict:
     import torch
 
     from warploop.bench.decode import _engine_tok_s, _median
@@ -74,7 +83,7 @@ def measure(engine, steps: int, repeats: int, batch: int = BATCH) -> dict:
     gen = torch.Generator().manual_seed(0)
 
     def prompts(b: int):
-        return torch.randint(0, LLAMA_3_1_8B.vocab_size, (b, 32), generator=gen)
+        return torch.randint(0, cfg.vocab_size, (b, 32), generator=gen)
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
     out = {}
@@ -95,40 +104,43 @@ def main() -> int:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=("one", "tp", "tp_eager", "compile", "replicas"), required=True)
-    parser.add_argument("--dir", default="/tmp/llama-3.1-8b-random")
+    parser.add_argument("--shapes", choices=tuple(SHAPES), default="llama-3.1-8b")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--dir", default=None, help="the checkpoint (default /tmp/<shapes>-random; written if absent)")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    path = Path(args.dir)
+    cfg = SHAPES[args.shapes]
+    path = Path(args.dir or f"/tmp/{args.shapes}-random")
     if not (path / "config.json").is_file():
-        write_checkpoint(path)
+        write_checkpoint(path, cfg, args.device)
     result = header("tp")
-    result.update(part=args.part, model="Llama-3.1-8B shapes, bf16, random weights", steps=args.steps,
+    result.update(part=args.part, model=f"{args.shapes} shapes, bf16, random weights", steps=args.steps,
                   repeats=args.repeats, gpus=torch.cuda.device_count(),
                   nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"))
-    copy = _copy_gbps(torch.device("cuda", 0))
-    nbytes = LLAMA_3_1_8B.num_parameters() * 2
+    copy = _copy_gbps(torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu"))
+    nbytes = cfg.num_parameters() * 2
     result.update(copy_gbps=round(copy, 1), weight_bytes=nbytes, floor_ms_1gpu=round(nbytes / copy / 1e6, 4),
                   floor_ms_tp2=round(nbytes / 2 / copy / 1e6, 4))
-    options = dict(device="cuda", dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
+    options = dict(device=args.device, dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
                    enable_prefix_caching=False, progress=False)
     if args.part in ("one", "tp", "tp_eager"):
         from warploop.llm.engine import Engine
 
         with Engine.from_model(str(path), tensor_parallel=1 if args.part == "one" else 2,
                                use_cuda_graphs=args.part != "tp_eager", **options) as engine:
-            result[args.part] = _guard(measure, engine, args.steps, args.repeats)
+            result[args.part] = _guard(measure, engine, cfg, args.steps, args.repeats)
     elif args.part == "compile":
         def prompts(b: int, length: int = 32):
-            return torch.randint(0, LLAMA_3_1_8B.vocab_size, (b, length), device="cuda")
+            return torch.randint(0, cfg.vocab_size, (b, length), device=args.device)
 
-        result["torch_compile"] = _guard(_measure_compiled, LLAMA_3_1_8B, torch.device("cuda"), torch.bfloat16,
-                                         prompts, args.repeats, args.steps)
+        result["torch_compile"] = _guard(_measure_compiled, cfg, torch.device(args.device), torch.bfloat16,
+                                         prompts, args.repeats, args.steps, (BATCH,), False)
     else:
         from warploop.llm.replicas import ReplicaPool
 
         with ReplicaPool(str(path), 2, **options) as pool:
-            result["replicas2"] = _guard(measure, pool, args.steps, args.repeats, 2 * BATCH)
+            result["replicas2"] = _guard(measure, pool, cfg, args.steps, args.repeats, 2 * BATCH)
     print(json.dumps(result))
     return 0
 

@@ -112,3 +112,16 @@ def test_generate_cli_with_two_ranks():
     assert json.loads(one.stdout)["token_ids"] == json.loads(two.stdout)["token_ids"]
     bad = subprocess.run([*cmd, "--tensor-parallel", "3"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "attention heads" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_bench_tp_script_runs_on_the_cpu(tmp_path):
+    """scripts/bench_tp.py (issue 13's figures on two GPUs), smoke-tested on a 2-layer model over gloo:
+    it writes its checkpoint, starts two ranks and reports both figures."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_tp.py"), "--part", "tp", "--shapes",
+                           "small", "--device", "cpu", "--steps", "2", "--repeats", "1", "--dir", str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["weight_bytes"] > 0 and result["floor_ms_tp2"] < result["floor_ms_1gpu"]
+    assert result["tp"]["ms_per_token_bs1"] > 0 and result["tp"]["tok_s_bs32"] > 0, result["tp"]
