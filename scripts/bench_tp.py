@@ -124,24 +124,28 @@ def main() -> int:
                   floor_ms_tp2=round(nbytes / 2 / copy / 1e6, 4))
     options = dict(device=args.device, dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
                    enable_prefix_caching=False, progress=False)
+    # each part prints its figures as soon as they exist: closing an engine (leaving an NCCL group,
+    # stopping processes) must not be able to lose them
     if args.part in ("one", "tp", "tp_eager"):
         from warploop.llm.engine import Engine
 
         with Engine.from_model(str(path), tensor_parallel=1 if args.part == "one" else 2,
                                use_cuda_graphs=args.part != "tp_eager", **options) as engine:
             result[args.part] = _guard(measure, engine, cfg, args.steps, args.repeats)
+            print(json.dumps(result), flush=True)
     elif args.part == "compile":
         def prompts(b: int, length: int = 32):
             return torch.randint(0, cfg.vocab_size, (b, length), device=args.device)
 
         result["torch_compile"] = _guard(_measure_compiled, cfg, torch.device(args.device), torch.bfloat16,
                                          prompts, args.repeats, args.steps, (BATCH,), False)
+        print(json.dumps(result), flush=True)
     else:
         from warploop.llm.replicas import ReplicaPool
 
         with ReplicaPool(str(path), 2, **options) as pool:
             result["replicas2"] = _guard(measure, pool, cfg, args.steps, args.repeats, 2 * BATCH)
-    print(json.dumps(result))
+            print(json.dumps(result), flush=True)
     return 0
 
 

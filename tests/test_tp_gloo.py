@@ -118,8 +118,9 @@ def test_bench_tp_script_runs_on_the_cpu(tmp_path):
     """scripts/bench_tp.py (issue 13's figures on two GPUs), smoke-tested on a 2-layer model over gloo:
     it writes its checkpoint, starts two ranks and reports both figures."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_tp.py"), "--part", "tp", "--shapes",
-                           "small", "--device", "cpu", "--steps", "2", "--repeats", "1", "--dir", str(tmp_path / "ckpt")],
+    args = ["--part", "tp", "--shapes", "small", "--device", "cpu", "--steps", "2", "--repeats", "1",
+            "--dir", str(tmp_path / "ckpt")]
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_tp.py"), *args],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)

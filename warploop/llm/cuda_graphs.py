@@ -51,6 +51,15 @@ class DecodeGraphs:
             self.graphs[b] = graph
         torch.cuda.synchronize(backend.device)
 
+    def release(self) -> None:
+        """Destroy the captured graphs now. A graph that captured an NCCL collective holds a reference
+        on its communicator, and NCCL's communicator destroy waits for every such graph to be gone
+        (pytorch issue 115388): tensor parallelism releases its graphs before it leaves the group."""
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     def run(self, batch: ModelBatch) -> torch.Tensor:
         count = batch.num_seqs
         bucket = next(b for b in self.buckets if b >= count)

@@ -46,6 +46,13 @@ class ShardedBackend(TorchBackend):
             self.w.embed.dtype)
         return self._all_reduce(x)
 
+    def release_graphs(self) -> None:
+        """Destroy the CUDA graphs (they hold the NCCL communicator: see DecodeGraphs.release)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+            torch.cuda.synchronize(self.device)
+
     def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(partial)
         return partial
@@ -96,9 +103,12 @@ class TensorParallelBackend(Backend):
         self.ranks.check_alive()   # a dead peer fails the step at once instead of at the collective timeout
         message = batch_message(batch)
         self.ranks.send(("forward", message))
-        if message[1] is not None:
-            dist.broadcast(batch.token_ids.to(torch.int64).contiguous(), 0)
+        if message[1] is not None:   # on this rank's device: NCCL moves no host tensors
+            ids = batch.token_ids.to(self.device, torch.int64).contiguous()
+            dist.broadcast(ids, 0)
+            batch = dataclasses.replace(batch, token_ids=ids)
         return self.shard.forward(batch)
 
     def close(self) -> None:
+        self.shard.release_graphs()
         self.ranks.close()

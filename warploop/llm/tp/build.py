@@ -100,10 +100,9 @@ def worker_main(spec: group.GroupSpec, rank: int, conn, job: RankJob) -> None:
     try:
         group.worker_loop(conn, handle)
     finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if state.backend is not None:
+            state.backend.release_graphs()
+        group.leave()
 
 
 def build_tp_backend(cfg: ModelConfig, world: int, device, job: RankJob):

@@ -121,8 +121,6 @@ class Ranks:
 
     def close(self) -> None:
         """Stop the workers (politely, then by force) and leave the group; idempotent."""
-        import torch.distributed as dist
-
         if self._closed:
             return
         self._closed = True
@@ -139,8 +137,32 @@ class Ranks:
                 proc.join(JOIN_TIMEOUT_S)
         for conn in self.conns:
             conn.close()
-        if dist.is_initialized():
+        leave()
+
+
+def leave(timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Leave the group (destroy_process_group), giving up after `timeout` seconds with a warning:
+    NCCL's communicator destroy can wait on a peer or on a CUDA graph still holding it, and closing
+    an engine must not hang its process."""
+    import threading
+    import warnings
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
             dist.destroy_process_group()
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, daemon=True, name="warploop-tp-leave").start()
+    if not done.wait(timeout):
+        warnings.warn(f"torch.distributed.destroy_process_group() did not return within {timeout:.0f} s; "
+                      "leaving the process group behind", RuntimeWarning, stacklevel=2)
 
 
 def worker_loop(conn, handle: Callable[[str, object], object | None]) -> None:
