@@ -10,7 +10,7 @@
 # The first bench part writes the random Llama-3.1-8B checkpoint to /tmp (about 16 GB, ~20 s);
 # later parts and later calls on the same warm machine reuse it. NVLink multicast stays off.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 PYTHONFAULTHANDLER=1
-PARTS=${PARTS:-tests tp one user replicas compile}
+PARTS=${PARTS:-tests tp tp_nccl one user replicas compile}
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-570}
 LOG=$OUT/parts.log

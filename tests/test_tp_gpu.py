@@ -1,7 +1,11 @@
 """Tensor parallelism over NCCL (skipped without two GPUs): two ranks' logits equal one GPU's for the
-tiny model and a random Qwen3 with a replicated KV head (fp32, as on the CPU), and the engine's greedy
-tokens equal one GPU's for 32 steps, with CUDA graphs captured around the all-reduces and without."""
+tiny model and a random Qwen3 with a replicated KV head (fp32, as on the CPU), with either all-reduce
+(NCCL, or the symmetric-memory one-shot kernel that `auto` picks on NVIDIA GPUs); the engine's greedy
+tokens equal one GPU's for 32 steps, with CUDA graphs captured around the all-reduces and without,
+and a closed engine leaves its group promptly (NCCL's teardown once hung on captured graphs)."""
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -25,8 +29,9 @@ def backends(path):
     return tp, ref
 
 
+@pytest.mark.parametrize("allreduce", ["symm", "nccl"])
 @pytest.mark.parametrize("model", ["tiny", "qwen3"])
-def test_nccl_two_ranks_match_one_gpu(model, tmp_path):
+def test_nccl_two_ranks_match_one_gpu(model, allreduce, tmp_path, monkeypatch):
     from tests.llm_helpers import make_model_dir
     from tests.test_tp_gloo import assert_same_logits
     from warploop.llm.loader import resolve_model_dir
@@ -36,8 +41,10 @@ def test_nccl_two_ranks_match_one_gpu(model, tmp_path):
     else:
         path, vocab = make_model_dir(tmp_path, "qwen3", num_key_value_heads=1, attention_bias=True,
                                      vocab_size=259)[0], 259
+    monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", allreduce)   # the spawned rank inherits it
     tp, ref = backends(path)
     try:
+        assert tp.shard.reduce.mode == allreduce
         assert_same_logits(tp, ref, vocab)
     finally:
         tp.close()
@@ -54,3 +61,21 @@ def test_greedy_tokens_equal_one_gpu_for_32_steps(graphs):
                                progress=False, tensor_parallel=n, use_cuda_graphs=graphs) as engine:
             outs.append([engine.generate(p, params).token_ids for p in ("def add(a, b):", "import os\n")])
     assert outs[0] == outs[1] and all(len(t) == 32 for t in outs[0])
+
+
+def test_close_leaves_the_group_promptly():
+    """Closing a TP=2 engine with captured graphs: the worker exits and rank 0 leaves the group well
+    within the 30 s bound either waits (release the graphs first, leave together)."""
+    import torch.distributed as dist
+
+    from warploop.llm.engine import Engine, SamplingParams
+
+    engine = Engine.from_model("tiny", device="cuda", dtype="float32", num_kv_blocks=64, max_num_seqs=4,
+                               progress=False, tensor_parallel=2, use_cuda_graphs=True)
+    engine.generate("def add(a, b):", SamplingParams(max_tokens=4, temperature=0))
+    procs = list(engine.backend.ranks.procs)
+    t0 = time.monotonic()
+    engine.close()
+    took = time.monotonic() - t0
+    assert not dist.is_initialized() and not any(p.is_alive() for p in procs)
+    assert took < 15, f"closing took {took:.1f} s"

@@ -3,7 +3,8 @@
 Every rank runs `ShardedBackend`: the per-op TorchBackend over its local config (its heads, MLP
 columns and vocabulary shard) plus three collectives per layer stack: the embedding rows are summed
 across ranks (each rank looks up only the ids in its shard), o_proj and down_proj outputs are summed
-(row-parallel), and the lm_head shards are all-gathered into full logits.
+(row-parallel; allreduce.py: NCCL or a symmetric-memory one-shot kernel), and the lm_head shards are
+all-gathered into full logits.
 
 Rank 0's engine sees `TensorParallelBackend`. Per step it sends the batch (host lists) to the other
 ranks over their pipes; when the step's token ids were sampled on the device by the step before,
@@ -22,6 +23,7 @@ from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout
+from warploop.llm.tp.allreduce import AllReduce
 from warploop.llm.tp.group import Ranks
 from warploop.llm.tp.shard import local_config, vocab_shard
 
@@ -38,6 +40,7 @@ class ShardedBackend(TorchBackend):
                          use_cuda_graphs=use_cuda_graphs)
         self.world, self.vocab_size = world, cfg.vocab_size
         self.vocab_start = rank * vocab_shard(cfg, world)
+        self.reduce = AllReduce(self.device, self.w.embed.dtype, cfg.hidden_size)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids.long() - self.vocab_start
@@ -54,8 +57,7 @@ class ShardedBackend(TorchBackend):
             torch.cuda.synchronize(self.device)
 
     def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(partial)
-        return partial
+        return self.reduce(partial)
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
         local = F.linear(h, self.w.lm_head)

@@ -120,7 +120,9 @@ class Ranks:
         return out
 
     def close(self) -> None:
-        """Stop the workers (politely, then by force) and leave the group; idempotent."""
+        """Stop the workers (politely, then by force) and leave the group; idempotent. Rank 0 leaves
+        while the workers leave: NCCL's teardown can wait for every rank's (measured on two H100s:
+        a worker's destroy waited out its 30 s bound while rank 0 waited for that worker to exit)."""
         if self._closed:
             return
         self._closed = True
@@ -129,6 +131,7 @@ class Ranks:
                 conn.send(("close", None))
             except OSError:   # that worker is already gone
                 pass
+        leave()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -137,7 +140,6 @@ class Ranks:
                 proc.join(JOIN_TIMEOUT_S)
         for conn in self.conns:
             conn.close()
-        leave()
 
 
 def leave(timeout: float = JOIN_TIMEOUT_S) -> None:
