@@ -2,7 +2,7 @@
 # Issue 13 on a two-GPU machine (nvidia-h200-x2 or nvidia-h100-x2), everything in one device call:
 #   tests    the NCCL tests (tests/test_tp_gpu.py, with the sharding tests) > $OUT/pytest.log
 #   user     `warploop generate --tensor-parallel 2` on tiny in a fresh process, greedy, against TP=1
-#   one|tp|tp_eager|compile|replicas   scripts/bench_tp.py --part P > $OUT/tp-P.json
+#   one|tp|tp_nccl|tp_eager|compile|replicas   scripts/bench_tp.py --part P > $OUT/tp-P.json
 # Each part runs in its own process under its own time limit, all under one deadline (DEADLINE_S),
 # so a part that hangs costs only its own figures; on its limit a part gets SIGABRT first, which
 # (PYTHONFAULTHANDLER) prints every thread's stack. Logs go to $OUT/parts.log (the device tool
