@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 13 on a two-GPU machine (nvidia-h200-x2 or nvidia-h100-x2), everything in one device call:
 #   tests    the NCCL tests (tests/test_tp_gpu.py, with the sharding tests) > $OUT/pytest.log
-#   user     `warploop generate --tensor-parallel 2` on tiny in a fresh process, greedy, against TP=1
+#   user     `warploop generate --tensor-parallel 2` on tiny in fresh processes, greedy, against TP=1,
+#            with each all-reduce (WARPLOOP_TP_ALLREDUCE nccl, symm)
 #   one|tp|tp_nccl|tp_eager|compile|replicas   scripts/bench_tp.py --part P > $OUT/tp-P.json
 # Each part runs in its own process under its own time limit, all under one deadline (DEADLINE_S),
 # so a part that hangs costs only its own figures; on its limit a part gets SIGABRT first, which
@@ -32,9 +33,10 @@ run_part() {
       echo "tests rc=$? in $(( $(date +%s) - t0 ))s"; tail -25 $OUT/pytest.log ;;
     user)
       timeout -s ABRT -k 10 $limit bash -c '
-        for n in 1 2; do
-          python -m warploop.cli generate --model tiny --device cuda --prompt "def add(a, b):" --max-tokens 32 \
-            --temperature 0 --tensor-parallel $n --json
+        for run in 1:auto 2:nccl 2:symm; do
+          echo "tensor-parallel ${run%%:*}, WARPLOOP_TP_ALLREDUCE=${run##*:}"
+          WARPLOOP_TP_ALLREDUCE=${run##*:} python -m warploop.cli generate --model tiny --device cuda \
+            --prompt "def add(a, b):" --max-tokens 64 --temperature 0 --tensor-parallel ${run%%:*} --json
         done' > $OUT/user.log 2>&1
       echo "user rc=$? in $(( $(date +%s) - t0 ))s"; cat $OUT/user.log ;;
     *)

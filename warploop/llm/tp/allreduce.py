@@ -60,10 +60,12 @@ class AllReduce:
         group = dist.group.WORLD
         self.group_name = group.group_name
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is not None:   # required by older torch, a deprecated no-op in newer ones
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                enable(self.group_name)
+        if enable is not None and getattr(enable, "__deprecated__", None) is None:
+            # older torch needs it. Newer ones deprecate it, and calling it there caches the group's
+            # store by name: a second group in this process (same name "0") then waited forever in
+            # rendezvous on the first group's store (two H100s, torch 2.11)
+            getattr(symm_mem, "_group_name_to_store", {}).pop(self.group_name, None)   # a closed group's
+            enable(self.group_name)
         buffer = symm_mem.empty(numel, dtype=dtype, device=device)
         symm_mem.rendezvous(buffer, group)
         self.buffer = buffer
