@@ -7,7 +7,7 @@ copy bandwidth). Needs two GPUs; scripts/device_tp.sh runs it one part per call.
     python scripts/bench_tp.py --part one|tp|tp_eager|compile|replicas [--dir DIR] > part.json
 
 (tp_eager: TP=2 without CUDA graphs, the fallback if capturing NCCL all-reduces fails on a machine;
-tp_nccl: TP=2 with WARPLOOP_TP_ALLREDUCE=nccl, the peer of the default symmetric-memory all-reduce.)
+tp_symm: TP=2 with WARPLOOP_TP_ALLREDUCE=symm, the symmetric-memory all-reduce beside NCCL's.)
 `--shapes small --device cpu` runs the same code on a 2-layer model on the CPU (gloo), as a smoke
 test of this script before it spends device time (tests/test_tp_gloo.py runs it).
 
@@ -104,7 +104,7 @@ def main() -> int:
     from warploop.bench.decode import _copy_gbps, _guard, _measure_compiled
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("one", "tp", "tp_nccl", "tp_eager", "compile", "replicas"), required=True)
+    parser.add_argument("--part", choices=("one", "tp", "tp_symm", "tp_eager", "compile", "replicas"), required=True)
     parser.add_argument("--shapes", choices=tuple(SHAPES), default="llama-3.1-8b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dir", default=None, help="the checkpoint (default /tmp/<shapes>-random; written if absent)")
@@ -127,11 +127,11 @@ def main() -> int:
                    enable_prefix_caching=False, progress=False)
     # each part prints its figures as soon as they exist: closing an engine (leaving an NCCL group,
     # stopping processes) must not be able to lose them
-    if args.part in ("one", "tp", "tp_nccl", "tp_eager"):
+    if args.part in ("one", "tp", "tp_symm", "tp_eager"):
         from warploop.llm.engine import Engine
 
-        if args.part == "tp_nccl":
-            os.environ["WARPLOOP_TP_ALLREDUCE"] = "nccl"    # the workers inherit it
+        if args.part == "tp_symm":
+            os.environ["WARPLOOP_TP_ALLREDUCE"] = "symm"    # the workers inherit it
         with Engine.from_model(str(path), tensor_parallel=1 if args.part == "one" else 2,
                                use_cuda_graphs=args.part != "tp_eager", **options) as engine:
             result[args.part] = _guard(measure, engine, cfg, args.steps, args.repeats)

@@ -3,7 +3,7 @@
 #   tests    the NCCL tests (tests/test_tp_gpu.py, with the sharding tests) > $OUT/pytest.log
 #   user     `warploop generate --tensor-parallel 2` on tiny in fresh processes, greedy, against TP=1,
 #            with each all-reduce (WARPLOOP_TP_ALLREDUCE nccl, symm)
-#   one|tp|tp_nccl|tp_eager|compile|replicas   scripts/bench_tp.py --part P > $OUT/tp-P.json
+#   one|tp|tp_symm|tp_eager|compile|replicas   scripts/bench_tp.py --part P > $OUT/tp-P.json
 # Each part runs in its own process under its own time limit, all under one deadline (DEADLINE_S),
 # so a part that hangs costs only its own figures; on its limit a part gets SIGABRT first, which
 # (PYTHONFAULTHANDLER) prints every thread's stack. Logs go to $OUT/parts.log (the device tool
@@ -11,7 +11,7 @@
 # The first bench part writes the random Llama-3.1-8B checkpoint to /tmp (about 16 GB, ~20 s);
 # later parts and later calls on the same warm machine reuse it. NVLink multicast stays off.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 PYTHONFAULTHANDLER=1
-PARTS=${PARTS:-tests tp tp_nccl one user replicas compile}
+PARTS=${PARTS:-tests tp tp_symm one user replicas compile}
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-570}
 LOG=$OUT/parts.log

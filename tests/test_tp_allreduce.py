@@ -1,7 +1,7 @@
 """The choice of all-reduce for tensor parallelism (warploop/llm/tp/allreduce.py), on the CPU: gloo
 always takes torch.distributed.all_reduce; asking for symmetric memory where it cannot work, or for
-an unknown mode, is refused naming the variable and the choices. (tests/test_tp_gpu.py runs both
-modes over NCCL.)"""
+an unknown mode, is refused naming the variable and the choices, before any rank starts.
+(tests/test_tp_gpu.py runs both modes on two GPUs.)"""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ from warploop.llm.tp.allreduce import AllReduce, mode_from_env
 CPU = torch.device("cpu")
 
 
-def test_auto_on_the_cpu_is_torch_distributed(monkeypatch):
+def test_the_default_is_torch_distributed(monkeypatch):
     monkeypatch.delenv("WARPLOOP_TP_ALLREDUCE", raising=False)
     assert mode_from_env() == "auto"
     assert AllReduce(CPU, torch.float32, 64).mode == "nccl"
@@ -30,3 +30,31 @@ def test_unknown_mode_is_refused(monkeypatch):
         mode_from_env()
     monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", " NCCL ")
     assert mode_from_env() == "nccl"
+
+
+def test_a_bad_mode_fails_before_any_rank_starts(monkeypatch):
+    """build_tp_backend checks the variable before it spawns a worker (no process to clean up)."""
+    from warploop.llm.loader import load_config, resolve_model_dir
+    from warploop.llm.tp import group
+    from warploop.llm.tp.build import RankJob, build_tp_backend
+
+    started = []
+    monkeypatch.setattr(group, "Ranks", lambda *a, **k: started.append(a))
+    monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", "symm")
+    cfg = load_config(resolve_model_dir("tiny"))
+    job = RankJob(cfg, None, "float32", block_size=16, num_kv_blocks=8, max_num_seqs=2, max_len=64,
+                  use_cuda_graphs=False)
+    with pytest.raises(ValueError, match="symm needs NVIDIA GPUs"):
+        build_tp_backend(cfg, 2, CPU, job)
+    assert not started
+
+
+def test_a_second_symmetric_memory_engine_is_refused(monkeypatch):
+    """A process that already set up symmetric memory refuses a second symm engine at once (its
+    rendezvous waited forever on two H100s), naming the fix."""
+    from warploop.llm.tp import allreduce
+
+    monkeypatch.setattr(allreduce, "_SET_UP", ["0"])
+    monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", "symm")
+    with pytest.raises(RuntimeError, match="one tensor-parallel engine per process.*use nccl"):
+        allreduce.check_mode(torch.device("cuda", 0), torch.bfloat16)

@@ -1,10 +1,14 @@
 """Tensor parallelism over NCCL (skipped without two GPUs): two ranks' logits equal one GPU's for the
 tiny model and a random Qwen3 with a replicated KV head (fp32, as on the CPU), with either all-reduce
-(NCCL, or the symmetric-memory one-shot kernel that `auto` picks on NVIDIA GPUs); the engine's greedy
-tokens equal one GPU's for 32 steps, with CUDA graphs captured around the all-reduces and without,
-and a closed engine leaves its group promptly (NCCL's teardown once hung on captured graphs)."""
+(NCCL, the default, or the symmetric-memory one-shot kernel: one engine per process, so each of those
+runs in a fresh interpreter); the engine's greedy tokens equal one GPU's for 32 steps, with CUDA
+graphs captured around the all-reduces and without; a closed engine leaves its group promptly (NCCL's
+teardown once hung on captured graphs)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,9 +33,11 @@ def backends(path):
     return tp, ref
 
 
-@pytest.mark.parametrize("allreduce", ["symm", "nccl"])
-@pytest.mark.parametrize("model", ["tiny", "qwen3"])
-def test_nccl_two_ranks_match_one_gpu(model, allreduce, tmp_path, monkeypatch):
+def check_logits(model: str, tmp: str) -> str:
+    """Two ranks' logits against one GPU's for `model`, with the all-reduce the environment names;
+    returns the mode the backend used."""
+    from pathlib import Path
+
     from tests.llm_helpers import make_model_dir
     from tests.test_tp_gloo import assert_same_logits
     from warploop.llm.loader import resolve_model_dir
@@ -39,15 +45,31 @@ def test_nccl_two_ranks_match_one_gpu(model, allreduce, tmp_path, monkeypatch):
     if model == "tiny":
         path, vocab = resolve_model_dir("tiny"), 4096
     else:
-        path, vocab = make_model_dir(tmp_path, "qwen3", num_key_value_heads=1, attention_bias=True,
+        path, vocab = make_model_dir(Path(tmp), "qwen3", num_key_value_heads=1, attention_bias=True,
                                      vocab_size=259)[0], 259
-    monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", allreduce)   # the spawned rank inherits it
     tp, ref = backends(path)
     try:
-        assert tp.shard.reduce.mode == allreduce
         assert_same_logits(tp, ref, vocab)
+        return tp.shard.reduce.mode
     finally:
         tp.close()
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen3"])
+def test_nccl_two_ranks_match_one_gpu(model, tmp_path, monkeypatch):
+    monkeypatch.delenv("WARPLOOP_TP_ALLREDUCE", raising=False)
+    assert check_logits(model, str(tmp_path)) == "nccl"
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen3"])
+def test_symmetric_memory_two_ranks_match_one_gpu(model, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"from tests.test_tp_gpu import check_logits; import sys; "
+            f"sys.exit(check_logits({model!r}, {str(tmp_path)!r}) != 'symm')")
+    env = {**os.environ, "WARPLOOP_TP_ALLREDUCE": "symm", "PYTHONPATH": root}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])

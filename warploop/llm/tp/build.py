@@ -13,6 +13,7 @@ from warploop.llm.build import kv_blocks_for
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout
 from warploop.llm.tp import group
+from warploop.llm.tp.allreduce import check_mode
 from warploop.llm.tp.shard import check, local_config
 
 
@@ -118,6 +119,7 @@ def build_tp_backend(cfg: ModelConfig, world: int, device, job: RankJob):
     if device.type == "cuda" and (device.index or 0) != 0:
         raise ValueError(f"--tensor-parallel uses GPUs 0..{world - 1}; choose them with CUDA_VISIBLE_DEVICES "
                          f"rather than device {device}")
+    check_mode(device, getattr(torch, job.dtype))     # a bad WARPLOOP_TP_ALLREDUCE fails before any rank starts
     ranks = group.Ranks(world, device.type, worker_main, job)
     try:
         state = _Rank(ranks.spec, 0, job)
