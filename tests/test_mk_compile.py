@@ -131,6 +131,37 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
 
 
+def _gemv_shared_bytes(batch_stages: int) -> int:
+    """Shared memory of the Llama-3.2-1B-shaped qkv task alone in a resident kernel, sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from warploop.llm.mk.tasks import tasks_for
+    from warploop.runtime import codegen
+    from warploop.runtime.tasks import lookup
+
+    plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192, tile_kb=64,
+                batch_stages=batch_stages)
+    module = codegen.build([lookup(tasks_for(plan).qkv)])
+    src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
+                    constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).metadata.shared
+
+
+def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
+    """Plan.batch_stages=1: the batch path's tl.dot k-loop is not software-pipelined, so its x and
+    weight chunks are not double-buffered in shared memory (42 KB -> 8 KB with Triton 3.6 and 3.9),
+    which leaves the kernel's shared memory to the attention task (16 KB). The plan names it."""
+    pytest.importorskip("triton")
+    default, single = _gemv_shared_bytes(0), _gemv_shared_bytes(1)
+    assert single <= 16384 < default, (single, default)
+    assert Plan("bf16", 32, 8, 64, 16, batch_stages=1).key.endswith("-p1")
+    assert "-p" not in Plan("bf16", 32, 8, 64, 16).key
+    with pytest.raises(ValueError, match="Plan.batch_stages must be 0"):
+        Plan("bf16", 32, 8, 64, 16, batch_stages=7)
+
+
 def test_megakernel_options_from_the_environment_are_checked_by_name(monkeypatch):
     from warploop import config
     from warploop.llm.mk.backend import env_options

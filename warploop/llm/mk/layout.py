@@ -247,6 +247,10 @@ class Plan:
     #                         0: one span of rows per worker, streamed (the chunk stream)
     split_rows: int = 0     # with tiles: the graphs of more than one row cut each GEMV into tiles of this
     #                         many rows over a slice of the width (split-K, gemv_split.py); 0: whole rows
+    batch_stages: int = 0   # software-pipelining stages of the tl.dot k-loop of GEMV nodes for more than one
+    #                         row (gemv.rows_product): 0 Triton's default (x and weight chunks double-buffered
+    #                         in shared memory: 42 KB for Llama-1B), 1 none (8 KB: the kernel's shared memory
+    #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -267,6 +271,9 @@ class Plan:
             raise ValueError(f"Plan.split_rows ({self.split_rows}) cuts GEMV tiles, and this plan has none (tile_kb "
                              "0: the CPU plan or the chunk stream); a GPU plan has them (tile_kb set): leave "
                              "split_rows out here")
+        if self.batch_stages not in (0, 1, 2, 3, 4):
+            raise ValueError(f"Plan.batch_stages must be 0 (Triton's default) or 1-4 pipelining stages, got "
+                             f"{self.batch_stages}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -282,7 +289,8 @@ class Plan:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
-                + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else ""))
+                + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
+                + (f"-p{self.batch_stages}" if self.batch_stages else ""))
 
     @property
     def elem(self) -> int:
@@ -334,6 +342,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
+                "PS": self.batch_stages,
                 **self.tile_constexprs(), **self.split_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
