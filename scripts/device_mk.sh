@@ -6,7 +6,8 @@
 #   server - tests/test_server_gpu.py: 64 concurrent streams through `warploop serve --backend megakernel`
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
-#            tokens of context (default 512), each plan of $PLANS in its own process; JSON to $OUT/probe-N.json
+#            tokens of context (default 512), each plan of $PLANS for each model of $PROBE_MODELS (default
+#            llama-3.2-1b) in its own process; JSON to $OUT/probe-N.json
 #   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
@@ -24,6 +25,7 @@ trap save_cache EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader || true
 python -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 PART="${PART:-bench}"
+PROBE_MODELS="${PROBE_MODELS:-llama-3.2-1b}"
 for part in ${PART//,/ }; do
   echo "== $part $(date +%T)"
   case "$part" in
@@ -62,17 +64,22 @@ for name, e in r['models'].items():
       # one process per plan of $PLANS (';'-separated JSON objects; default $WARPLOOP_MK_PLAN or {});
       # with PROBE_CACHED_ONLY=1 a plan whose kernel is not in the carried cache is skipped, not
       # compiled there (minutes of device time: compile it here with scripts/mk_cache.py)
+      # and each model of $PROBE_MODELS (comma-separated, default llama-3.2-1b), models outer
       IFS=';' read -ra plans <<< "${PLANS:-${WARPLOOP_MK_PLAN:-{\}}}"
       i=0
-      for plan in "${plans[@]}"; do
-        i=$((i+1))
-        if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && ! timeout 30 python scripts/mk_probe.py --compile-only --plan "$plan"; then
-          echo "plan $plan: not in the cache, skipped"; continue
-        fi
-        # shellcheck disable=SC2086
-        env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --plan "$plan" --batch ${PROBE_BATCHES:-1 8 32} \
-          --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
-        grep '^{"bs' "$OUT/probe-$i.json"
+      for model in ${PROBE_MODELS//,/ }; do
+        for plan in "${plans[@]}"; do
+          i=$((i+1))
+          if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && \
+             ! timeout 30 python scripts/mk_probe.py --model "$model" --compile-only --plan "$plan"; then
+            echo "$model, plan $plan: not in the cache, skipped"; continue
+          fi
+          echo "$model, plan $plan"
+          # shellcheck disable=SC2086
+          env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "$plan" \
+            --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
+          grep '^{"bs' "$OUT/probe-$i.json"
+        done
       done ;;
     loop)
       # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
