@@ -1,7 +1,8 @@
-"""The choice of all-reduce for tensor parallelism (warploop/llm/tp/allreduce.py), on the CPU: gloo
-always takes torch.distributed.all_reduce; asking for symmetric memory where it cannot work, or for
-an unknown mode, is refused naming the variable and the choices, before any rank starts.
-(tests/test_tp_gpu.py runs both modes on two GPUs.)"""
+"""Tensor parallelism's collectives on the CPU: the choice of all-reduce (warploop/llm/tp/allreduce.py:
+gloo always takes torch.distributed.all_reduce; symmetric memory where it cannot work, a second
+symm engine in one process or an unknown mode is refused naming the variable and the fix, before
+any rank starts; tests/test_tp_gpu.py runs both modes on two GPUs), and leaving the group, which
+gives up after its bound instead of hanging."""
 from __future__ import annotations
 
 import pytest
@@ -58,3 +59,23 @@ def test_a_second_symmetric_memory_engine_is_refused(monkeypatch):
     monkeypatch.setenv("WARPLOOP_TP_ALLREDUCE", "symm")
     with pytest.raises(RuntimeError, match="one tensor-parallel engine per process.*use nccl"):
         allreduce.check_mode(torch.device("cuda", 0), torch.bfloat16)
+
+
+def test_leaving_a_group_that_hangs_gives_up_with_a_warning(monkeypatch):
+    """group.leave: NCCL's teardown once hung (a captured graph holding the communicator, a peer not
+    leaving); closing an engine waits at most its bound, then warns and goes on."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from warploop.llm.tp import group
+
+    release = threading.Event()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: release.wait(30))
+    t0 = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="did not return within 0 s"):
+        group.leave(timeout=0.3)
+    assert 0.25 < time.monotonic() - t0 < 5
+    release.set()
