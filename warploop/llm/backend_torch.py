@@ -65,6 +65,14 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def close(self) -> None:
+        """Destroy the CUDA graphs now (DecodeGraphs.release: a graph that captured an NCCL collective
+        keeps its communicator alive, so tensor parallelism closes this before leaving its group)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+            torch.cuda.synchronize(self.device)
+
     def forward(self, batch: ModelBatch) -> torch.Tensor:
         if (self.graphs is not None and batch.is_decode and batch.logits_indices is None
                 and batch.num_seqs <= self.graphs.max_batch):

@@ -49,13 +49,6 @@ class ShardedBackend(TorchBackend):
             self.w.embed.dtype)
         return self._all_reduce(x)
 
-    def release_graphs(self) -> None:
-        """Destroy the CUDA graphs (they hold the NCCL communicator: see DecodeGraphs.release)."""
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
-            torch.cuda.synchronize(self.device)
-
     def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return self.reduce(partial)
 
@@ -112,5 +105,5 @@ class TensorParallelBackend(Backend):
         return self.shard.forward(batch)
 
     def close(self) -> None:
-        self.shard.release_graphs()
+        self.shard.close()     # its CUDA graphs first: they hold the NCCL communicator
         self.ranks.close()

@@ -102,7 +102,7 @@ def worker_main(spec: group.GroupSpec, rank: int, conn, job: RankJob) -> None:
         group.worker_loop(conn, handle)
     finally:
         if state.backend is not None:
-            state.backend.release_graphs()
+            state.backend.close()     # its CUDA graphs, before the NCCL communicator they hold
         group.leave()
 
 
