@@ -2,22 +2,15 @@
 through the megakernel backend and the per-op backend, each over its own paged cache."""
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
-
 import torch
 
 from warploop.llm.backend import ModelBatch
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout
-from warploop.llm.mk.backend import MegakernelBackend, plan_for
-from warploop.llm.mk.graph import StepBuffers, build_decode_graph
-from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.mk.backend import MegakernelBackend
 from warploop.llm.rope import RopeConfig
-from warploop.llm.weights import LayerWeights, ModelWeights, random_weights
-from warploop.runtime import Runtime
+from warploop.llm.weights import random_weights
 
 LLAMA_GQA = ModelConfig(family="llama", vocab_size=258, hidden_size=64, intermediate_size=96, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False,
@@ -76,23 +69,3 @@ def run_steps(ref, mk, prompts: list[list[int]], steps: int, block_size: int = 4
         out.append((got, want, mk.last_greedy_tokens()))
         tokens, lens = want.argmax(-1), [n + 1 for n in lens]
     return out
-
-
-def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size: int = 16, width: int = 64,
-                    build: dict | None = None, **plan):
-    """The decode graph of `cfg` with a distinct fake address per buffer (nothing is allocated);
-    `build`: build_decode_graph's options (l2_ahead, ...)."""
-    plan = plan_for(cfg, "bfloat16", block_size, device_type, **plan)
-    tasks = tasks_for(plan)
-    fresh = (n << 32 for n in itertools.count(1))
-    layers = [LayerWeights(*(next(fresh) if name not in ("qkv_bias", "o_bias", "gate_up_bias", "down_bias",
-                                                          "q_norm", "k_norm") else None
-                             for name in LayerWeights.__dataclass_fields__)) for _ in range(cfg.num_layers)]
-    weights = ModelWeights(next(fresh), layers, next(fresh), next(fresh))
-    kv = collections.defaultdict(lambda: next(fresh))
-    buffers = StepBuffers(*(next(fresh) for _ in dataclasses.fields(StepBuffers)))
-    with Runtime(device="cpu", workers=workers, tasks=tasks.all) as rt:
-        dg = build_decode_graph(rt, tasks, plan, cfg, weights, kv, next(fresh), next(fresh), buffers, batch, width,
-                                workers, **(build or {}))
-        dg.graph.descriptors()          # placement and counters only
-    return dg, plan

@@ -131,8 +131,8 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
 
 
-def _gemv_kernel(batch_stages: int = 0, task: str = "qkv"):
-    """A Llama-3.2-1B-shaped GEMV task alone in a resident kernel (tiles plan), compiled for sm_90."""
+def _gemv_shared_bytes(batch_stages: int) -> int:
+    """Shared memory of the Llama-3.2-1B-shaped qkv task alone in a resident kernel, sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -143,18 +143,10 @@ def _gemv_kernel(batch_stages: int = 0, task: str = "qkv"):
 
     plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192, tile_kb=64,
                 batch_stages=batch_stages)
-    module = codegen.build([lookup(getattr(tasks_for(plan), task))])
+    module = codegen.build([lookup(tasks_for(plan).qkv)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-
-
-def test_gemv_tiles_issue_their_l2_prefetch():
-    """The tiles' prefetch word (warploop/llm/mk/prefetch.py) becomes per-thread L2 prefetches in the
-    gate_up tile: one for the gate rows, one for the up rows (an edit that drops it shows here)."""
-    pytest.importorskip("triton")
-    ptx = _gemv_kernel(task="gate_up").asm["ptx"]
-    assert ptx.count("prefetch.global.L2 ") >= 2
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).metadata.shared
 
 
 def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
@@ -162,7 +154,7 @@ def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
     weight chunks are not double-buffered in shared memory (42 KB -> 8 KB with Triton 3.6 and 3.9),
     which leaves the kernel's shared memory to the attention task (16 KB). The plan names it."""
     pytest.importorskip("triton")
-    default, single = _gemv_kernel(0).metadata.shared, _gemv_kernel(1).metadata.shared
+    default, single = _gemv_shared_bytes(0), _gemv_shared_bytes(1)
     assert single <= 16384 < default, (single, default)
     assert Plan("bf16", 32, 8, 64, 16, batch_stages=1).key.endswith("-p1")
     assert "-p" not in Plan("bf16", 32, 8, 64, 16).key

@@ -9,13 +9,38 @@ interpreter really makes, so the static check cannot pass on a wrong declaration
 """
 import collections
 import dataclasses
+import itertools
 
 import pytest
-from mk_helpers import LLAMA_GQA, QWEN3_LIKE, addressed_graph, backends, model_weights, run_steps
+from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
 from warploop.bench.decode import LLAMA_3_2_1B
 from warploop.llm.loader import load_config, resolve_model_dir
+from warploop.llm.mk.backend import plan_for
+from warploop.llm.mk.graph import StepBuffers, build_decode_graph
 from warploop.llm.mk.hazards import Access, check, graph_accesses, hazards, unrealised_edges
+from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.weights import LayerWeights, ModelWeights
+from warploop.runtime import Runtime
+
+
+def addressed_graph(cfg, device_type: str, batch: int, workers: int, block_size: int = 16, width: int = 64, **plan):
+    """The decode graph of `cfg` with a distinct fake address per buffer (nothing is allocated)."""
+    plan = plan_for(cfg, "bfloat16", block_size, device_type, **plan)
+    tasks = tasks_for(plan)
+    fresh = (n << 32 for n in itertools.count(1))
+    layers = [LayerWeights(*(next(fresh) if name not in ("qkv_bias", "o_bias", "gate_up_bias", "down_bias",
+                                                          "q_norm", "k_norm") else None
+                             for name in LayerWeights.__dataclass_fields__)) for _ in range(cfg.num_layers)]
+    weights = ModelWeights(next(fresh), layers, next(fresh), next(fresh))
+    kv = collections.defaultdict(lambda: next(fresh))
+    buffers = StepBuffers(*(next(fresh) for _ in dataclasses.fields(StepBuffers)))
+    with Runtime(device="cpu", workers=workers, tasks=tasks.all) as rt:
+        dg = build_decode_graph(rt, tasks, plan, cfg, weights, kv, next(fresh), next(fresh), buffers, batch, width,
+                                workers)
+        dg.graph.descriptors()          # placement and counters only
+    return dg, plan
+
 
 CONFIGS = {"tiny": lambda: load_config(resolve_model_dir("tiny")), "llama_gqa": lambda: LLAMA_GQA,
            "qwen3_like": lambda: QWEN3_LIKE}

@@ -78,19 +78,6 @@ class Graph:
         self.nodes.append(node)
         return node
 
-    def set_arg(self, node: Node, name: str, value) -> Node:
-        """Change one argument of a recorded node before the graph is compiled (a value that
-        depends on nodes recorded later, such as an address they read); returns the new node."""
-        self._mutable()
-        names = [spec.name for spec in node.task.args]
-        if name not in names:
-            raise ValueError(f"task {node.task.name} has no argument {name!r}; it has {', '.join(names)}")
-        j = names.index(name)
-        self.runtime._check_arg(node.task.args[j], value)
-        new = dataclasses.replace(node, args=node.args[:j] + (value,) + node.args[j + 1:])
-        self.nodes[node.index] = new
-        return new
-
     def _mutable(self) -> None:
         if self.schedule is not None:
             raise RuntimeError("this graph is compiled (it has run); record a new graph to change it")

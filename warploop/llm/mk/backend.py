@@ -56,15 +56,10 @@ FUSED_UPTO = 128
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
 BATCH_TILES = 2
-# KB of the weights after each GEMV stage of a kind in L2_STAGES that the stage's last round asks L2
-# for (prefetch.py): 0 asks for nothing
-L2_AHEAD_KB = 0
-L2_STAGES = ("qkv",)
-GEMV_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
 BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
-                   "batch_tiles", "l2_ahead_kb", "l2_stages")
+                   "batch_tiles")
 
 
 def env_options() -> dict:
@@ -120,8 +115,7 @@ class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
                  worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, l2_ahead_kb: int = L2_AHEAD_KB,
-                 l2_stages=L2_STAGES, **plan_overrides) -> None:
+                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
@@ -143,12 +137,6 @@ class MegakernelBackend(Backend):
         if not isinstance(batch_tiles, int) or not 1 <= batch_tiles <= 64:
             raise ValueError(f"batch_tiles={batch_tiles!r}: use 1 to 64 GEMV tiles per node of a batch graph")
         self.batch_tiles = batch_tiles
-        if not isinstance(l2_ahead_kb, int) or not 0 <= l2_ahead_kb <= 1 << 20:
-            raise ValueError(f"l2_ahead_kb={l2_ahead_kb!r}: use 0 (no L2 prefetch) to 1048576 KB of weights ahead")
-        self.l2_ahead = l2_ahead_kb << 10
-        if isinstance(l2_stages, str) or not set(l2_stages) <= set(GEMV_KINDS):
-            raise ValueError(f"l2_stages={l2_stages!r}: use a list of GEMV kinds among {', '.join(GEMV_KINDS)}")
-        self.l2_stages = tuple(l2_stages)
         self.rt = None
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
@@ -195,13 +183,11 @@ class MegakernelBackend(Backend):
         for b in self.buckets:
             self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
                                                 self.sin, buffers[b], b, self.width, nodes,
-                                                batch_tiles=self.batch_tiles, l2_ahead=self.l2_ahead,
-                                                l2_stages=self.l2_stages)
+                                                batch_tiles=self.batch_tiles)
             if self.fused_upto:     # the same buffers: a bucket's graphs never run at once
                 self.fused[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv,
                                                    self.cos, self.sin, buffers[b], b, self.width, nodes, fused=True,
-                                                   batch_tiles=self.batch_tiles, l2_ahead=self.l2_ahead,
-                                                   l2_stages=self.l2_stages)
+                                                   batch_tiles=self.batch_tiles)
         # Placed and uploaded now, not on its first step: a single request (`warploop generate`) would
         # otherwise pay the placement of thousands of nodes inside its first decode step (0.45 s
         # for the tiny model on an H100: 3.8 instead of 1.0 ms/token over 64 tokens). Larger

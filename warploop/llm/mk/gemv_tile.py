@@ -10,7 +10,6 @@ import triton.language as tl
 from warploop.llm.mk.gemv import EPI_SILU, batch_blocks, epilogue
 from warploop.llm.mk.layout import step_rows
 from warploop.llm.mk.numerics import rnd
-from warploop.llm.mk.prefetch import l2_prefetch
 from warploop.runtime import device as wl
 
 
@@ -80,10 +79,10 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, pf, NORM: tl.constexpr,
+def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
               R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
-              UPB: tl.constexpr, BACKEND: tl.constexpr):
+              BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
     graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
@@ -92,8 +91,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
     then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
     the rest right after it, before x is read and its norm reduced (a reduction is a barrier, and
-    no load is moved above one). So the whole tile is in flight at once. Between its own first loads
-    and the wait it asks L2 for a later node's weights (pf: prefetch.py's word, 0 for none). x (and its norm: rstd a
+    no load is moved above one). So the whole tile is in flight at once. x (and its norm: rstd a
     scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
     per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
     elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
@@ -125,7 +123,6 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     if AHEAD > 7 and NCH > 7:
         a7 = tile_chunk(w, 7, row0, n_out, f, K, TN, TK, NC)
     nb = step_rows(inp)     # fixed for the run: read before the wait, whose acquire empties L1
-    l2_prefetch(pf, UPB, BACKEND)
     wl.wait(ctx, BACKEND)
     end = tl.minimum(row0 + count, n_out)
     if nb == 1 and count <= TN:

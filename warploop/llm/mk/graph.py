@@ -26,7 +26,6 @@ from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.mk.layout import Plan, StepInputs
 from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
-from warploop.llm.mk.prefetch import stage_words
 from warploop.llm.mk.tasks import MkTasks
 
 ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
@@ -138,8 +137,7 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1, l2_ahead: int = 0,
-                       l2_stages: tuple[str, ...] = ("qkv",)) -> DecodeGraph:
+                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
@@ -147,8 +145,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
     instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
-    blocks, not held in registers: fewer, longer nodes); l2_ahead: bytes of the weights after each
-    GEMV stage of a kind in l2_stages that its last round asks L2 for (prefetch.py; tiles plans, 0: none).
+    blocks, not held in registers: fewer, longer nodes).
     """
     per = batch_tiles if batch > 1 else 1
     split = bool(plan.split_rows) and batch > 1
@@ -170,8 +167,6 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
         return (t, 1) if t is not None else (0, 0)
 
     slices = {kind: ps for kind, (_, _, ps) in split_gemvs(cfg, plan).items()} if split else {}
-    stages: list[list[tuple[object, tuple[int, int, bool]]]] = []    # per row-tile GEMV: (node, its weights)
-    kinds_of_stages: list[str] = []
 
     def gemv(kind, n, k, rows_per_tile, head, tail, after, sub=1):
         """The nodes of one GEMV of n output rows over width k, as (span of output rows, node): the
@@ -183,14 +178,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
             return [((rb * pn, pn), add(kind + "_split", task, *head, b.work, b.cnt, n, rb * ps + s, *tail, after=after,
                                         cost=sub * pn * k / ps))
                     for rb in range(cdiv(n, pn)) for s in range(ps)]
-        kp = 0 if plan.hidden else k     # the run-time width only where the plan has none (tasks.gemv)
-        nodes = [(sp, add(kind, getattr(tasks, kind), *head, kp, n, *sp, *tail, after=after, cost=sub * sp[1] * k))
-                 for sp in gemv_spans(plan, n, rows_per_tile, gemv_nodes, per)]
-        base = head[1].data_ptr() if hasattr(head[1], "data_ptr") else int(head[1])      # the weights
-        stages.append([(node, (base + r0 * k * plan.elem, (min(r0 + c, n) - r0) * k * plan.elem, kind == "gate_up"))
-                       for (r0, c), node in nodes])
-        kinds_of_stages.append(kind)
-        return nodes
+        return [(sp, add(kind, getattr(tasks, kind), *head, k, n, *sp, *tail, after=after, cost=sub * sp[1] * k))
+                for sp in gemv_spans(plan, n, rows_per_tile, gemv_nodes, per)]
 
     prev = [add("embed", tasks.embed, inp, weights.embed, b.res, b.work, d, cost=batch * d)]
     for i, lw in enumerate(weights.layers):
@@ -236,13 +225,6 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     mail = b.mail.data_ptr() if hasattr(b.mail, "data_ptr") else b.mail     # pinned host memory: by address
     add("advance", tasks.advance, inp, b.tokens, b.loop, mail, g.halt_address(), after=[chosen],
         cost=batch)
-    if l2_ahead and plan.tile_kb and not split:     # the row tiles' `kp` is then free for the prefetch word
-        words = stage_words([[fp for _, fp in st] for st in stages], l2_ahead,
-                            [kind in l2_stages for kind in kinds_of_stages], gemv_nodes)
-        for st, ws in zip(stages, words, strict=True):
-            for (node, _), word in zip(st, ws, strict=True):
-                if word:
-                    g.set_arg(node, "kp", word)
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
 
 

@@ -61,18 +61,10 @@ SPLIT_KINDS = {"qkv_split": ("hidden", 1, 3, 5, 8), "gate_up_split": ("hidden", 
                "lm_head_split": ("hidden", 1, 2, 4, 7)}
 
 
-def gemv_width(plan: Plan, width: str, kp: int) -> int:
-    """A row GEMV's width: the plan's where it has widths (its `kp` argument is then the L2
-    prefetch word, prefetch.py), else the run-time width `kp`."""
-    if not plan.hidden:
-        return kp
-    return {"hidden": plan.hidden, "q": plan.heads * plan.head_dim, "inter": plan.inter}[width]
-
-
 def split_position(plan: Plan, kind: str, args: tuple) -> tuple[int, int, int]:
     """(row block, slice, slices) of a split-K node."""
     width, sub, *_ = SPLIT_KINDS[kind]
-    k = gemv_width(plan, width, 0)
+    k = {"hidden": plan.hidden, "q": plan.heads * plan.head_dim, "inter": plan.inter}[width]
     ps = plan.split_tile(k, sub)[2]
     tile = args[SPLIT_KINDS[kind][4] + 1]
     return tile // ps, tile % ps, ps
@@ -85,7 +77,7 @@ def split_footprint(plan: Plan, kind: str, args: tuple, batch: int, last: bool) 
     partial sums, the epilogue, a residual's sums of squares, the counter's reset) is declared on
     the last one recorded: the counter orders it after the others (hazards adds those edges)."""
     width, sub, xi, oi, ni = SPLIT_KINDS[kind]
-    k = gemv_width(plan, width, 0)
+    k = {"hidden": plan.hidden, "q": plan.heads * plan.head_dim, "inter": plan.inter}[width]
     pk, pc, _ = plan.split_tile(k, sub)
     rb, s, ps = split_position(plan, kind, args)
     x, out, work, cnt, n = args[xi], args[oi], args[oi + 1], args[oi + 2], args[ni]
@@ -137,16 +129,15 @@ def footprint(plan: Plan, kind: str, args: tuple, batch: int = 1, last: bool = T
         sums = [acc(work, 0, batch * -(-d // plan.split_rows), True)] if plan.split_rows else []
         return [acc(res, 0, d, True)] + sums
     if kind in ("qkv", "gate_up"):
-        _, _, _, res, _, out, kp, n, row0, count, _, _ = args
-        return [acc(res, 0, gemv_width(plan, "hidden", kp)), acc(out, row0, min(row0 + count, n), True)]
+        _, _, _, res, _, out, k, n, row0, count, _, _ = args
+        return [acc(res, 0, k), acc(out, row0, min(row0 + count, n), True)]
     if kind == "lm_head":
-        _, _, res, _, logits, kp, vocab, row0, count, _ = args
-        return [acc(res, 0, gemv_width(plan, "hidden", kp)), acc(logits, row0, min(row0 + count, vocab), True)]
+        _, _, res, _, logits, k, vocab, row0, count, _ = args
+        return [acc(res, 0, k), acc(logits, row0, min(row0 + count, vocab), True)]
     if kind in ("o_proj", "down"):
-        _, _, _, x, res, kp, n, row0, count, _ = args
+        _, _, _, x, res, k, n, row0, count, _ = args
         end = min(row0 + count, n)
-        return [acc(x, 0, gemv_width(plan, "q" if kind == "o_proj" else "inter", kp)), acc(res, row0, end),
-                acc(res, row0, end, True)]
+        return [acc(x, 0, k), acc(res, row0, end), acc(res, row0, end, True)]
     if kind in ("rope_kv", "attn", "combine", "rope_attn"):
         n = args[{"rope_kv": 8, "attn": 6, "combine": 4, "rope_attn": 9}[kind]]
         g, row = n % KVH, n // KVH

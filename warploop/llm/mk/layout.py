@@ -342,7 +342,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PS": self.batch_stages, "UPB": self.inter * self.hidden * self.elem,   # gate row to up row, bytes
+                "PS": self.batch_stages,
                 **self.tile_constexprs(), **self.split_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:

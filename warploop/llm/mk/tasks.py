@@ -31,22 +31,21 @@ from warploop.llm.mk.tokens import embed_node
 
 
 @triton.jit
-def gemv(ctx, inp, w, bias, x, norm_w, out, kp, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
+def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
          DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
-         UPB: tl.constexpr, BACKEND: tl.constexpr):
+         BACKEND: tl.constexpr):
     """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile; with split-K tiles, PN not
     0, for batch 1 only), else a span of rows over the compile-time width K when the plan has one
-    (gemv_node_k), else over the run-time width kp (gemv_node). `kp` is the run-time width only
-    where the plan has none (K 0); with tiles it is the L2 prefetch word (prefetch.py)."""
+    (gemv_node_k), else over the run-time width k (gemv_node)."""
     if TN != 0:
-        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, kp, NORM, EPI, K, TN, TK,
-                  DEPTH, R, BN, BK, PN, PS, UPB, BACKEND)
+        gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
+                  R, BN, BK, PN, PS, BACKEND)
     elif K != 0:
         gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
                     DEPTH, PS, BACKEND)
     else:
-        gemv_node(ctx, inp, w, bias, x, norm_w, out, kp, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
+        gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
                   PS, BACKEND)
 
 
@@ -54,46 +53,46 @@ def mk_embed(inp, table, res, work, d, BK: tl.constexpr, PN: tl.constexpr, PR: t
     embed_node(inp, table, res, work, d, BK, PN, PR)
 
 
-def mk_qkv(ctx, inp, w, bias, res, norm_w, out, kp, n_out, row0, count, eps, has_bias, R: tl.constexpr,
+def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr,
-           TKD: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr, UPB: tl.constexpr,
+           TKD: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
            BACKEND: tl.constexpr):
-    gemv(ctx, inp, w, bias, res, norm_w, out, kp, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
-         DEPTH, TND, TKD, PN, PS, UPB, BACKEND)
+    gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
+         DEPTH, TND, TKD, PN, PS, BACKEND)
 
 
-def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, kp, f, row0, count, eps, has_bias, R: tl.constexpr,
+def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TNS: tl.constexpr,
-               TKS: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr, UPB: tl.constexpr,
+               TKS: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
                BACKEND: tl.constexpr):
-    gemv(ctx, inp, w, bias, res, norm_w, out, kp, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
-         DEPTH, TNS, TKS, PN, PS, UPB, BACKEND)
+    gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
+         DEPTH, TNS, TKS, PN, PS, BACKEND)
 
 
 # o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
 # tasks, because a task's constexprs are bound by parameter name
-def mk_o_proj(ctx, inp, w, bias, x, res, kp, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
+def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, TNQ: tl.constexpr, TKQ: tl.constexpr,
-              PN: tl.constexpr, PS: tl.constexpr, UPB: tl.constexpr,
+              PN: tl.constexpr, PS: tl.constexpr,
               BACKEND: tl.constexpr):
-    gemv(ctx, inp, w, bias, x, x, res, kp, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
-         TNQ, TKQ, PN, PS, UPB, BACKEND)
+    gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
+         TNQ, TKQ, PN, PS, BACKEND)
 
 
-def mk_down(ctx, inp, w, bias, x, res, kp, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
+def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
             BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, TNF: tl.constexpr, TKF: tl.constexpr,
-            PN: tl.constexpr, PS: tl.constexpr, UPB: tl.constexpr,
+            PN: tl.constexpr, PS: tl.constexpr,
             BACKEND: tl.constexpr):
-    gemv(ctx, inp, w, bias, x, x, res, kp, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
-         TNF, TKF, PN, PS, UPB, BACKEND)
+    gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
+         TNF, TKF, PN, PS, BACKEND)
 
 
-def mk_lm_head(ctx, inp, w, res, norm_w, logits, kp, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
+def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr, TKD: tl.constexpr,
-               PN: tl.constexpr, PS: tl.constexpr, UPB: tl.constexpr,
+               PN: tl.constexpr, PS: tl.constexpr,
                BACKEND: tl.constexpr):
-    gemv(ctx, inp, w, w, res, norm_w, logits, kp, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
-         TND, TKD, PN, PS, UPB, BACKEND)
+    gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
+         TND, TKD, PN, PS, BACKEND)
 
 
 # The split-K tiles of the graphs of more than one row (Plan.split_rows, gemv_split.py): node `tile`
@@ -169,9 +168,9 @@ def mk_advance(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.cons
 def _signatures(dt: str) -> dict:
     w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
     # norms are 16-byte aligned by the backend (backend.aligned_norms)
-    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": a, "out": a, "kp": "i64", "row0": "i32",
+    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": a, "out": a, "k": "i32", "row0": "i32",
             "count": "i32", "eps": "fp32", "has_bias": "i32"}
-    proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "kp": "i64", "n_out": "i32", "row0": "i32",
+    proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
             "count": "i32", "has_bias": "i32"}
     return {
         mk_embed: {"inp": "*i32", "table": w, "res": a, "work": "*fp32", "d": "i32"},
@@ -179,7 +178,7 @@ def _signatures(dt: str) -> dict:
         mk_gate_up: {**gemv, "f": "i32"},
         mk_o_proj: proj,
         mk_down: proj,
-        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": f32, "kp": "i64", "vocab": "i32",
+        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": f32, "k": "i32", "vocab": "i32",
                      "row0": "i32", "count": "i32", "eps": "fp32"},
         mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "n": "i32",
                      "eps": "fp32", "has_qk_norm": "i32"},
