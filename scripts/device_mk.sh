@@ -7,7 +7,8 @@
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
 #            tokens of context (default 512), each plan of $PLANS for each model of $PROBE_MODELS (default
-#            llama-3.2-1b) in its own process; JSON to $OUT/probe-N.json
+#            llama-3.2-1b) in its own process (PROBE_AB=1: a model's plans in one process, in turn); JSON to
+#            $OUT/probe-N.json
 #   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
@@ -65,9 +66,24 @@ for name, e in r['models'].items():
       # with PROBE_CACHED_ONLY=1 a plan whose kernel is not in the carried cache is skipped, not
       # compiled there (minutes of device time: compile it here with scripts/mk_cache.py)
       # and each model of $PROBE_MODELS (comma-separated, default llama-3.2-1b), models outer
+      # PROBE_AB=1: every plan of a model in one process, timed in turn (mk_probe's p0_, p1_, ... keys):
+      # backend options such as l2_ahead_kb share one kernel, and the turns see the same weights
       IFS=';' read -ra plans <<< "${PLANS:-${WARPLOOP_MK_PLAN:-{\}}}"
       i=0
       for model in ${PROBE_MODELS//,/ }; do
+        if [ "${PROBE_AB:-0}" = 1 ]; then
+          i=$((i+1))
+          if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && \
+             ! timeout 30 python scripts/mk_probe.py --model "$model" --compile-only --plan "${plans[0]}"; then
+            echo "$model, plan ${plans[0]}: not in the cache, skipped"; continue
+          fi
+          echo "$model, plans ${plans[*]}"
+          # shellcheck disable=SC2086
+          env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "${plans[@]}" \
+            --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
+          grep '^{"p' "$OUT/probe-$i.json"
+          continue
+        fi
         for plan in "${plans[@]}"; do
           i=$((i+1))
           if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && \
