@@ -40,16 +40,35 @@ def portable_key() -> str:
     return f"{triton.__version__}-portable-" + hashlib.sha256("-".join(parts).encode()).hexdigest()
 
 
+def _callee_first(update_hash):
+    """Triton's DependenciesFinder._update_hash, computing the callee's key before it merges the
+    callee's global variables. Triton 3.6 merges them first, so a callee whose key was not yet
+    computed contributes none, and a function's key (and the resident kernel's, which holds every
+    task) depended on what the process had compiled before: a second model shape in one process
+    missed Triton's cache and compiled again, minutes for a megakernel (2026-11-27). Newer Tritons
+    (3.9) compute the callee's key first; there this changes nothing (keys are memoized)."""
+    @functools.wraps(update_hash)
+    def wrapped(self, func):
+        func.cache_key          # noqa: B018 (a property with the side effect wanted: the key and its globals)
+        return update_hash(self, func)
+    wrapped.warploop_callee_first = True
+    return wrapped
+
+
 @contextlib.contextmanager
 def keyed():
-    """Within: Triton's cache key is the portable one when WARPLOOP_PORTABLE_CACHE is set."""
-    if not enabled():
-        yield
-        return
-    from triton.runtime import cache
+    """Within: Triton's cache key of a kernel depends only on its code (not on what this process
+    compiled before: _callee_first), and is the portable one when WARPLOOP_PORTABLE_CACHE is set."""
+    from triton.runtime import cache, jit
+    finder = jit.DependenciesFinder
+    saved_update = finder._update_hash
+    if not getattr(saved_update, "warploop_callee_first", False):
+        finder._update_hash = _callee_first(saved_update)
     saved = cache.triton_key
-    cache.triton_key = portable_key
+    if enabled():
+        cache.triton_key = portable_key
     try:
         yield
     finally:
         cache.triton_key = saved
+        finder._update_hash = saved_update
