@@ -126,6 +126,19 @@ def test_batch_path_without_pipelining_matches_per_op_backend():
         mk.close()
 
 
+def test_norm_weights_read_early_match_per_op_backend():
+    """Plan.norm_early=1 (a normed tile reads its norm weights in the 1/rms pass, folded in as 0 * w):
+    tokens and logits equal the per-op backend's at batch 1, with a masked tail chunk (LLAMA_TAIL)."""
+    cfg = LLAMA_TAIL
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=1, bn=16, bk=32, hidden=cfg.hidden_size,
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, norm_early=1)
+    try:
+        assert mk.plan.constexprs()["NE"] == 1 and mk.plan.key.endswith("-e")
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
+    finally:
+        mk.close()
+
+
 @pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
 def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
     """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the

@@ -251,6 +251,8 @@ class Plan:
     #                         row (gemv.rows_product): 0 Triton's default (x and weight chunks double-buffered
     #                         in shared memory: 42 KB for Llama-1B), 1 none (8 KB: the kernel's shared memory
     #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
+    norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
+    #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -274,6 +276,8 @@ class Plan:
         if self.batch_stages not in (0, 1, 2, 3, 4):
             raise ValueError(f"Plan.batch_stages must be 0 (Triton's default) or 1-4 pipelining stages, got "
                              f"{self.batch_stages}")
+        if self.norm_early not in (0, 1):
+            raise ValueError(f"Plan.norm_early must be 0 or 1, got {self.norm_early}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -290,7 +294,7 @@ class Plan:
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
                 + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
-                + (f"-p{self.batch_stages}" if self.batch_stages else ""))
+                + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else ""))
 
     @property
     def elem(self) -> int:
@@ -342,7 +346,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PS": self.batch_stages,
+                "PS": self.batch_stages, "NE": self.norm_early,
                 **self.tile_constexprs(), **self.split_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
