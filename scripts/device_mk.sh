@@ -72,32 +72,28 @@ for name, e in r['models'].items():
       # 3.6 keyed the second kernel of a process differently and compiled it again)
       IFS=';' read -ra plans <<< "${PLANS:-${WARPLOOP_MK_PLAN:-{\}}}"
       i=0
-      for model in ${PROBE_MODELS//,/ }; do
-        if [ "${PROBE_AB:-0}" = 1 ]; then
-          i=$((i+1))
-          if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && \
-             ! timeout 30 python scripts/mk_probe.py --model "$model" --compile-only --plan "${plans[0]}"; then
-            echo "$model, plan ${plans[0]}: not in the cache, skipped"; continue
-          fi
-          echo "$model, plans ${plans[*]}"
-          # shellcheck disable=SC2086
-          env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "${plans[@]}" \
-            --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
-          grep '^{"p' "$OUT/probe-$i.json"
-          continue
-        fi
-        for plan in "${plans[@]}"; do
-          i=$((i+1))
+      # probe_run MODEL PLAN...: one mk_probe process timing these plans in turn, into $OUT/probe-$i.json
+      probe_run() {
+        local model=$1 plan; shift
+        i=$((i+1))
+        for plan in "$@"; do
           if [ "${PROBE_CACHED_ONLY:-0}" = 1 ] && \
              ! timeout 30 python scripts/mk_probe.py --model "$model" --compile-only --plan "$plan"; then
-            echo "$model, plan $plan: not in the cache, skipped"; continue
+            echo "$model, plan $plan: not in the cache, skipped"; return
           fi
-          echo "$model, plan $plan"
-          # shellcheck disable=SC2086
-          env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "$plan" \
-            --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
-          grep '^{"bs' "$OUT/probe-$i.json"
         done
+        echo "$model, plan(s) $*"
+        # shellcheck disable=SC2086
+        env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "$@" \
+          --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
+        grep '^{"\(p[0-9]*_\)\?bs' "$OUT/probe-$i.json"
+      }
+      for model in ${PROBE_MODELS//,/ }; do
+        if [ "${PROBE_AB:-0}" = 1 ]; then
+          probe_run "$model" "${plans[@]}"
+        else
+          for plan in "${plans[@]}"; do probe_run "$model" "$plan"; done
+        fi
       done ;;
     loop)
       # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
