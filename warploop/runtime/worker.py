@@ -93,6 +93,14 @@ def inst_words(insts, i, end, NSLOTS: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l1(p, ok):
+    """Ask L1 for the 128-byte line at p (CUDA: prefetch.global.L1; no register waits for it)."""
+    if ok:
+        tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def arg(a, j: tl.constexpr, pmask, params):
     """Argument j, from the slots the worker loaded, or from the graph parameters when its mask bit is
     set. A plain load: the front writes the parameters before it releases the run, and a worker's
@@ -131,10 +139,18 @@ def run_dynamic(arena, ctx, worker, tid, DISPATCH: tl.constexpr, NSLOTS: tl.cons
 
 
 @triton.jit
-def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, waited, carry, ahead, more,
-             DISPATCH: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, waited, carry, ahead, insts, nxt, end,
+             DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, LATE: tl.constexpr, TRACE: tl.constexpr,
+             BACKEND: tl.constexpr):
     """Run one static-graph instruction, its words already loaded: (its waits,) its body, its signal.
-    Returns (status, signals still owed, whether the next instruction continues the run).
+    Returns (status, signals still owed, whether the next instruction continues the run, the next
+    instruction's words).
+
+    The next instruction (`nxt` of `insts`, none once it reaches `end`) comes in `ahead`, loaded
+    before this body, or with LATE (CUDA) is read after it: its line was prefetched into L1 before
+    the body, so the read is an L1 hit. Words loaded before a body are live across it, and in a
+    tile body (255 registers) ptxas spills them, and a spill's store waits for its load: one L2
+    round trip at the top of every node, before the body issues its weights.
 
     A run of instructions on one worker with the same waits and the same signal counter (the tiles of
     one GEMV stage) is fenced once: `waited` (the one before had these waits, so they are met) skips
@@ -160,7 +176,9 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, wait
     tl.debug_barrier()
     if valid:
         status = DISPATCH(arena, ctx, op, pmask, params, args, counters, c0, n0 * epoch, c1, n1 * epoch, BACKEND)
-    defer = same_stage(h, ahead[0], more)
+    if LATE:
+        ahead = inst_words(insts, nxt, end, NSLOTS)
+    defer = same_stage(h, ahead[0], nxt < end)
     if status == 0:
         if sig >= 0:
             if defer:
@@ -174,7 +192,7 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, wait
         report_error(arena, status, op, worker, node, -1, 1)
     if TRACE:
         write_trace(arena, ctx, worker, t0, clock(BACKEND), op, node)
-    return status, carry, defer
+    return status, carry, defer, ahead
 
 
 @triton.jit
@@ -226,6 +244,8 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
     node costs no descriptor round trip of its own, but a body shorter than an L2 round trip still
     waits for its successor's words at the top of the next pass (docs/runtime.md, the instruction path).
+    On CUDA the words are not held in registers across the body: their line is prefetched into L1
+    before it and read after it (run_inst).
     """
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
@@ -234,11 +254,16 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     words = inst_words(insts, i, end, NSLOTS)
     waited = i < 0                      # False, as a run-time value: it is loop-carried
     carry = tl.full([], 0, tl.int32)
+    LATE: tl.constexpr = BACKEND == "cuda"
     while i < end:
-        ahead = inst_words(insts, i + 1, end, NSLOTS)
-        status, carry, waited = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, waited,
-                                         carry, ahead, i + 1 < end, DISPATCH, TRACE, BACKEND)
-        words = ahead
+        if LATE:
+            prefetch_l1(insts + (i + 1) * DESC_WORDS, i + 1 < end)
+            ahead = words
+        else:
+            ahead = inst_words(insts, i + 1, end, NSLOTS)
+        status, carry, waited, words = run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch,
+                                                waited, carry, ahead, insts, i + 1, end, DISPATCH, NSLOTS, LATE,
+                                                TRACE, BACKEND)
         i += 1
         if status != 0:
             i = end
@@ -330,7 +355,7 @@ def graph_inst_step(arena, worker, index, last, DISPATCH: tl.constexpr, NSLOTS: 
     if index >= 0:
         words = inst_words(insts, index, index + 1, NSLOTS)
         run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, False, tl.full([], 0, tl.int32),
-                 words, False, DISPATCH, False, "cpu")
+                 words, insts, end, end, DISPATCH, NSLOTS, False, False, "cpu")
     if last != 0:
         graph_run_end(arena, ctx)
 
