@@ -278,7 +278,7 @@ def mk_forms(args, dev, sms, bw, L, forms) -> dict:
                 cnt64.zero_()
                 resid.copy_(r0)
 
-            def run():
+            def run(P=P, arena=arena, consts=consts):
                 reset()
                 mk_layers_kernel[(P,)](arena, inp, wa, wb, nw, resid, act, cnt64, P, num_warps=4, **consts)
             try:
@@ -294,7 +294,6 @@ def mk_forms(args, dev, sms, bw, L, forms) -> dict:
             except Exception as e:  # noqa: BLE001
                 rows[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(key, json.dumps(rows[key]), flush=True)
-    del wa, wb
     return rows
 
 
@@ -302,9 +301,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--per-sm", nargs="+", type=int, default=[2])
-    ap.add_argument("--forms", nargs="+", default=["mk", "mk-nobatch", "tile", "dot:16:256:3", "dot:16:256:4", "dot:32:256:4",
-                                                    "dot:16:512:4", "dot:32:512:3", "dot:64:256:3"],
-                    help="mk (the megakernel's tile body), mk-nobatch (its batch path left out), tile, or dot:TN:TK:S")
+    ap.add_argument("--forms", nargs="+", default=["mk", "mk-nobatch", "tile", "dot:16:256:3", "dot:16:256:4",
+                                                    "dot:32:256:4", "dot:16:512:4", "dot:32:512:3", "dot:64:256:3"],
+                    help="mk (the megakernel's tile body), mk-nobatch (its batch path left out), tile, "
+                         "or dot:TN:TK:S")
     ap.add_argument("--b-shape", default="2048x8192", help="the second stage's N x K (down's by default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -339,7 +339,7 @@ def main() -> None:
                 consts = dict(FORM=1, TNA=int(tn), TKA=int(tk), TNB=16, TKB=int(tk), S=int(st))   # down: 16 rows a tile
             key = f"{form}-{per}ps"
 
-            def run():
+            def run(P=P, consts=consts):
                 cnt.zero_()
                 layers_kernel[(P,)](wa, wb, x0, ya, yb, cnt, err, P, L=L, NA=NA, KA=KA, NB=NB, KB=KB,
                                     num_warps=4, num_stages=1, **consts)

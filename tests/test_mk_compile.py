@@ -96,6 +96,7 @@ def test_resident_decode_kernel_compiles_without_a_gpu():
     status, ptx = results["sm_90"]
     assert status == "ok" and ".target sm_90" in ptx
     assert "ld.global.L1::evict_first" in ptx             # weight loads streamed, not cached in L1
+    assert "prefetch.global.L1" in ptx                    # instruction words read after each body
     status, amdgcn = results["gfx942"]
     if status == "skip":
         pytest.skip(amdgcn)

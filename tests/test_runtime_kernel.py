@@ -4,6 +4,7 @@
 import pytest
 import torch
 import triton
+import triton.language as tl
 from example_loader import load_example
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -11,6 +12,13 @@ from triton.compiler import ASTSource
 import warploop
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
+
+
+@warploop.task(signature={"x": "*fp32"}, heavy=True)
+@triton.jit
+def heavy_mark(x):
+    """A task marked heavy: its presence makes the worker read instruction words after each body."""
+    tl.store(x, 1.0)
 
 
 def test_generated_source_dispatches_every_task():
@@ -57,7 +65,32 @@ def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
     assert "@%pw bra WL_MEET" in ptx and "barrier.sync 0" in ptx
 
 
-def test_resident_loop_in_the_interpreter_matches_the_executor():
+def test_heavy_task_sets_read_instruction_words_after_each_body():
+    """A set with a heavy task: WORDS_AFTER in the source, and on sm_90 the next instruction's line
+    prefetched into L1 (no registers held across the body); a light set keeps its words in registers."""
+    mg = load_example("mlp_graph")
+    light = [lookup(t) for t in mg.TASKS]
+    heavy = light + [lookup(heavy_mark)]
+    assert "WORDS_AFTER = tl.constexpr(0)" in codegen.generate(light)
+    assert "WORDS_AFTER = tl.constexpr(1)" in codegen.generate(heavy)
+    ptx = {}
+    for name, tasks in (("light", light), ("heavy", heavy)):
+        src = ASTSource(fn=codegen.build(tasks).resident, signature={"arena": "*i32"},
+                        constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
+        ptx[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert "prefetch.global.L1" in ptx["heavy"]
+    assert "prefetch.global.L1" not in ptx["light"]
+
+
+def test_megakernel_tasks_are_heavy():
+    from warploop.llm.mk.layout import Plan
+    from warploop.llm.mk.tasks import tasks_for
+    tasks = [lookup(t) for t in tasks_for(Plan("bf16", 4, 2, 16, 16)).all]
+    assert "WORDS_AFTER = tl.constexpr(1)" in codegen.generate(tasks)
+
+
+@pytest.mark.parametrize("heavy", [False, True], ids=["words-ahead", "words-after"])
+def test_resident_loop_in_the_interpreter_matches_the_executor(heavy):
     tr, mg = load_example("tree_reduce"), load_example("mlp_graph")
     x = torch.randn(1500)
     dim, hidden = 24, 40
@@ -65,7 +98,8 @@ def test_resident_loop_in_the_interpreter_matches_the_executor():
     xin = torch.randn(dim)
     results = {}
     for mode in ("executor", "inline"):
-        with warploop.Runtime(device="cpu", tasks=tr.TASKS + mg.TASKS, workers=1) as rt:
+        with warploop.Runtime(device="cpu", tasks=tr.TASKS + mg.TASKS + ([heavy_mark] if heavy else []),
+                              workers=1) as rt:
             tree = torch.zeros(tr.tree_size(x.numel()))
             h, y = torch.empty(hidden), torch.empty(dim)
             g = mg.build(rt, w1, w2, h, y)

@@ -35,13 +35,14 @@ from warploop.runtime.front import front_step
 
 ERR_BAD_OPCODE = tl.constexpr({bad_opcode})
 NSLOTS = tl.constexpr({nslots})   # argument slots the widest task uses: the worker loads no more
+WORDS_AFTER = tl.constexpr({words_after})   # a heavy task: instruction words read after each body
 '''
 
 KERNELS = '''
 
 @triton.jit
 def resident(arena, INLINE: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
-    W.resident_loop(arena, dispatch, NSLOTS, INLINE, TRACE, BACKEND)
+    W.resident_loop(arena, dispatch, NSLOTS, INLINE, TRACE, BACKEND, WORDS_AFTER)
 
 
 @triton.jit
@@ -108,7 +109,8 @@ def generate(tasks: list[Task]) -> str:
     from warploop.runtime.errors import ERR_BAD_OPCODE
     tasks = sorted(tasks, key=lambda t: t.opcode)
     nslots = max((len(t.args) for t in tasks), default=0)
-    lines = [PRELUDE.format(count=len(tasks), bad_opcode=ERR_BAD_OPCODE, nslots=nslots), "",
+    words_after = int(any(t.heavy for t in tasks))
+    lines = [PRELUDE.format(count=len(tasks), bad_opcode=ERR_BAD_OPCODE, nslots=nslots, words_after=words_after), "",
              "@triton.jit",
              "def dispatch(arena, ctx, op, pmask, params, a, counters, c0, t0, c1, t1, BACKEND: tl.constexpr):",
              '    """Run task `op` on argument slots `a` (loaded by the worker: worker.desc_words)."""',

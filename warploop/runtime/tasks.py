@@ -79,6 +79,7 @@ class Task:
     takes_ctx: bool
     waits_inside: bool
     cost: float
+    heavy: bool = False
 
     def encode(self, values: tuple) -> tuple[int, ...]:
         """Host-side argument packing: Python values -> int64 descriptor slots."""
@@ -126,13 +127,18 @@ def opcode_for(qualified_name: str) -> int:
 
 
 def task(fn=None, *, signature: dict[str, str] | None = None, constexprs: dict | None = None,
-         cost: float = 1.0, waits: bool = False, opcode: int | None = None) -> Callable:
+         cost: float = 1.0, waits: bool = False, opcode: int | None = None, heavy: bool = False) -> Callable:
     """Register a Triton device function as a task (see the module docstring).
 
     cost: relative run time, used to place static-graph nodes on workers.
     waits: the body calls `wl.wait(ctx)` itself, after loading inputs that need no predecessor
         (weights), instead of the runtime waiting before the body starts.
     opcode: fix the opcode instead of hashing the name (must be >= 256).
+    heavy: the body holds most of a thread's registers (tens of KB of weights in flight). A resident
+        kernel with such a task reads each graph instruction's words after the body before it
+        (prefetched into L1 on CUDA) instead of holding them in registers across that body, where
+        ptxas would spill them and stall on the spill (docs/runtime.md, the instruction path).
+        Light bodies keep the default: their next words arrive while they run.
     """
     def register(f):
         raw = getattr(f, "fn", None)
@@ -161,7 +167,7 @@ def task(fn=None, *, signature: dict[str, str] | None = None, constexprs: dict |
         if previous is not None and previous.name != name:
             raise ValueError(f"tasks {previous.name} and {name} hash to opcode {op}; pass opcode= to one of them")
         t = Task(fn=f, name=name, opcode=op, args=args, constexprs=consts, params=params,
-                 takes_ctx=takes_ctx, waits_inside=waits, cost=float(cost))
+                 takes_ctx=takes_ctx, waits_inside=waits, cost=float(cost), heavy=bool(heavy))
         REGISTRY[op] = t
         f.opcode = op
         f.kinds = tuple(a.kind for a in args) + (K_NONE,) * (MAX_ARGS - len(args))

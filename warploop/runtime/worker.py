@@ -93,9 +93,9 @@ def inst_words(insts, i, end, NSLOTS: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l1(p, ok):
+def prefetch_l1(p, ok, BACKEND: tl.constexpr):
     """Ask L1 for the 128-byte line at p (CUDA: prefetch.global.L1; no register waits for it)."""
-    if ok:
+    if BACKEND == "cuda" and ok:
         tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
@@ -147,8 +147,8 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, wait
     instruction's words).
 
     The next instruction (`nxt` of `insts`, none once it reaches `end`) comes in `ahead`, loaded
-    before this body, or with LATE (CUDA) is read after it: its line was prefetched into L1 before
-    the body, so the read is an L1 hit. Words loaded before a body are live across it, and in a
+    before this body, or with LATE is read after it: on CUDA its line was prefetched into L1 before
+    the body, so the read is an L1 hit (unless the body's wait invalidated L1). Words loaded before a body are live across it, and in a
     tile body (255 registers) ptxas spills them, and a spill's store waits for its load: one L2
     round trip at the top of every node, before the body issues its weights.
 
@@ -238,14 +238,15 @@ def graph_run_end(arena, ctx):
 
 @triton.jit
 def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, epoch, DISPATCH: tl.constexpr,
-              NSLOTS: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr):
+              NSLOTS: tl.constexpr, TRACE: tl.constexpr, BACKEND: tl.constexpr, LATE: tl.constexpr):
     """Run this worker's instructions [i, end) of the released graph run, in order.
 
     Software-pipelined: the next instruction's words are loaded while this one waits and runs, so a
     node costs no descriptor round trip of its own, but a body shorter than an L2 round trip still
     waits for its successor's words at the top of the next pass (docs/runtime.md, the instruction path).
-    On CUDA the words are not held in registers across the body: their line is prefetched into L1
-    before it and read after it (run_inst).
+    With LATE (a task set with a heavy task: codegen's WORDS_AFTER) the words are not held in
+    registers across the body: their line is prefetched into L1 before it (CUDA) and they are read
+    after it (run_inst).
     """
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
@@ -254,10 +255,9 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
     words = inst_words(insts, i, end, NSLOTS)
     waited = i < 0                      # False, as a run-time value: it is loop-carried
     carry = tl.full([], 0, tl.int32)
-    LATE: tl.constexpr = BACKEND == "cuda"
     while i < end:
         if LATE:
-            prefetch_l1(insts + (i + 1) * DESC_WORDS, i + 1 < end)
+            prefetch_l1(insts + (i + 1) * DESC_WORDS, i + 1 < end, BACKEND)
             ahead = words
         else:
             ahead = inst_words(insts, i + 1, end, NSLOTS)
@@ -272,7 +272,7 @@ def run_graph(arena, ctx, worker, i, end, insts, counters, ncounters, params, ep
 
 @triton.jit
 def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr,
-                TRACE: tl.constexpr, BACKEND: tl.constexpr):
+                TRACE: tl.constexpr, BACKEND: tl.constexpr, LATE: tl.constexpr):
     """One pass of a worker: a released graph run, else one ready task. Returns (alive, runs seen,
     the graph cache, empty polls in a row, which idle_pause backs off with). The cache (gid, first,
     end, insts, counters, ncounters, params) holds the last graph's fixed words, so a replay of the
@@ -288,7 +288,7 @@ def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, N
                 first_c, end_c, insts_c, counters_c, ncounters_c, params_c = graph_lookup(arena, gid, worker)
                 gid_c = gid
             run_graph(arena, ctx, worker, first_c, end_c, insts_c, counters_c, ncounters_c, params_c, epoch,
-                      DISPATCH, NSLOTS, TRACE, BACKEND)
+                      DISPATCH, NSLOTS, TRACE, BACKEND, LATE)
             seen = runs
             idle = idle * 0
         else:
@@ -307,8 +307,9 @@ def worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH: tl.constexpr, N
 
 @triton.jit
 def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: tl.constexpr, TRACE: tl.constexpr,
-                  BACKEND: tl.constexpr):
-    """The whole life of one program of the resident kernel."""
+                  BACKEND: tl.constexpr, LATE: tl.constexpr):
+    """The whole life of one program of the resident kernel. LATE: read each graph instruction's
+    words after the body before it (run_inst), for task sets with a heavy task."""
     pid = tl.program_id(0)
     host = host_block(arena)
     if INLINE:
@@ -337,7 +338,7 @@ def resident_loop(arena, DISPATCH: tl.constexpr, NSLOTS: tl.constexpr, INLINE: t
             front_on = front_step(arena, BACKEND)
         if worker_on:
             worker_on, seen, cache, idle = worker_step(arena, ctx, worker, seen, cache, idle, DISPATCH, NSLOTS, TRACE,
-                                                       BACKEND)
+                                                       BACKEND, LATE)
             if not worker_on:
                 tl.atomic_add(ctl(arena, L.C_EXITED), i64(1), sem="release")
         going = front_on | worker_on

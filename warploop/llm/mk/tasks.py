@@ -257,5 +257,5 @@ def tasks_for(plan: Plan) -> MkTasks:
         params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
         mine = {name: value for name, value in consts.items() if name in params}
         made[fn.__name__.removeprefix("mk_")] = warploop.task(
-            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE)(triton.jit(copy))
+            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE, heavy=True)(triton.jit(copy))
     return MkTasks(**made)
