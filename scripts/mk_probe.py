@@ -56,7 +56,7 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
     dg = mk.last
     device = []
     for _ in range(5):
-        f = dg.graph.launch(repeat=repeat, inp=dg.buffers.inp)
+        f = dg.graph.launch(repeat=repeat)
         f.result(timeout=60)
         device.append(f.device_ns / 1e3 / repeat)
     host = []
@@ -70,7 +70,7 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
     run = []
     for _ in range(50):
         t0 = time.perf_counter()
-        dg.graph.run(inp=dg.buffers.inp, timeout=60)
+        dg.graph.run(timeout=60)
         run.append((time.perf_counter() - t0) * 1e6)
     ser = []
     for _ in range(50):

@@ -264,7 +264,7 @@ class MegakernelBackend(Backend):
         buffers hold the step's results). `sampling` and `history`: per row, as in StepInputs
         (default: greedy)."""
         dg = self.step_inputs(batch, sampling, history)
-        dg.graph.run(inp=dg.buffers.inp, timeout=self.timeout)
+        dg.graph.run(timeout=self.timeout)
         self.last = dg
         return dg.buffers.logits[:batch.num_seqs].clone() if logits else None
 
@@ -318,7 +318,7 @@ class MegakernelBackend(Backend):
         run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, self.rt,
                       self.timeout)
         self.last = dg
-        run.start(inp=dg.buffers.inp, repeat=steps)
+        run.start(repeat=steps)
         return run
 
     def loop_logits(self, rows: list[int]) -> torch.Tensor:

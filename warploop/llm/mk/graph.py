@@ -12,8 +12,8 @@ then lm_head tiles (final norm fused) -> a sample tile per lm_head tile (its spa
 combine (warploop/llm/mk/sample.py): the token id per row -> the loop's advance node (loop.py: the
 next step's inputs, when the graph runs as a decode loop). The embedding starts the residual stream. Each
 run reads its per-step values (ids, positions, context lengths, KV slots, block tables) from the
-one parameter `inp` (layout.StepInputs), so the graph is built once per batch bucket and replayed
-every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
+step-input block `inp` (layout.StepInputs), a buffer of the graph like the others (not a graph
+parameter), so the graph is built once per batch bucket and replayed every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
 qkv, attention output) are ordered by these edges: every reader of a layer's buffer is an
 ancestor of the next writer of it.
 """
@@ -151,7 +151,9 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     split = bool(plan.split_rows) and batch > 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
-    inp = g.param("inp", "*i32")
+    # the step inputs at a fixed address, as every other buffer: a graph parameter would cost each
+    # node one more dependent load at dispatch (worker.arg), which ptxas spills at once and waits for
+    inp = buffers.inp
     kinds: collections.Counter = collections.Counter()
     labels: list[str] = []
     d, q, kvs, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
