@@ -148,9 +148,9 @@ def run_inst(arena, ctx, worker, words, counters, ncounters, params, epoch, wait
 
     The next instruction (`nxt` of `insts`, none once it reaches `end`) comes in `ahead`, loaded
     before this body, or with LATE is read after it: on CUDA its line was prefetched into L1 before
-    the body, so the read is an L1 hit (unless the body's wait invalidated L1). Words loaded before a body are live across it, and in a
-    tile body (255 registers) ptxas spills them, and a spill's store waits for its load: one L2
-    round trip at the top of every node, before the body issues its weights.
+    the body, so the read is an L1 hit (unless the body's wait invalidated L1). Words loaded before
+    a body are live across it; in a tile body (255 registers) ptxas spills them, and a spill's store
+    waits for its load: one L2 round trip at the top of every node, before the body issues its weights.
 
     A run of instructions on one worker with the same waits and the same signal counter (the tiles of
     one GEMV stage) is fenced once: `waited` (the one before had these waits, so they are met) skips

@@ -13,9 +13,10 @@ combine (warploop/llm/mk/sample.py): the token id per row -> the loop's advance 
 next step's inputs, when the graph runs as a decode loop). The embedding starts the residual stream. Each
 run reads its per-step values (ids, positions, context lengths, KV slots, block tables) from the
 step-input block `inp` (layout.StepInputs), a buffer of the graph like the others (not a graph
-parameter), so the graph is built once per batch bucket and replayed every step. Buffers are fixed per graph; write-after-read hazards on them (the residual stream,
-qkv, attention output) are ordered by these edges: every reader of a layer's buffer is an
-ancestor of the next writer of it.
+parameter), so the graph is built once per batch bucket and replayed every step. Buffers are
+fixed per graph; write-after-read hazards on them (the residual stream, qkv, attention output)
+are ordered by these edges: every reader of a layer's buffer is an ancestor of the next writer
+of it.
 """
 from __future__ import annotations
 
