@@ -12,6 +12,11 @@ its reload hit L1 off the critical path, and costly in two patterns, which this 
 - a reload from the stack soon after an acquire (`LDL` after `CCTL.IVALL`, which a counter wait's
   `ld.acquire` emits): on the node's path after its wait.
 
+The counts are over the whole kernel, most of which runs rarely: they did not predict which of
+session 16's plans ran faster (BENCHMARKS.md, Decode, session 17). Use --show and read where the
+matches are: a match on every node's path (the dispatch, a tile before its weights) is the kind
+that cost 5-12%.
+
 The kernel is compiled as scripts/mk_resources.py compiles it (Triton's JIT warmup, for sm_90
 through a stand-in driver when there is no GPU; a kernel already in Triton's cache is read from
 it) and disassembled with the nvdisasm Triton ships. Prints one JSON object; --show lists the
