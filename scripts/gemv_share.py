@@ -67,7 +67,8 @@ def tile_load(w, t, c: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.c
 
 
 @triton.jit
-def tile_finish(a, x, y, t, c: tl.constexpr, acc, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr):
+def tile_finish(a, x, c: tl.constexpr, acc, TK: tl.constexpr):
+    """acc plus chunk c's products (a: the chunk's weights, already in registers)."""
     xv = tl.load(x + c * TK + tl.arange(0, TK)).to(tl.float32)
     return acc + a.to(tl.float32) * xv[None, :]
 
@@ -106,21 +107,21 @@ def tile_stage(w, x, y, cnt, s, pid, P, err, N: tl.constexpr, K: tl.constexpr, T
             stage_wait(cnt, s - 1, P, err)
             first = pid < 0
         acc = tl.zeros([TN, TK], tl.float32)
-        acc = tile_finish(a0, x, y, t, 0, acc, K, TN, TK)
+        acc = tile_finish(a0, x, 0, acc, TK)
         if NC > 1:
-            acc = tile_finish(a1, x, y, t, 1, acc, K, TN, TK)
+            acc = tile_finish(a1, x, 1, acc, TK)
         if NC > 2:
-            acc = tile_finish(a2, x, y, t, 2, acc, K, TN, TK)
+            acc = tile_finish(a2, x, 2, acc, TK)
         if NC > 3:
-            acc = tile_finish(a3, x, y, t, 3, acc, K, TN, TK)
+            acc = tile_finish(a3, x, 3, acc, TK)
         if NC > 4:
-            acc = tile_finish(a4, x, y, t, 4, acc, K, TN, TK)
+            acc = tile_finish(a4, x, 4, acc, TK)
         if NC > 5:
-            acc = tile_finish(a5, x, y, t, 5, acc, K, TN, TK)
+            acc = tile_finish(a5, x, 5, acc, TK)
         if NC > 6:
-            acc = tile_finish(a6, x, y, t, 6, acc, K, TN, TK)
+            acc = tile_finish(a6, x, 6, acc, TK)
         if NC > 7:
-            acc = tile_finish(a7, x, y, t, 7, acc, K, TN, TK)
+            acc = tile_finish(a7, x, 7, acc, TK)
         rows = t * TN + tl.arange(0, TN)
         tl.store(y + rows, tl.sum(acc, axis=1).to(y.dtype.element_ty))
     if first:
