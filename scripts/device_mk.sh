@@ -48,9 +48,11 @@ for part in ${PART//,/ }; do
       fi
       (cd tests && python -m pytest -q -x --timeout=900 test_server_gpu.py) ;;
     tiny)
-      for backend in torch megakernel; do
-        python -m warploop.cli generate --model tiny --prompt "def main(" --max-tokens 64 --json --backend "$backend" \
-          | python -c "import json,sys; r=json.load(sys.stdin); print('$backend', 'ms/token', r['ms_per_token'], 'ttft_ms', r['ttft_ms'], r['token_ids'][:8])"
+      # each backend, then the default (no --backend: the megakernel on a GPU that supports it)
+      for backend in torch megakernel default; do
+        flag=(--backend "$backend"); [ "$backend" = default ] && flag=()
+        python -m warploop.cli generate --model tiny --prompt "def main(" --max-tokens 64 --json "${flag[@]}" \
+          | python -c "import json,sys; r=json.load(sys.stdin); print('$backend:', r['backend'], 'ms/token', r['ms_per_token'], 'ttft_ms', r['ttft_ms'], r['token_ids'][:8])"
       done ;;
     bench)
       # shellcheck disable=SC2086
@@ -86,7 +88,7 @@ for name, e in r['models'].items():
         # shellcheck disable=SC2086
         env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "$@" \
           --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
-        grep '^{"\(p[0-9]*_\)\?bs' "$OUT/probe-$i.json"
+        grep '^{"\(p[0-9]*_\)\?\(bs\|switching\)' "$OUT/probe-$i.json"
       }
       for model in ${PROBE_MODELS//,/ }; do
         if [ "${PROBE_AB:-0}" = 1 ]; then

@@ -25,10 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
-    """In this process: the resident kernel of `model` under `plan` for sm_`arch`."""
+    """In this process: the resident kernels of `model` under `plan` for sm_`arch` (every kernel a
+    backend with that plan starts: the batch-1 kernel and the batches', mk_resources.plans_of)."""
     os.environ["WARPLOOP_PORTABLE_CACHE"] = "1"
     sys.path.insert(0, HERE)
-    from mk_resources import compile_kernel, plan_of
+    from mk_resources import compile_kernel, plans_of
 
     from warploop.bench.decode import CPU_MODELS, GPU_MODELS
 
@@ -36,14 +37,17 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
         from warploop.llm.build import torch_dtype
         from warploop.llm.loader import load_config, resolve_model_dir
         cfg = load_config(resolve_model_dir("tiny"))
-        p, warps, regs = plan_of(cfg, json.loads(plan), torch_dtype(None, cfg))
+        plans, warps, regs = plans_of(cfg, json.loads(plan), torch_dtype(None, cfg))
     else:
         cfg = (GPU_MODELS | CPU_MODELS)[model][1]
-        p, warps, regs = plan_of(cfg, json.loads(plan))
-    t0 = time.perf_counter()
-    kernel = compile_kernel(p, None, warps, traced, arch, regs)
-    return {"model": model, "plan": plan, "trace": traced, "s": round(time.perf_counter() - t0, 1),
-            "shared": kernel.metadata.shared, "hash": kernel.hash}
+        plans, warps, regs = plans_of(cfg, json.loads(plan))
+    out = {"model": model, "plan": plan, "trace": traced, "kernels": []}
+    for p in plans:
+        t0 = time.perf_counter()
+        kernel = compile_kernel(p, None, warps, traced, arch, regs)
+        out["kernels"].append({"key": p.key, "s": round(time.perf_counter() - t0, 1),
+                               "shared": kernel.metadata.shared, "hash": kernel.hash})
+    return out
 
 
 def main() -> None:

@@ -37,7 +37,8 @@ def make(cfg, plan: dict, batches, trace: bool):
     layout = KVCacheLayout(cfg.num_layers, (max(batches) + 1) * MAX_CONTEXT // BLOCK, BLOCK, cfg.num_kv_heads,
                            cfg.head_dim, "bfloat16")
     t0 = time.perf_counter()
-    mk = MegakernelBackend(cfg, w, layout, "cuda", MAX_CONTEXT, trace=trace, **plan)
+    # every batch on the graph unless the plan says otherwise (the backend's default runs batches per op)
+    mk = MegakernelBackend(cfg, w, layout, "cuda", MAX_CONTEXT, trace=trace, **{"graph_rows": 0, **plan})
     mk.warmup(max(batches))
     return mk, time.perf_counter() - t0
 
@@ -60,7 +61,7 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
         f.result(timeout=60)
         device.append(f.device_ns / 1e3 / repeat)
     host = []
-    backend = mk.rt._backend  # noqa: SLF001
+    backend = dg.graph.runtime._backend  # noqa: SLF001 (the kernel of this batch's graph)
     relaunched = getattr(backend, "relaunches", 0)
     for _ in range(50):
         t0 = time.perf_counter()
@@ -93,11 +94,25 @@ def timing(mk, n: int, repeat: int, prompt: int) -> dict:
             "nodes": len(dg.graph), "kinds": dict(dg.kinds)}
 
 
+def switching(mk, n: int, prompt: int, turns: int = 20) -> dict:
+    """Host wall time of a batch-1 step and a batch-n step in turn, where they run on two resident
+    kernels (batch1_kernel): each step parks the other kernel and relaunches its own."""
+    one, many = prefill(mk, 1, prompt), prefill(mk, n, prompt)
+    walls = []
+    for _ in range(turns):
+        for batch in (one, many):
+            t0 = time.perf_counter()
+            mk.decode(batch, logits=False)
+            walls.append((time.perf_counter() - t0) * 1e6)
+    return {"batches": [1, n], "step_wall_us_median": round(statistics.median(walls), 1),
+            "relaunches": [rt._backend.relaunches for rt in mk.runtimes]}  # noqa: SLF001
+
+
 def anatomy(mk, out_dir: str, n: int, prompt: int) -> dict:
     batch = prefill(mk, n, prompt)
     for _ in range(3):
         mk.decode(batch)
-    rt = mk.rt
+    rt = mk.graph_for(n, prompt + 1).graph.runtime
     rt._backend.trace_events()  # noqa: SLF001 (drain: the newest events are the last step's)
     mk.decode(batch)
     events = rt._backend.trace_events()  # noqa: SLF001
@@ -148,19 +163,21 @@ def main() -> None:
     if not all(1 <= c <= MAX_CONTEXT - 64 for c in args.context):
         parser.error(f"--context must be 1 .. {MAX_CONTEXT - 64}, got {args.context}")
     if args.compile_only:
-        from mk_resources import compile_kernel, plan_of  # scripts/: beside this file
+        from mk_resources import compile_kernel, plans_of  # scripts/: beside this file
 
         t0 = time.perf_counter()
-        # with --trace the traced kernel only (run a plain one beside it)
-        compiled_plan, warps, regs = plan_of(cfg, plan)
-        compile_kernel(compiled_plan, None, warps, trace=bool(args.trace), max_registers=regs)
+        # with --trace the traced kernels only (run a plain one beside it)
+        plans, warps, regs = plans_of(cfg, plan)
+        for compiled_plan in plans:
+            compile_kernel(compiled_plan, None, warps, trace=bool(args.trace), max_registers=regs)
         print(json.dumps({"compiled": args.plan[0], "s": round(time.perf_counter() - t0, 1)}))
         return
     out = {"model": args.model, "context": args.context}
     for i, p in enumerate(plans if args.batch else []):
         prefix = f"p{i}_" if len(plans) > 1 else ""
         mk, start_s = make(cfg, p, args.batch, False)
-        out.update({f"{prefix}plan": str(mk.plan), f"{prefix}options": p, "workers": mk.rt.workers,
+        out.update({f"{prefix}plan": str(mk.plan), f"{prefix}plan_many": str(mk.plan_many),
+                    f"{prefix}options": p, "workers": mk.rt.workers,
                     f"{prefix}start_s": round(start_s, 1), "per_sm": getattr(mk.rt._backend, "per_sm", None)})  # noqa: SLF001
         try:
             for n in args.batch:
@@ -171,6 +188,10 @@ def main() -> None:
                     print(json.dumps({key: out[key]["device_us_per_step"], "attention": out[key]["attention"],
                                       "vs_per_op": out[key]["vs_per_op"],
                                       "nodes": out[key]["nodes"], "options": p}), flush=True)
+            many = [n for n in args.batch if n > 1]
+            if len(mk.runtimes) > 1 and 1 in args.batch and many:
+                out[prefix + "switching"] = switching(mk, many[0], args.context[0])
+                print(json.dumps({prefix + "switching": out[prefix + "switching"]}), flush=True)
         finally:
             mk.close()
     if args.trace:

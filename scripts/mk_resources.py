@@ -20,18 +20,28 @@ import time
 import torch
 
 from warploop.bench.decode import CPU_MODELS, GPU_MODELS
-from warploop.llm.mk.backend import BACKEND_OPTIONS, plan_for
+from warploop.llm.mk.backend import BACKEND_OPTIONS, kernel_plans
 from warploop.llm.mk.tasks import tasks_for
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
 
-def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
-    """(Plan, worker warps, register cap) of a model's shapes with WARPLOOP_MK_PLAN-style overrides
-    (other backend-only options such as workers are dropped: they do not change the kernel)."""
+def plans_of(cfg, overrides: dict, dtype=torch.bfloat16):
+    """([the Plan of each resident kernel a GPU backend starts], worker warps, register cap) for a
+    model's shapes and WARPLOOP_MK_PLAN-style overrides: the batch-1 kernel's first, then the batches'
+    where they differ (backend.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
+    Other backend-only options such as workers are dropped: they do not change the kernel."""
     warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
+    one = overrides.get("batch1_kernel")
     overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
-    return plan_for(cfg, dtype, 16, "cuda", **overrides), warps, regs
+    first, many, two = kernel_plans(cfg, dtype, 16, "cuda", one, **overrides)
+    return ([first, many] if two else [first]), warps, regs
+
+
+def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
+    """(Plan, worker warps, register cap): the kernel of the batch-1 graph (plans_of's first)."""
+    plans, warps, regs = plans_of(cfg, overrides, dtype)
+    return plans[0], warps, regs
 
 
 class StandInDriver:

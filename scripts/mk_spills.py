@@ -95,7 +95,7 @@ def compiled_cubin(model: str, plan: str, path: str) -> None:
     models = {**CPU_MODELS, **GPU_MODELS}
     if model not in models:
         sys.exit(f"--model {model}: not a bench model shape; use one of {', '.join(sorted(models))}")
-    compiled_plan, warps, regs = plan_of(models[model], json.loads(plan))
+    compiled_plan, warps, regs = plan_of(models[model][1], json.loads(plan))
     kernel = compile_kernel(compiled_plan, None, warps, max_registers=regs)
     with open(path, "wb") as f:
         f.write(kernel.asm["cubin"])

@@ -79,7 +79,8 @@ def diff(mk, dg: DecodeGraph, cpu_rt, nodes, worker: int | None = None, timeout:
     difference of each tensor relative to its largest finite value, by name (weights: 0)."""
     inp = dg.buffers.inp
     device, host = cpu_copies(nodes, extra=[inp])
-    transplant(mk.rt, nodes, worker=worker).run(inp=inp, timeout=timeout)
+    mk._use(dg)      # noqa: SLF001 (the graph's own kernel runs; the backend's other one parks)
+    transplant(dg.graph.runtime, nodes, worker=worker).run(inp=inp, timeout=timeout)
     transplant(cpu_rt, nodes, host).run(inp=host[inp.data_ptr()], timeout=timeout)
     label = names(mk, dg)
     out = {}

@@ -39,6 +39,7 @@ def backends(cfg: ModelConfig, weights, max_num_seqs: int, block_size: int = 4, 
     if device != "cpu":     # a GPU run tests the plan WARPLOOP_MK_PLAN names (scripts/device_mk.sh), if any
         from warploop.llm.mk.backend import env_options
         plan = {**env_options(), **plan}
+    plan.setdefault("graph_rows", 0)     # every batch on the graph (a GPU's default leaves batches per op)
     mk = MegakernelBackend(cfg, weights, layout, device, max_context, **plan)
     ref.warmup(max_num_seqs)
     mk.warmup(max_num_seqs)

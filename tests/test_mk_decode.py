@@ -7,7 +7,10 @@ import pytest
 import torch
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
+from warploop.llm.backend import ModelBatch
 from warploop.llm.mk.backend import MegakernelBackend
+from warploop.llm.mk.graph import build_decode_graph
+from warploop.llm.mk.layout import Plan
 
 LLAMA_TAIL = dataclasses.replace(LLAMA_GQA, intermediate_size=72)
 
@@ -169,6 +172,62 @@ def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
     with pytest.raises(ValueError, match="cuts GEMV tiles, and this plan has none"):
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=64)
+
+
+def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():
+    """batch1_kernel: the batch-1 graph runs on a resident kernel compiled for it alone (Plan.one_row:
+    row tiles without a batch path), the others on a second kernel with split-K tiles; a step on one
+    runtime after a step on the other gives the per-op backend's tokens, both ways, and each graph
+    belongs to its own runtime. A one-row plan refuses the graph of more rows."""
+    cfg = LLAMA_TAIL
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16, batch1_kernel=True)
+    try:
+        assert mk.plan.one_row == 1 and mk.plan.split_rows == 0 and mk.plan.split_constexprs()["PN"] == -1
+        assert mk.plan_many.split_rows == 16 and not mk.plan_many.one_row
+        assert mk.rt is not mk.rt_many and mk.runtimes == [mk.rt, mk.rt_many]
+        assert mk.graphs[1].graph.runtime is mk.rt and mk.graphs[2].graph.runtime is mk.rt_many
+        assert "qkv" in mk.graphs[1].kinds and "qkv_split" in mk.graphs[2].kinds
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
+        check(run_steps(ref, mk, [[8, 8, 2, 7]], steps=2, seed=3))
+        with pytest.raises(ValueError, match="a batch-1 kernel's plan"):
+            build_decode_graph(mk.rt, mk.tasks, mk.plan, cfg, mk.w, mk.kv, mk.cos, mk.sin, mk.graphs[2].buffers,
+                               2, mk.width, 3)
+    finally:
+        mk.close()
+    with pytest.raises(ValueError, match="needs GEMV tiles"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch1_kernel=True)
+    with pytest.raises(ValueError, match="use batch1_kernel"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, one_row=1)
+    with pytest.raises(ValueError, match="Plan.one_row .* needs GEMV tiles"):
+        Plan("bf16", 4, 2, 64, 16, one_row=1)
+
+
+def test_batches_past_graph_rows_run_per_op():
+    """graph_rows: decode batches of more sequences than that run on the per-op path (through CUDA
+    graphs on a GPU), smaller ones on the graph; both give the per-op backend's tokens."""
+    cfg = LLAMA_GQA
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, graph_rows=1)
+    try:
+        assert mk.buckets == [1] and set(mk.graphs) == {1}
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        assert mk.last is mk.graphs[1]
+        one = mk.last
+        prompts, tables = [[5, 6, 7], list(range(1, 12))], [[40, 41], [50, 51, 52, 53]]
+        lens = [len(p) for p in prompts]
+        prefill = ModelBatch([t for p in prompts for t in p], [i for p in prompts for i in range(len(p))], lens,
+                             lens, tables)
+        ids = ref.forward(prefill).argmax(-1).tolist()
+        mk.forward(prefill)
+        step = ModelBatch(ids, lens, [1, 1], [n + 1 for n in lens], tables)
+        got, want = mk.forward(step).clone(), ref.forward(step).clone()
+        assert mk.last is one       # no graph ran
+        assert float((got - want).abs().max()) == 0.0       # the same per-op computation
+    finally:
+        mk.close()
+    with pytest.raises(ValueError, match="graph_rows=-1"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, graph_rows=-1)
 
 
 def test_short_contexts_take_the_fused_attention_graph_and_long_ones_the_split_graph():

@@ -31,9 +31,9 @@ def pair(request):
     layout = KVCacheLayout(cfg.num_layers, 256, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
     workers = 7 if request.param == "cpu" else None
     mk = MegakernelBackend(cfg, model_weights(cfg, device=request.param), layout, request.param, 256,
-                           workers=workers, **GPU_PLAN)
+                           workers=workers, graph_rows=0, **GPU_PLAN)
     mk.warmup(4)
-    cpu = Runtime(device="cpu", workers=1, tasks=mk.tasks.all)
+    cpu = Runtime(device="cpu", workers=1, tasks=list(dict.fromkeys(mk.tasks.all + mk.tasks_many.all)))
     try:
         yield mk, cpu
     finally:

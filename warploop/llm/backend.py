@@ -75,6 +75,8 @@ class ModelBatch:
 class Backend(abc.ABC):
     """Runs the model on one device over a paged KV cache of `layout`."""
 
+    name = "torch"      # what --backend calls it (warploop generate --json reports it)
+
     def __init__(self, config: ModelConfig, layout: KVCacheLayout, device) -> None:
         self.config, self.layout, self.device = config, layout, device
 

@@ -57,13 +57,27 @@ def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: in
     return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
 
 
-def check_backend(name: str | None) -> str:
-    """The backend's name: 'torch' (per-op) or 'megakernel'; None picks the default (torch until the
-    megakernel is measured on a GPU: docs/megakernel.md)."""
-    name = name or "torch"
+def check_backend(name: str | None, device=None) -> str:
+    """The backend's name: 'torch' (per-op) or 'megakernel'; None picks the default for `device` (a
+    torch device; None: the CPU's), default_backend."""
+    if name is None:
+        return default_backend(device)
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)} (--backend)")
     return name
+
+
+def default_backend(device) -> str:
+    """'megakernel' on an NVIDIA GPU of compute capability 8.0 or later (the decode graph's tl.dot
+    blocks need bf16 tensor cores); 'torch' elsewhere: the CPU (the megakernel's graph runs there
+    through the Triton interpreter, a reference, not a speed) and ROCm (compiled for gfx942, never
+    run on one here). On a GPU the megakernel runs batch 1 on its graph and larger decode batches
+    per op (MegakernelBackend's graph_rows), so it is never slower than torch (docs/megakernel.md)."""
+    import torch
+
+    if device is None or torch.device(device).type != "cuda" or torch.version.hip:
+        return "torch"
+    return "megakernel" if torch.cuda.get_device_capability(torch.device(device)) >= (8, 0) else "torch"
 
 
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -72,7 +86,7 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     """(backend, max_context) for weights already on `device`; backend: 'torch' or 'megakernel'."""
     from warploop.llm.backend_torch import TorchBackend
 
-    backend = check_backend(backend)
+    backend = check_backend(backend, device)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -83,7 +97,8 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     max_context = min(max_len, blocks * block_size)
     if backend == "megakernel":
         from warploop.llm.mk.backend import MegakernelBackend, env_options
-        return MegakernelBackend(cfg, weights, layout, device, max_context, **env_options()), max_context
+        return MegakernelBackend(cfg, weights, layout, device, max_context,
+                                 **{"use_cuda_graphs": use_cuda_graphs, **env_options()}), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
 
 
@@ -100,7 +115,8 @@ def build_engine(model: str, *, device: str | None = None, dtype: str | None = N
     from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, open_gguf, resolve_model_dir
     from warploop.llm.tokenizer import Tokenizer
 
-    backend = check_backend(backend)     # before loading anything
+    if backend is not None:
+        check_backend(backend)     # before loading anything
     gguf = open_gguf(model)
     if gguf is not None:
         if tensor_parallel != 1:

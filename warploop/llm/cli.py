@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N GPUs (N processes on the CPU); default 1")
     parser.add_argument("--json", action="store_true",
-                        help='print {"text", "token_ids", "ttft_ms", "ms_per_token"} instead of streaming')
+                        help='print {"text", "token_ids", "ttft_ms", "ms_per_token", "backend"} instead of streaming')
 
 
 def main(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             out = engine.generate(ids, params)
             print(json.dumps({"text": out.text, "token_ids": out.token_ids, "ttft_ms": round(out.ttft_ms, 3),
-                              "ms_per_token": round(out.ms_per_token, 3)}))
+                              "ms_per_token": round(out.ms_per_token, 3), "backend": engine.backend.name}))
             return 0 if out.error is None else 1
         for event in engine.stream(ids, params):
             sys.stdout.write(event.text_delta)

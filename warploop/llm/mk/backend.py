@@ -10,6 +10,11 @@ interpreter: the reference the GPU is checked against.
 `forward_sample` hands the engine token ids the graph sampled itself (warploop/llm/mk/sample.py),
 each row with its own parameters in the step inputs; a row the graph cannot draw exactly (its
 filters reach past the candidates) is sampled on the host path from the same logits.
+
+On a GPU two resident kernels serve the graphs (`batch1_kernel`): one compiled for the batch-1
+graph alone (Plan.one_row: its GEMV tiles carry no batch path, so fewer registers and no shared
+memory for tl.dot blocks) and one for the graphs of more rows (with split-K tiles, Plan.split_rows).
+One kernel holds every SM slot, so the backend parks the other before it runs a graph.
 """
 from __future__ import annotations
 
@@ -48,6 +53,10 @@ CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the 
 # 16 KB 825, 64 KB 834; Qwen3-0.6B (30 MB) 64 KB 1,325, 32 KB 1,596. (Batch 8 prefers the smaller
 # tiles of each pair; batch 1 decides here.)
 GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256, "depth": 8}
+# The kernel of the graphs of more than one row when batch 1 has its own (batch1_kernel): split-K
+# tiles (gemv_split.py), which ran batches 8 and 32 1.18-1.33x faster than row tiles on all three
+# bench models but cost batch 1 4-8% when one kernel held both (BENCHMARKS.md, Decode, session 16).
+GPU_BATCH_PLAN = {"split_rows": 64}
 TILE_KB = ((16 << 20, 64), (0, 32))     # (a layer's weight bytes at least, tile_kb), first match
 # Steps whose longest context (to the end of a decode loop) is at most this many tokens run the
 # graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
@@ -56,10 +65,13 @@ FUSED_UPTO = 128
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
 BATCH_TILES = 2
+# On a GPU, decode batches of more sequences than this run per op (through CUDA graphs), not on the
+# graph: measured on an H100 the per-op path is faster from 2 rows on (BENCHMARKS.md, Decode, session 18).
+GPU_GRAPH_ROWS = 1
 
 
 BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
-                   "batch_tiles")
+                   "batch_tiles", "batch1_kernel", "graph_rows")
 
 
 def env_options() -> dict:
@@ -67,7 +79,8 @@ def env_options() -> dict:
     MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here."""
     from warploop import config
     opts = config.get().mk_plan
-    known = {f.name for f in dataclasses.fields(Plan)} - {"dtype", "heads", "kv_heads", "head_dim", "block_size"}
+    known = {f.name for f in dataclasses.fields(Plan)} - {"dtype", "heads", "kv_heads", "head_dim", "block_size",
+                                                           "one_row"}
     unknown = sorted(set(opts) - known - set(BACKEND_OPTIONS))
     if unknown:
         raise ValueError(f"WARPLOOP_MK_PLAN: unknown option(s) {', '.join(unknown)}; use any of "
@@ -84,6 +97,32 @@ def plan_for(config: ModelConfig, dtype, block_size: int, device_type: str, **ov
                                               "tile_kb": default_tile_kb(config, 4 if name == "fp32" else 2)}
     sizes = {**(CPU_PLAN if device_type == "cpu" else GPU_PLAN), **widths, **overrides}
     return Plan(name, config.num_heads, config.num_kv_heads, config.head_dim, block_size, **sizes)
+
+
+def kernel_plans(config: ModelConfig, dtype, block_size: int, device_type: str, batch1_kernel: bool | None = None,
+                 **overrides) -> tuple[Plan, Plan, bool]:
+    """(the batch-1 graph's plan, the other graphs' plan, whether those are two kernels) for Plan
+    overrides (WARPLOOP_MK_PLAN's Plan fields). batch1_kernel None: two kernels where the plan has
+    GEMV tiles on a GPU. With two, the batch-1 plan is `one_row` (its tiles carry no batch path)
+    and the batches' takes GPU_BATCH_PLAN (split-K tiles) unless the overrides say otherwise."""
+    if "one_row" in overrides:
+        raise ValueError("one_row is the batch-1 kernel's own plan field: use batch1_kernel=True/False (in "
+                         "WARPLOOP_MK_PLAN: \"batch1_kernel\": 1 or 0) to choose whether batch 1 has a kernel "
+                         "of its own")
+    plan = plan_for(config, dtype, block_size, device_type, **overrides)
+    if batch1_kernel is None:
+        batch1_kernel = device_type == "cuda" and bool(plan.tile_kb)
+    if batch1_kernel not in (True, False, 0, 1):
+        raise ValueError(f"batch1_kernel={batch1_kernel!r}: use 1 (batch 1 on a kernel of its own) or 0 (one "
+                         f"kernel for every batch)")
+    if not batch1_kernel:
+        return plan, plan, False
+    if not plan.tile_kb:
+        raise ValueError("batch1_kernel: a batch-1 kernel needs GEMV tiles (tile_kb set, the GPU plan's default); "
+                         "this plan has none: set batch1_kernel 0 or tile_kb")
+    one = plan_for(config, dtype, block_size, device_type,
+                   **{k: v for k, v in overrides.items() if k != "split_rows"}, one_row=1)
+    return one, plan_for(config, dtype, block_size, device_type, **{**GPU_BATCH_PLAN, **overrides}), True
 
 
 def layer_bytes(config: ModelConfig, elem: int) -> int:
@@ -112,16 +151,31 @@ def aligned_norms(weights: ModelWeights) -> ModelWeights:
 
 
 class MegakernelBackend(Backend):
+    name = "megakernel"
+
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
                  worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, **plan_overrides) -> None:
+                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, batch1_kernel: bool | None = None,
+                 graph_rows: int | None = None, use_cuda_graphs: bool = True, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
+        dtype, bs, where = weights.embed.dtype, layout.block_size, self.device.type
+        # plan: the batch-1 graph's kernel; plan_many: the other graphs' (the same one without batch1_kernel)
+        self.plan, self.plan_many, self.batch1_kernel = kernel_plans(config, dtype, bs, where, batch1_kernel,
+                                                                     **plan_overrides)
+        if graph_rows is not None and (not isinstance(graph_rows, int) or graph_rows < 0):
+            raise ValueError(f"graph_rows={graph_rows!r}: use the most sequences a decode step runs on the graph "
+                             f"with (>= 1; larger batches run per op, through CUDA graphs on a GPU), 0 for every "
+                             f"batch on the graph, or leave it out ({GPU_GRAPH_ROWS} on a GPU, 0 on the CPU)")
+        if graph_rows is None:
+            graph_rows = GPU_GRAPH_ROWS if where == "cuda" else 0
+        self.graph_rows, self.use_cuda_graphs = graph_rows, use_cuda_graphs
+        # the per-op path: prefill, and decode batches past graph_rows (CUDA graphs for those: warmup)
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
         self.cos, self.sin = self.per_op.cos.contiguous(), self.per_op.sin.contiguous()
-        self.plan = plan_for(config, weights.embed.dtype, layout.block_size, self.device.type, **plan_overrides)
         self.tasks = tasks_for(self.plan)
+        self.tasks_many = tasks_for(self.plan_many)
         self.width = -(max_context // -layout.block_size)
         if workers is None and self.device.type == "cuda" and self.plan.tile_kb:
             workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
@@ -137,7 +191,8 @@ class MegakernelBackend(Backend):
         if not isinstance(batch_tiles, int) or not 1 <= batch_tiles <= 64:
             raise ValueError(f"batch_tiles={batch_tiles!r}: use 1 to 64 GEMV tiles per node of a batch graph")
         self.batch_tiles = batch_tiles
-        self.rt = None
+        self.rt = None              # the runtime of the batch-1 graph
+        self.rt_many = None         # ... of the others: self.rt unless batch 1 has a kernel of its own
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
         self.buckets: list[int] = []
         self.graphs: dict[int, DecodeGraph] = {}
@@ -147,31 +202,44 @@ class MegakernelBackend(Backend):
         self.copy_stream = None
         self.seeds = np.random.default_rng()    # a fresh seed per step for rows that ask for none
 
-    def warmup(self, max_num_seqs: int) -> None:
-        """Allocate every bucket's buffers, then start the resident kernel and record the graphs.
-        The batch-1 graph is compiled (placed, uploaded) here; the others on their first run."""
-        self.per_op.warmup(max_num_seqs)     # on a GPU: a throwaway prefill (TorchBackend.warm_prefill)
-        self.buckets = buckets(max_num_seqs)
+    def _runtime(self, tasks):
         from warploop.runtime import Runtime
+        # the runtime runs where the weights are, whatever WARPLOOP_DEVICE says (torch calls a ROCm GPU
+        # "cuda" too)
+        where = "cpu" if self.device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
+        return Runtime(device=where, workers=self.workers, tasks=tasks.all, timeout=self.timeout, trace=self.trace,
+                       worker_warps=self.worker_warps, park_after_us=self.park_after_us,
+                       max_registers=self.max_registers)
+
+    @property
+    def runtimes(self) -> list:
+        """The resident kernels this backend started (one, or the batch-1 kernel and the batches')."""
+        return [rt for rt in dict.fromkeys((self.rt, self.rt_many)) if rt is not None]
+
+    def warmup(self, max_num_seqs: int) -> None:
+        """Allocate every bucket's buffers, then start the resident kernel(s) and record the graphs.
+        The batch-1 graph is compiled (placed, uploaded) here; the others on their first run."""
+        rows = min(max_num_seqs, self.graph_rows or max_num_seqs)
+        if rows < max_num_seqs and self.device.type == "cuda" and self.per_op.use_triton and self.use_cuda_graphs:
+            self.per_op.use_cuda_graphs = True      # the batches the graph leaves to the per-op path
+        self.per_op.warmup(max_num_seqs)     # on a GPU: a throwaway prefill (TorchBackend.warm_prefill)
+        self.buckets = buckets(rows)
         # a start that compiles (the first of a model shape: minutes on a GPU) says so instead of
         # looking hung; one served from Triton's cache returns before the notice is due
         notice = threading.Timer(COMPILE_NOTICE_S, lambda: print(COMPILE_NOTICE, file=sys.stderr, flush=True))
         notice.daemon = True
         notice.start()
         try:
-            # the runtime runs where the weights are, whatever WARPLOOP_DEVICE says (torch calls a
-            # ROCm GPU "cuda" too)
-            where = "cpu" if self.device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
-            self.rt = Runtime(device=where, workers=self.workers,
-                              tasks=self.tasks.all, timeout=self.timeout, trace=self.trace,
-                              worker_warps=self.worker_warps, park_after_us=self.park_after_us,
-                              max_registers=self.max_registers)
+            self.rt = self._runtime(self.tasks)
+            if self.batch1_kernel and self.buckets[-1] > 1:
+                # each kernel may hold every SM slot: the first parks before the second starts
+                self.rt.park()
+                self.rt_many = self._runtime(self.tasks_many)
+            elif not self.batch1_kernel:
+                self.rt_many = self.rt
         finally:
             notice.cancel()
-        nodes = self.rt.workers
         dtype = self.w.embed.dtype
-        buffers = {b: StepBuffers.allocate(self.config, self.plan, b, self.width, dtype, self.device, nodes)
-                   for b in self.buckets}
         if self.device.type == "cuda":
             self.host_inputs = torch.zeros(StepInputs.words(max(self.buckets), self.width,
                                                             self.width * self.plan.block_size),
@@ -181,12 +249,15 @@ class MegakernelBackend(Backend):
             self.host_loop = torch.zeros(loop_block(max(self.buckets), self.plan.block_size).words,
                                          dtype=torch.int32).pin_memory()
         for b in self.buckets:
-            self.graphs[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv, self.cos,
-                                                self.sin, buffers[b], b, self.width, nodes,
-                                                batch_tiles=self.batch_tiles)
+            rt, tasks, plan = (self.rt, self.tasks, self.plan) if b == 1 else \
+                (self.rt_many, self.tasks_many, self.plan_many)
+            nodes = rt.workers
+            buffers = StepBuffers.allocate(self.config, plan, b, self.width, dtype, self.device, nodes)
+            self.graphs[b] = build_decode_graph(rt, tasks, plan, self.config, self.w, self.kv, self.cos, self.sin,
+                                                buffers, b, self.width, nodes, batch_tiles=self.batch_tiles)
             if self.fused_upto:     # the same buffers: a bucket's graphs never run at once
-                self.fused[b] = build_decode_graph(self.rt, self.tasks, self.plan, self.config, self.w, self.kv,
-                                                   self.cos, self.sin, buffers[b], b, self.width, nodes, fused=True,
+                self.fused[b] = build_decode_graph(rt, tasks, plan, self.config, self.w, self.kv, self.cos, self.sin,
+                                                   buffers, b, self.width, nodes, fused=True,
                                                    batch_tiles=self.batch_tiles)
         # Placed and uploaded now, not on its first step: a single request (`warploop generate`) would
         # otherwise pay the placement of thousands of nodes inside its first decode step (0.45 s
@@ -195,6 +266,15 @@ class MegakernelBackend(Backend):
         self.graphs[self.buckets[0]].graph.compile()
         if self.fused_upto:
             self.fused[self.buckets[0]].graph.compile()
+
+    def _use(self, dg: DecodeGraph) -> None:
+        """Before running `dg`: park every other resident kernel of this backend (on a GPU each may
+        hold every SM slot, and a graph waits for the kernel of its own runtime)."""
+        if self.device.type != "cuda":
+            return
+        for rt in self.runtimes:
+            if rt is not dg.graph.runtime:
+                rt.park()
 
     def graph_for(self, rows: int, longest: int) -> DecodeGraph:
         """The graph of the smallest bucket holding `rows`, in its form for a longest context of
@@ -215,8 +295,9 @@ class MegakernelBackend(Backend):
         """A batch off the graph (a prefill) on the per-op backend. The resident kernel is parked
         first: its workers may hold every SM slot, and the per-op kernels (or a CUDA module's first
         load, which synchronises the context) would otherwise queue until it parks on its own."""
-        if self.rt is not None and self.device.type == "cuda":
-            self.rt.park()
+        if self.device.type == "cuda":
+            for rt in self.runtimes:
+                rt.park()
         return self.per_op.forward(batch)
 
     def forward_sample(self, batch: ModelBatch, seqs: list) -> torch.Tensor:
@@ -239,8 +320,8 @@ class MegakernelBackend(Backend):
         tokens = tokens.to(torch.int64)
         missed = (tokens < 0).nonzero().flatten().tolist()
         if missed:      # the graph already applied these rows' penalty to the logits
-            if self.rt is not None and self.device.type == "cuda":
-                self.rt.park()      # the host sampler's kernels need SM slots (the kernel may hold all)
+            if self.device.type == "cuda":
+                self.last.graph.runtime.park()  # the host sampler's kernels need SM slots (it may hold all)
             rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
                                           token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
             index = torch.tensor(missed, device=self.last.buffers.logits.device)
@@ -264,6 +345,7 @@ class MegakernelBackend(Backend):
         buffers hold the step's results). `sampling` and `history`: per row, as in StepInputs
         (default: greedy)."""
         dg = self.step_inputs(batch, sampling, history)
+        self._use(dg)
         dg.graph.run(timeout=self.timeout)
         self.last = dg
         return dg.buffers.logits[:batch.num_seqs].clone() if logits else None
@@ -315,9 +397,10 @@ class MegakernelBackend(Backend):
         dg = self.step_inputs(batch, sampling, steps=steps)
         block = loop_block(dg.batch, self.plan.block_size)
         self.upload(dg.buffers.loop, block.serialize(steps, remaining, stops, free), self.host_loop)
-        run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, self.rt,
+        run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, dg.graph.runtime,
                       self.timeout)
         self.last = dg
+        self._use(dg)
         run.start(repeat=steps)
         return run
 
@@ -334,6 +417,6 @@ class MegakernelBackend(Backend):
         return self.last.buffers.tokens[:int(self.last.buffers.inp[F_ROWS])].tolist()
 
     def close(self) -> None:
-        if self.rt is not None:
-            self.rt.close()
-            self.rt = None
+        for rt in self.runtimes:
+            rt.close()
+        self.rt = self.rt_many = None

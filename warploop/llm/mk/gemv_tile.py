@@ -171,6 +171,6 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         bo = tl.arange(0, 1)
         epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
                  BACKEND)
-    elif PN == 0:       # with split-K tiles (PN rows) the graphs of more rows never reach a row tile
+    elif PN == 0:       # with split-K tiles (PN rows) or in a batch-1 kernel (PN -1) no graph of more rows reaches here
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
                      PS, BACKEND)

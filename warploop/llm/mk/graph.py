@@ -148,6 +148,9 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
     blocks, not held in registers: fewer, longer nodes).
     """
+    if plan.one_row and batch > 1:
+        raise ValueError(f"a batch-1 kernel's plan (Plan.one_row) runs the graph of one row, not {batch}: record "
+                         "batch graphs on a runtime of a plan without one_row")
     per = batch_tiles if batch > 1 else 1
     split = bool(plan.split_rows) and batch > 1
     fused = plan.splits == 1 if fused is None else fused

@@ -253,6 +253,8 @@ class Plan:
     #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
     norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
     #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
+    one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
+    #                         registers, no shared memory for tl.dot blocks); batches run on another kernel
 
     def __post_init__(self) -> None:
         if self.dtype not in TRITON_DTYPES.values():
@@ -276,6 +278,11 @@ class Plan:
         if self.batch_stages not in (0, 1, 2, 3, 4):
             raise ValueError(f"Plan.batch_stages must be 0 (Triton's default) or 1-4 pipelining stages, got "
                              f"{self.batch_stages}")
+        if self.one_row not in (0, 1):
+            raise ValueError(f"Plan.one_row must be 0 or 1, got {self.one_row}")
+        if self.one_row and (not self.tile_kb or self.split_rows):
+            raise ValueError("Plan.one_row (a batch-1 kernel) needs GEMV tiles (tile_kb set, the GPU plan) and no "
+                             f"split-K tiles (split_rows {self.split_rows}: those are the batch graphs')")
         if self.norm_early not in (0, 1):
             raise ValueError(f"Plan.norm_early must be 0 or 1, got {self.norm_early}")
         if self.depth not in (4, 8):
@@ -294,7 +301,8 @@ class Plan:
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
                 + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
-                + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else ""))
+                + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else "")
+                + ("-1" if self.one_row else ""))
 
     @property
     def elem(self) -> int:
@@ -328,11 +336,13 @@ class Plan:
     def split_constexprs(self) -> dict[str, int]:
         """The split-K tiles of the batch graphs: PN rows, and per GEMV (D, S, Q, F as in
         tile_constexprs) the chunk width PK* and the chunks PC* of a slice of the width, and PR the
-        residual's row blocks; 0 without."""
+        residual's row blocks; 0 without. PN -1: a batch-1 kernel (one_row), whose row tiles carry
+        no batch path either."""
         q = self.heads * self.head_dim
         # PR: row blocks of the residual stream, whose sums of squares the nodes that write it leave
         # for the RMSNorm of the nodes that read it (gemv_split.py)
-        out = {"PN": self.split_rows, "PR": -(-self.hidden // self.split_rows) if self.split_rows else 0}
+        out = {"PN": -1 if self.one_row else self.split_rows,
+               "PR": -(-self.hidden // self.split_rows) if self.split_rows else 0}
         for name, k, sub in (("D", self.hidden, 1), ("S", self.hidden, 2), ("Q", q, 1), ("F", self.inter, 1)):
             width, chunks, _ = self.split_tile(k, sub)
             out.update({f"PK{name}": width, f"PC{name}": chunks})

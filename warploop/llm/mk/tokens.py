@@ -12,8 +12,9 @@ from warploop.runtime.sync import i64
 def embed_node(inp, table, res, work, d, BK: tl.constexpr, PN: tl.constexpr, PR: tl.constexpr):
     """res[b, :] = table[token_ids[b], :]: the residual stream starts as the embedding. With split
     tiles (PN rows, PR row blocks of the hidden size) it also leaves each row block's sum of squares
-    in `work` for the first RMSNorm (gemv_split.py), reading a whole row as one [PR, PN] block."""
-    if PN != 0:
+    in `work` for the first RMSNorm (gemv_split.py), reading a whole row as one [PR, PN] block.
+    PN -1: a batch-1 kernel (Plan.one_row), as PN 0."""
+    if PN > 0:
         j = tl.arange(0, triton.next_power_of_2(PR))
         c = j[:, None] * PN + tl.arange(0, PN)[None, :]
         for b in range(step_rows(inp)):
