@@ -248,8 +248,11 @@ class LoopRun:
                     raise TimeoutError(f"the decode loop made no step in {self.timeout:g} s; "
                                        f"{self.rt.status().describe()}")
                 return self._empty()
-            # sleep through most of a step (the host's CPU is not burnt polling), then poll closely
-            nap = min(self.progress + self.NAP * self.step_s - now, start + wait_s - now)
+            # sleep through most of a step (the host's CPU is not burnt polling), then poll closely;
+            # not once the device has said why the request ends (its last step is out: the request
+            # is done within microseconds, and a new request may be waiting for it to end)
+            nap = min(self.progress + self.NAP * self.step_s - now, start + wait_s - now) \
+                if self.status == LOOP_RUNNING else 0.0
             if nap > self.POLL_SPIN_S:
                 time.sleep(nap)
                 spin = time.perf_counter()
