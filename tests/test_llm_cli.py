@@ -22,11 +22,12 @@ def generate(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_json_output_has_exactly_the_contract_keys(model_dir, capsys):
+def test_json_output_has_the_contract_keys_and_names_the_backend(model_dir, capsys):
     code, out, _ = generate(capsys, "--model", str(model_dir), "--prompt", "hello", "--max-tokens", "6", "--json")
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"text", "token_ids", "ttft_ms", "ms_per_token"}
+    assert set(data) == {"text", "token_ids", "ttft_ms", "ms_per_token", "backend"}
+    assert data["backend"] == "torch"       # the CPU's default
     assert len(data["token_ids"]) == 6 and all(isinstance(t, int) for t in data["token_ids"])
     assert data["ttft_ms"] > 0 and data["ms_per_token"] > 0
 
@@ -56,3 +57,23 @@ def test_errors_are_one_clear_line(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(loader, "TINY_DIR", tmp_path / "tiny")
     code, _, err = generate(capsys, "--model", "tiny", "--prompt", "x")
     assert code == 2 and "embedded tiny model is missing" in err
+
+
+def test_default_backend_is_the_megakernel_on_hopper_only(monkeypatch):
+    """No --backend: the megakernel on an NVIDIA GPU of compute capability 9.x (where it was measured),
+    torch on the CPU, on ROCm and on other NVIDIA GPUs; a named backend is kept, a bad one refused."""
+    import torch
+
+    from warploop.llm.build import check_backend, default_backend
+
+    assert default_backend(None) == default_backend("cpu") == check_backend(None, torch.device("cpu")) == "torch"
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, want in (((9, 0), "megakernel"), ((8, 0), "torch"), ((10, 0), "torch")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert default_backend(torch.device("cuda", 0)) == want, capability
+        assert check_backend(None, "cuda") == want
+        assert check_backend("torch", "cuda") == "torch"
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert default_backend("cuda") == "torch"
+    with pytest.raises(ValueError, match="backend 'tensorrt' is not one of torch, megakernel"):
+        check_backend("tensorrt", "cuda")

@@ -68,16 +68,17 @@ def check_backend(name: str | None, device=None) -> str:
 
 
 def default_backend(device) -> str:
-    """'megakernel' on an NVIDIA GPU of compute capability 8.0 or later (the decode graph's tl.dot
-    blocks need bf16 tensor cores); 'torch' elsewhere: the CPU (the megakernel's graph runs there
-    through the Triton interpreter, a reference, not a speed) and ROCm (compiled for gfx942, never
-    run on one here). On a GPU the megakernel runs batch 1 on its graph and larger decode batches
-    per op (MegakernelBackend's graph_rows), so it is never slower than torch (docs/megakernel.md)."""
+    """'megakernel' on an NVIDIA Hopper GPU (compute capability 9.x: the H100 and H200, where it was
+    measured faster than the per-op backend at batch 1 and level with it at larger batches, which
+    it runs per op: MegakernelBackend's graph_rows; BENCHMARKS.md, Decode, session 18); 'torch'
+    elsewhere: the CPU (the megakernel's graph runs there through the Triton interpreter, a
+    reference, not a speed), ROCm (compiled for gfx942, never run on one here) and other NVIDIA
+    GPUs (not measured yet). `--backend megakernel` runs it on any of them."""
     import torch
 
     if device is None or torch.device(device).type != "cuda" or torch.version.hip:
         return "torch"
-    return "megakernel" if torch.cuda.get_device_capability(torch.device(device)) >= (8, 0) else "torch"
+    return "megakernel" if torch.cuda.get_device_capability(torch.device(device))[0] == 9 else "torch"
 
 
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
