@@ -132,7 +132,7 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
 
 
-def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0):
+def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0, one_row: int = 0):
     """The Llama-3.2-1B-shaped qkv task alone in a resident kernel (tiles plan), compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -143,7 +143,7 @@ def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0):
     from warploop.runtime.tasks import lookup
 
     plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192, tile_kb=64,
-                batch_stages=batch_stages, norm_early=norm_early)
+                batch_stages=batch_stages, norm_early=norm_early, one_row=one_row)
     module = codegen.build([lookup(tasks_for(plan).qkv)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
@@ -169,6 +169,18 @@ def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
     assert "-p" not in Plan("bf16", 32, 8, 64, 16).key
     with pytest.raises(ValueError, match="Plan.batch_stages must be 0"):
         Plan("bf16", 32, 8, 64, 16, batch_stages=7)
+
+
+def test_a_batch_1_kernel_carries_no_batch_path():
+    """Plan.one_row=1 (the batch-1 graph's own kernel): the row tile's tl.dot blocks for more rows are
+    compiled out, so the task has no tensor-core instruction and no shared memory of its own."""
+    pytest.importorskip("triton")
+    default, one = _gemv_kernel(), _gemv_kernel(one_row=1)
+    assert "mma" in default.asm["ptx"] and "mma" not in one.asm["ptx"]
+    assert one.metadata.shared < 1024 < default.metadata.shared, (one.metadata.shared, default.metadata.shared)
+    assert Plan("bf16", 32, 8, 64, 16, hidden=2048, inter=8192, tile_kb=64, one_row=1).key.endswith("-1")
+    with pytest.raises(ValueError, match="Plan.one_row must be 0 or 1"):
+        Plan("bf16", 32, 8, 64, 16, hidden=2048, inter=8192, tile_kb=64, one_row=2)
 
 
 def test_megakernel_options_from_the_environment_are_checked_by_name(monkeypatch):
