@@ -22,6 +22,10 @@ import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The models the GPU tests start megakernels for (with the default plan, every batch on the graph):
+# tests/test_mk_gpu.py and test_mk_diff.py (block size 4), and the server test (the tiny model in float32).
+GPU_TEST_MODELS = ("test:LLAMA_GQA:float32:4", "test:QWEN3_LIKE:float32:4", "test:LLAMA_GQA:bfloat16:4",
+                   "tiny:float32")
 
 
 def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
@@ -33,11 +37,21 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
 
     from warploop.bench.decode import CPU_MODELS, GPU_MODELS
 
-    if model == "tiny":      # the embedded model, in its own dtype (what `warploop generate` runs)
+    if model.startswith("test:"):   # a GPU test's model: test:CONFIG:DTYPE:BLOCK (tests/mk_helpers.py)
+        import torch
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        import mk_helpers
+        _, name, dtype, block = model.split(":")
+        plans, warps, regs = plans_of(getattr(mk_helpers, name), json.loads(plan), getattr(torch, dtype),
+                                      int(block))
+    elif model.startswith("tiny"):  # the embedded model, in its own dtype (what `warploop generate` runs)
+        import torch
+
         from warploop.llm.build import torch_dtype
         from warploop.llm.loader import load_config, resolve_model_dir
         cfg = load_config(resolve_model_dir("tiny"))
-        plans, warps, regs = plans_of(cfg, json.loads(plan), torch_dtype(None, cfg))
+        dtype = getattr(torch, model.split(":")[1]) if ":" in model else torch_dtype(None, cfg)   # tiny:float32
+        plans, warps, regs = plans_of(cfg, json.loads(plan), dtype)
     else:
         cfg = (GPU_MODELS | CPU_MODELS)[model][1]
         plans, warps, regs = plans_of(cfg, json.loads(plan))
@@ -53,7 +67,11 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", nargs="+", default=["llama-3.2-1b"],
-                        help="bench model shapes (warploop bench decode's names) or tiny (the embedded model)")
+                        help="bench model shapes (warploop bench decode's names), tiny (the embedded model; "
+                             "tiny:float32 in another dtype), or a GPU test's model, test:CONFIG:DTYPE:BLOCK "
+                             "(tests/mk_helpers.py; --gpu-tests: all of them)")
+    parser.add_argument("--gpu-tests", action="store_true",
+                        help="add the kernels tests/test_mk_gpu.py, test_mk_diff.py and test_server_gpu.py start")
     parser.add_argument("--plan", nargs="+", default=["{}"],
                         help="WARPLOOP_MK_PLAN-style JSON objects, one kernel each")
     parser.add_argument("--trace", choices=("off", "on", "both"), default="off")
@@ -72,6 +90,8 @@ def main() -> None:
     cache = os.environ.get("TRITON_CACHE_DIR")
     if not cache:
         parser.error("set TRITON_CACHE_DIR: the cache to fill (and pack)")
+    if args.gpu_tests:
+        args.model = list(dict.fromkeys(args.model + list(GPU_TEST_MODELS)))
     traces = {"off": [False], "on": [True], "both": [False, True]}[args.trace]
     jobs = [{"model": m, "plan": p, "trace": t, "arch": args.arch} for m in args.model for p in args.plan
             for t in traces]

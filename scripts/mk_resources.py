@@ -26,7 +26,7 @@ from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
 
-def plans_of(cfg, overrides: dict, dtype=torch.bfloat16):
+def plans_of(cfg, overrides: dict, dtype=torch.bfloat16, block_size: int = 16):
     """([the Plan of each resident kernel a GPU backend starts], worker warps, register cap) for a
     model's shapes and WARPLOOP_MK_PLAN-style overrides: the batch-1 kernel's first, then the batches'
     where they differ (backend.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
@@ -34,7 +34,7 @@ def plans_of(cfg, overrides: dict, dtype=torch.bfloat16):
     warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
     one = overrides.get("batch1_kernel")
     overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
-    first, many, two = kernel_plans(cfg, dtype, 16, "cuda", one, **overrides)
+    first, many, two = kernel_plans(cfg, dtype, block_size, "cuda", one, **overrides)
     return ([first, many] if two else [first]), warps, regs
 
 

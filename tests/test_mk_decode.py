@@ -188,9 +188,9 @@ def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():
         assert mk.rt is not mk.rt_many and mk.runtimes == [mk.rt, mk.rt_many]
         assert mk.graphs[1].graph.runtime is mk.rt and mk.graphs[2].graph.runtime is mk.rt_many
         assert "qkv" in mk.graphs[1].kinds and "qkv_split" in mk.graphs[2].kinds
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=1))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
-        check(run_steps(ref, mk, [[8, 8, 2, 7]], steps=2, seed=3))
+        check(run_steps(ref, mk, [[8, 8, 2, 7]], steps=1, seed=3))
         with pytest.raises(ValueError, match="a batch-1 kernel's plan"):
             build_decode_graph(mk.rt, mk.tasks, mk.plan, cfg, mk.w, mk.kv, mk.cos, mk.sin, mk.graphs[2].buffers,
                                2, mk.width, 3)
