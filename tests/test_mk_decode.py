@@ -424,3 +424,50 @@ def test_warm_prefill_touches_only_block_0_and_changes_no_later_result():
     from warploop.llm.backend import ModelBatch
     batch = ModelBatch([3, 1, 4, 1, 5], list(range(5)), [5], [5], [[0, 1]])
     assert torch.equal(ref.forward(batch), fresh.forward(batch))
+
+
+def test_engine_runs_batch_1_on_the_graph_and_larger_batches_per_op():
+    """graph_rows 1 (a GPU's default) through the engine: two requests decode together per op, then
+    the longer one alone on the graph; the tokens are the per-op backend's."""
+    import threading
+
+    from warploop.llm.backend_torch import TorchBackend
+    from warploop.llm.engine import Engine, SamplingParams
+    from warploop.llm.kv_cache import KVCacheLayout
+
+    cfg, weights = LLAMA_GQA, model_weights(LLAMA_GQA)
+    outs = {}
+    for name in ("torch", "megakernel"):
+        layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
+        backend = TorchBackend(cfg, weights, layout, "cpu", 128) if name == "torch" else \
+            MegakernelBackend(cfg, weights, layout, "cpu", 128, graph_rows=1)
+        per_op_decodes = []
+        if name == "megakernel":
+            per_op = backend.per_op_forward
+
+            def spy(batch, per_op=per_op, seen=per_op_decodes):
+                if batch.is_decode:
+                    seen.append(batch.num_seqs)
+                return per_op(batch)
+            backend.per_op_forward = spy
+        with Engine(cfg, backend, None, max_context=128, max_num_seqs=2) as engine:
+            got, done = {}, threading.Semaphore(0)
+
+            def on_event(i, got=got, done=done):
+                def cb(event):
+                    assert event.error is None, event.error
+                    if event.token_id is not None:
+                        got.setdefault(i, []).append(event.token_id)
+                    if event.finish_reason is not None:
+                        done.release()
+                return cb
+
+            for i, (prompt, n) in enumerate((([3, 1, 4, 1, 5], 3), ([9, 2, 6], 7))):
+                engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                                   on_event(i))
+            assert done.acquire(timeout=300) and done.acquire(timeout=300)
+            outs[name] = got
+            if name == "megakernel":
+                assert backend.buckets == [1] and backend.last is backend.graphs[1]   # batch 1 ran on the graph
+                assert per_op_decodes and set(per_op_decodes) == {2}                  # batch 2 per op, only it
+    assert outs["megakernel"] == outs["torch"] and [len(outs["torch"][i]) for i in (0, 1)] == [3, 7]
