@@ -2,7 +2,8 @@
 # The decode megakernel on the GPU machine, in one device call. Parts (PART=a,b,...; default bench):
 #   compile - compile the resident kernel for each of $MODELS (comma-separated) at once, in parallel
 #            processes (no launch), into the cache that comes back: a later call's bench then starts at once
-#   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor)
+#   tests  - tests/test_mk_gpu.py and tests/test_mk_diff.py (against the per-op backend, the CPU executor); their
+#            kernels compile on the GPU machine unless carried: scripts/mk_cache.py --gpu-tests compiles them here
 #   server - tests/test_server_gpu.py: 64 concurrent streams through `warploop serve --backend megakernel`
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
