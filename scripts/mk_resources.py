@@ -20,7 +20,7 @@ import time
 import torch
 
 from warploop.bench.decode import CPU_MODELS, GPU_MODELS
-from warploop.llm.mk.backend import BACKEND_OPTIONS, kernel_plans
+from warploop.llm.mk.plans import BACKEND_OPTIONS, kernel_plans
 from warploop.llm.mk.tasks import tasks_for
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
@@ -29,7 +29,7 @@ from warploop.runtime.tasks import lookup
 def plans_of(cfg, overrides: dict, dtype=torch.bfloat16, block_size: int = 16):
     """([the Plan of each resident kernel a GPU backend starts], worker warps, register cap) for a
     model's shapes and WARPLOOP_MK_PLAN-style overrides: the batch-1 kernel's first, then the batches'
-    where they differ (backend.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
+    where they differ (plans.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
     Other backend-only options such as workers are dropped: they do not change the kernel."""
     warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
     one = overrides.get("batch1_kernel")

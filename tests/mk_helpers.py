@@ -37,7 +37,7 @@ def backends(cfg: ModelConfig, weights, max_num_seqs: int, block_size: int = 4, 
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     ref = TorchBackend(cfg, weights, layout, device, max_context)
     if device != "cpu":     # a GPU run tests the plan WARPLOOP_MK_PLAN names (scripts/device_mk.sh), if any
-        from warploop.llm.mk.backend import env_options
+        from warploop.llm.mk.plans import env_options
         plan = {**env_options(), **plan}
     plan.setdefault("graph_rows", 0)     # every batch on the graph (a GPU's default leaves batches per op)
     mk = MegakernelBackend(cfg, weights, layout, device, max_context, **plan)

@@ -185,7 +185,7 @@ def test_a_batch_1_kernel_carries_no_batch_path():
 
 def test_megakernel_options_from_the_environment_are_checked_by_name(monkeypatch):
     from warploop import config
-    from warploop.llm.mk.backend import env_options
+    from warploop.llm.mk.plans import env_options
 
     monkeypatch.setenv("WARPLOOP_MK_PLAN", '{"tile_kb": 64, "workers": 263}')
     config.reload()
@@ -222,7 +222,7 @@ def test_gpu_plan_is_tiles_sized_by_the_layer():
     (16 MB or more of projection weights), 32 KB for SmolLM2-135M's; the CPU plan has none, and
     WARPLOOP_MK_PLAN-style overrides win."""
     from warploop.bench.decode_models import LLAMA_3_2_1B, QWEN3_0_6B, SMOLLM2_135M
-    from warploop.llm.mk.backend import layer_bytes, plan_for
+    from warploop.llm.mk.plans import layer_bytes, plan_for
     assert layer_bytes(LLAMA_3_2_1B, 2) == 2 * (2048 * (2048 + 2 * 512) + 2048 * 2048 + 3 * 2048 * 8192)
     for cfg, kb in ((LLAMA_3_2_1B, 64), (QWEN3_0_6B, 64), (SMOLLM2_135M, 32)):
         plan = plan_for(cfg, "bfloat16", 16, "cuda")

@@ -1,6 +1,6 @@
 """The decode megakernel on the CPU executor (the Triton interpreter): the same greedy tokens as
 the per-op backend, for random Llama- and Qwen3-like models, at batch 1 and batch > 1 with
-different context lengths, and for the tiny model through the engine."""
+different context lengths, and the tiny model at batch 2 (through the engine: test_mk_engine.py)."""
 import dataclasses
 
 import pytest
@@ -299,20 +299,6 @@ def test_run_steps_keeps_each_steps_logits_from_a_reused_output_buffer():
         mk.close()
 
 
-def test_tiny_model_greedy_through_the_engine_matches_torch_backend():
-    from warploop.llm.engine import Engine, SamplingParams
-
-    params = SamplingParams(max_tokens=4, temperature=0.0)
-    outs = {}
-    for name in ("torch", "megakernel"):
-        with Engine.from_model("tiny", device="cpu", backend=name, max_num_seqs=2, num_kv_blocks=64,
-                               progress=False) as engine:
-            outs[name] = engine.generate("def main(", params).token_ids
-            if name == "megakernel":
-                assert engine.backend.last is not None, "decode steps did not run on the graph"
-    assert len(outs["torch"]) == 4 and outs["megakernel"] == outs["torch"]
-
-
 def test_tiny_model_batch_of_two_matches_per_op_backend():
     from warploop.llm.loader import load_config, load_weights, resolve_model_dir
 
@@ -325,13 +311,6 @@ def test_tiny_model_batch_of_two_matches_per_op_backend():
         check(run_steps(ref, mk, [[t + 4 for t in p] for p in prompts], steps=2), tol=2e-2)
     finally:
         mk.close()
-
-
-def test_unknown_backend_name_is_refused_before_loading():
-    from warploop.llm.engine import Engine
-
-    with pytest.raises(ValueError, match="backend 'mega' is not one of torch, megakernel"):
-        Engine.from_model("tiny", device="cpu", backend="mega")
 
 
 def test_a_slow_start_says_it_is_compiling(monkeypatch, capsys):
@@ -357,58 +336,6 @@ def test_a_slow_start_says_it_is_compiling(monkeypatch, capsys):
     assert mk_backend.COMPILE_NOTICE not in capsys.readouterr().err
 
 
-def _engine_runs(backend: str, **options):
-    """Requests through an engine on the tiny model: (each request's tokens, the engine's stats)."""
-    import threading
-
-    from warploop.llm.engine import Engine, SamplingParams
-
-    with Engine.from_model("tiny", device="cpu", backend=backend, progress=False, **options) as engine:
-        if options.get("enable_prefix_caching", True):
-            prefix = "import os\nimport sys\nimport json\n" * 3     # 34 tokens: two full blocks of 16
-            first = engine.generate(prefix + "def a(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
-            second = engine.generate(prefix + "def b(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
-            return [first, second], engine.stats()
-        # two requests at once, longer than the pool holds together: one is preempted and resumed
-        prompts = [engine.tokenizer.encode(p) for p in ("def main(", "class A:\n")]
-        outs, done = {}, threading.Semaphore(0)
-
-        def on_event(i):
-            def cb(event):
-                assert event.error is None, event.error
-                if event.token_id is not None:
-                    outs.setdefault(i, []).append(event.token_id)
-                if event.finish_reason is not None:
-                    done.release()
-            return cb
-
-        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-        for i, p in enumerate(prompts):
-            engine.add_request(p, params, on_event(i))
-        done.acquire()
-        done.acquire()
-        return [outs[0], outs[1]], engine.stats()
-
-
-def test_prefix_cache_hits_read_the_cached_kv_on_the_graph():
-    """A second prompt sharing a cached prefix (two full blocks) skips its prefill there; the
-    megakernel's decode steps then read KV the per-op prefill wrote for another request."""
-    want, _ = _engine_runs("torch", max_num_seqs=1, num_kv_blocks=32, block_size=16)
-    got, stats = _engine_runs("megakernel", max_num_seqs=1, num_kv_blocks=32, block_size=16)
-    assert stats["prefix_cache_hit_tokens"] == 32 and got == want
-
-
-def test_preemption_between_graph_steps_keeps_tokens_equal():
-    """Two sequences in a pool too small for both: the scheduler preempts one between decode steps
-    (its blocks freed, recomputed later) and the graph's block tables change under it."""
-    want, ref_stats = _engine_runs("torch", max_num_seqs=2, num_kv_blocks=3, block_size=8,
-                                   enable_prefix_caching=False)
-    got, stats = _engine_runs("megakernel", max_num_seqs=2, num_kv_blocks=3, block_size=8,
-                              enable_prefix_caching=False)
-    assert stats["preemptions"] > 0 and ref_stats["preemptions"] > 0
-    assert got == want and all(len(t) == 12 for t in got)
-
-
 def test_warm_prefill_touches_only_block_0_and_changes_no_later_result():
     """TorchBackend.warm_prefill (run by warmup on a GPU, for both backends): a throwaway prefill
     into KV block 0, after which a real sequence, even one given block 0, gets the same logits."""
@@ -424,50 +351,3 @@ def test_warm_prefill_touches_only_block_0_and_changes_no_later_result():
     from warploop.llm.backend import ModelBatch
     batch = ModelBatch([3, 1, 4, 1, 5], list(range(5)), [5], [5], [[0, 1]])
     assert torch.equal(ref.forward(batch), fresh.forward(batch))
-
-
-def test_engine_runs_batch_1_on_the_graph_and_larger_batches_per_op():
-    """graph_rows 1 (a GPU's default) through the engine: two requests decode together per op, then
-    the longer one alone on the graph; the tokens are the per-op backend's."""
-    import threading
-
-    from warploop.llm.backend_torch import TorchBackend
-    from warploop.llm.engine import Engine, SamplingParams
-    from warploop.llm.kv_cache import KVCacheLayout
-
-    cfg, weights = LLAMA_GQA, model_weights(LLAMA_GQA)
-    outs = {}
-    for name in ("torch", "megakernel"):
-        layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
-        backend = TorchBackend(cfg, weights, layout, "cpu", 128) if name == "torch" else \
-            MegakernelBackend(cfg, weights, layout, "cpu", 128, graph_rows=1)
-        per_op_decodes = []
-        if name == "megakernel":
-            per_op = backend.per_op_forward
-
-            def spy(batch, per_op=per_op, seen=per_op_decodes):
-                if batch.is_decode:
-                    seen.append(batch.num_seqs)
-                return per_op(batch)
-            backend.per_op_forward = spy
-        with Engine(cfg, backend, None, max_context=128, max_num_seqs=2) as engine:
-            got, done = {}, threading.Semaphore(0)
-
-            def on_event(i, got=got, done=done):
-                def cb(event):
-                    assert event.error is None, event.error
-                    if event.token_id is not None:
-                        got.setdefault(i, []).append(event.token_id)
-                    if event.finish_reason is not None:
-                        done.release()
-                return cb
-
-            for i, (prompt, n) in enumerate((([3, 1, 4, 1, 5], 3), ([9, 2, 6], 7))):
-                engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                                   on_event(i))
-            assert done.acquire(timeout=300) and done.acquire(timeout=300)
-            outs[name] = got
-            if name == "megakernel":
-                assert backend.buckets == [1] and backend.last is backend.graphs[1]   # batch 1 ran on the graph
-                assert per_op_decodes and set(per_op_decodes) == {2}                  # batch 2 per op, only it
-    assert outs["megakernel"] == outs["torch"] and [len(outs["torch"][i]) for i in (0, 1)] == [3, 7]

@@ -15,7 +15,8 @@ from mk_diff import diff, prime  # noqa: E402
 from mk_helpers import LLAMA_GQA, model_weights  # noqa: E402
 
 from warploop.llm.kv_cache import KVCacheLayout  # noqa: E402
-from warploop.llm.mk.backend import GPU_PLAN, MegakernelBackend  # noqa: E402
+from warploop.llm.mk.backend import MegakernelBackend  # noqa: E402
+from warploop.llm.mk.plans import GPU_PLAN  # noqa: E402
 from warploop.runtime import Runtime  # noqa: E402
 
 TOL = 1e-4

@@ -58,7 +58,7 @@ KEY_OF = """
 import sys
 sys.path.insert(0, {tests!r})
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE
-from warploop.llm.mk.backend import plan_for
+from warploop.llm.mk.plans import plan_for
 from warploop.llm.mk.tasks import tasks_for
 from warploop.runtime import codegen
 from warploop.runtime.portable_cache import keyed
