@@ -99,8 +99,8 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     if backend == "megakernel":
         from warploop.llm.mk.backend import MegakernelBackend
         from warploop.llm.mk.plans import env_options
-        return MegakernelBackend(cfg, weights, layout, device, max_context,
-                                 **{"use_cuda_graphs": use_cuda_graphs, **env_options()}), max_context
+        return MegakernelBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs,
+                                 **env_options()), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
 
 
