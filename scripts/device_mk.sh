@@ -10,6 +10,8 @@
 #            tokens of context (default 512), each plan of $PLANS for each model of $PROBE_MODELS (default
 #            llama-3.2-1b) in its own process (PROBE_AB=1: a model's plans in one process, in turn); JSON to
 #            $OUT/probe-N.json
+#   ttft   - scripts/ttft_ab.py for each of $TTFT_MODELS (comma-separated; default the three bench models):
+#            TTFT of a 1,024-token prompt, torch and the megakernel in turn; JSON to $OUT/ttft-MODEL.json
 #   loop   - scripts/mk_loop_trace.py: the decode loop at batch 1 (tokens, host messages, a trace)
 #   bench  - `warploop bench decode --json` for $MODELS (default llama-3.2-1b) with $BENCH_ARGS
 #            (default: the megakernel and the per-op backend only); the JSON goes to $OUT
@@ -38,7 +40,7 @@ for part in ${PART//,/ }; do
       wait
       tail -n 1 /tmp/compile-*.log ;;
     tests)
-      (cd tests && python -m pytest -q -x --timeout=540 test_mk_gpu.py test_mk_diff.py) ;;
+      (cd tests && python -m pytest -q -x --timeout=540 test_mk_gpu.py test_mk_diff.py) || echo "tests: rc $?" ;;
     server)
       # the GPU image has no fastapi/uvicorn/pydantic: carry their wheels in .carry/whl, made here with
       #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .carry/whl \
@@ -47,7 +49,7 @@ for part in ${PART//,/ }; do
         pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl
         export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
       fi
-      (cd tests && python -m pytest -q -x --timeout=900 test_server_gpu.py) ;;
+      (cd tests && python -m pytest -q -x --timeout=900 test_server_gpu.py) || echo "server: rc $?" ;;
     tiny)
       # each backend, then the default (no --backend: the megakernel on a GPU that supports it)
       for backend in torch megakernel default; do
@@ -97,6 +99,13 @@ for name, e in r['models'].items():
         else
           for plan in "${plans[@]}"; do probe_run "$model" "$plan"; done
         fi
+      done ;;
+    ttft)
+      models="${TTFT_MODELS:-llama-3.2-1b,qwen3-0.6b,smollm2-135m}"
+      for m in ${models//,/ }; do
+        timeout -k 10 "${TTFT_LIMIT_S:-150}" python scripts/ttft_ab.py --model "$m" --rounds "${TTFT_ROUNDS:-10}" \
+          > "$OUT/ttft-$m.json" || echo "ttft $m: rc $?"
+        python -c "import json; r=json.load(open('$OUT/ttft-$m.json')); print('$m', {k: v for k, v in r.items() if k.endswith('median_ms') or '_over_' in k})" || true
       done ;;
     loop)
       # the decode loop at batch 1: N single steps against one loop request (tokens, host messages,
