@@ -30,12 +30,16 @@ def plans_of(cfg, overrides: dict, dtype=torch.bfloat16, block_size: int = 16):
     """([the Plan of each resident kernel a GPU backend starts], worker warps, register cap) for a
     model's shapes and WARPLOOP_MK_PLAN-style overrides: the batch-1 kernel's first, then the batches'
     where they differ (plans.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
-    Other backend-only options such as workers are dropped: they do not change the kernel."""
+    Other backend-only options such as workers are dropped: they do not change the kernel. With
+    graph_rows 1 named (the GPU backend's default: batches run per op) the batches' kernel is left out,
+    as such a backend starts none; unnamed, both are compiled (scripts/mk_probe.py runs every batch
+    on the graph)."""
     warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
     one = overrides.get("batch1_kernel")
+    graph_rows = overrides.get("graph_rows", 0)
     overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
     first, many, two = kernel_plans(cfg, dtype, block_size, "cuda", one, **overrides)
-    return ([first, many] if two else [first]), warps, regs
+    return ([first, many] if two and graph_rows != 1 else [first]), warps, regs
 
 
 def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):
