@@ -7,7 +7,7 @@
 #   server - tests/test_server_gpu.py: 64 concurrent streams through `warploop serve --backend megakernel`
 #   tiny   - `warploop generate` on the tiny model with each backend
 #   probe  - scripts/mk_probe.py: device time per step at $PROBE_BATCHES (default "1 8 32") over $PROBE_CONTEXT
-#            tokens of context (default 512), each plan of $PLANS for each model of $PROBE_MODELS (default
+#            tokens of context (default 512; several: "100 512"), each plan of $PLANS for each model of $PROBE_MODELS (default
 #            llama-3.2-1b) in its own process (PROBE_AB=1: a model's plans in one process, in turn); JSON to
 #            $OUT/probe-N.json
 #   ttft   - scripts/ttft_ab.py for each of $TTFT_MODELS (comma-separated; default the three bench models):
@@ -90,7 +90,7 @@ for name, e in r['models'].items():
         echo "$model, plan(s) $*"
         # shellcheck disable=SC2086
         env -u WARPLOOP_MK_PLAN python scripts/mk_probe.py --model "$model" --plan "$@" \
-          --batch ${PROBE_BATCHES:-1 8 32} --context "${PROBE_CONTEXT:-512}" --repeat 10 > "$OUT/probe-$i.json"
+          --batch ${PROBE_BATCHES:-1 8 32} --context ${PROBE_CONTEXT:-512} --repeat 10 > "$OUT/probe-$i.json"
         grep '^{"\(p[0-9]*_\)\?\(bs\|switching\)' "$OUT/probe-$i.json"
       }
       for model in ${PROBE_MODELS//,/ }; do
