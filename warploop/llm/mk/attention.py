@@ -106,60 +106,86 @@ def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.
 
 
 @triton.jit
-def attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+def _context_tile(kc, vc, table, t0, below, g, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+                  BS: tl.constexpr, TILE: tl.constexpr):
+    """Tokens [t0, t0 + TILE) of a sequence's context below `below`, for head group g: k and v,
+    [TILE, HDP] each (0 elsewhere)."""
+    toks = t0 + tl.arange(0, TILE)
+    d = tl.arange(0, HDP)
+    valid = toks < below
+    blk = tl.load(table + toks // BS, mask=valid, other=0).to(tl.int64)
+    offs = ((blk * BS + toks % BS)[:, None] * KVH + g) * HD + d[None, :]
+    m = valid[:, None] & (d < HD)[None, :]
+    return tl.load(kc + offs, mask=m, other=0.0), tl.load(vc + offs, mask=m, other=0.0)
+
+
+@triton.jit
+def attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
               HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-              S: tl.constexpr, BACKEND: tl.constexpr, DIRECT: tl.constexpr = False):
-    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split);
-    DIRECT (one split): the output itself into parts = the attention output [b, H * HD], in its dtype."""
+              S: tl.constexpr, EARLY: tl.constexpr, BACKEND: tl.constexpr):
+    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split).
+
+    EARLY (Plan.attn_early): the split's first TILE tokens of cached context (the tokens before
+    this step's, which no node of this step writes) are read before `wl.wait`, with the step's
+    fields and block table; after it, q and, where this tile holds it, the new token's k and v
+    (rope_kv, a predecessor, wrote them to the cache), patched into the tile. Without EARLY the
+    node waits first. Either way the tiles after the first are read in the loop, after the wait."""
     G: tl.constexpr = H // KVH
     ROW: tl.constexpr = (H + 2 * KVH) * HD
-    g, b0, b1 = node_row(inp, n, KVH)
+    g, b, b1 = node_row(inp, n, KVH)
+    live = b < b1
     gi = tl.arange(0, GP)
     gm = gi < G
     heads = g * G + gi
     d = tl.arange(0, HDP)
     dm = d < HD
-    for b in range(b0, b1):
-        ctx = step_field(inp, 2, b)
-        per = tl.cdiv(tl.cdiv(ctx, S), TILE) * TILE
-        start = split * per
-        end = tl.minimum(start + per, ctx)
-        q = tl.load(qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :], mask=gm[:, None] & dm[None, :],
-                    other=0.0)
-        table = step_table(inp, b)
-        m = tl.full([GP], float("-inf"), tl.float32)
-        acc_l = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, HDP], tl.float32)
-        t0 = start
-        while t0 < end:   # a while loop: the interpreter runs it over scalar bounds as the GPU does
-            toks = t0 + tl.arange(0, TILE)
-            valid = toks < end
-            blk = tl.load(table + toks // BS, mask=valid, other=0).to(tl.int64)
-            offs = ((blk * BS + toks % BS)[:, None] * KVH + g) * HD + d[None, :]
-            k = tl.load(kc + offs, mask=valid[:, None] & dm[None, :], other=0.0)
-            sc = mma(q, tl.trans(k), BACKEND) * scale
-            sc = tl.where(valid[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, axis=1))
-            p = tl.exp(sc - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            v = tl.load(vc + offs, mask=valid[:, None] & dm[None, :], other=0.0)
-            if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
-                pv = mma(p, v, BACKEND)
-            else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
-                pv = mma(p.to(v.dtype), v, BACKEND)
-            acc = acc * alpha[:, None] + pv
-            acc_l = acc_l * alpha + tl.sum(p, axis=1)
-            m = m_new
-            t0 += TILE
-        row = (i64(b) * H + heads) * S + split
-        empty = end <= start
-        out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
-        if DIRECT:      # what combine_node makes of one split: the same values, rounded once
-            tl.store(parts + row[:, None] * HD + d[None, :], rnd(out, parts.dtype.element_ty, BACKEND),
-                     mask=gm[:, None] & dm[None, :])
-        else:
-            tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
-            tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm)
+    n_ctx = tl.where(live, step_field(inp, 2, b), 0)
+    per = tl.cdiv(tl.cdiv(n_ctx, S), TILE) * TILE
+    start = split * per
+    end = tl.minimum(start + per, n_ctx)
+    table = step_table(inp, b)
+    if EARLY:
+        k, v = _context_tile(kc, vc, table, start, tl.minimum(end, n_ctx - 1), g, KVH, HD, HDP, BS, TILE)
+        wl.wait(ctx, BACKEND)
+        last = n_ctx - 1                       # this step's token: patched in if the first tile holds it
+        here = (last >= start) & (last < tl.minimum(end, start + TILE))
+        blk = tl.load(table + last // BS, mask=here, other=0).to(tl.int64)
+        off = ((blk * BS + last % BS) * KVH + g) * HD + d
+        nk = tl.load(kc + off, mask=dm & here, other=0.0)
+        nv = tl.load(vc + off, mask=dm & here, other=0.0)
+        new = (start + tl.arange(0, TILE) == last)[:, None] & here
+        k = tl.where(new, nk[None, :], k)
+        v = tl.where(new, nv[None, :], v)
+    else:
+        wl.wait(ctx, BACKEND)
+        k, v = _context_tile(kc, vc, table, start, end, g, KVH, HD, HDP, BS, TILE)
+    q = tl.load(qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :], mask=gm[:, None] & dm[None, :] & live,
+                other=0.0)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    acc_l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, HDP], tl.float32)
+    t0 = start
+    while t0 < end:   # a while loop: the interpreter runs it over scalar bounds as the GPU does
+        valid = t0 + tl.arange(0, TILE) < end
+        sc = mma(q, tl.trans(k), BACKEND) * scale
+        sc = tl.where(valid[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        p = tl.exp(sc - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
+            pv = mma(p, v, BACKEND)
+        else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
+            pv = mma(p.to(v.dtype), v, BACKEND)
+        acc = acc * alpha[:, None] + pv
+        acc_l = acc_l * alpha + tl.sum(p, axis=1)
+        m = m_new
+        t0 += TILE
+        k, v = _context_tile(kc, vc, table, t0, end, g, KVH, HD, HDP, BS, TILE)
+    row = (i64(b) * H + heads) * S + split
+    empty = end <= start
+    out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
+    tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :] & live)
+    tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm & live)
 
 
 @triton.jit

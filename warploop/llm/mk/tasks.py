@@ -135,10 +135,10 @@ def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.co
     rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
 
 
-def mk_attn(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
-            HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr,
-            BACKEND: tl.constexpr):
-    attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
+def mk_attn(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+            HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
+            S: tl.constexpr, AE: tl.constexpr, BACKEND: tl.constexpr):
+    attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, AE, BACKEND)
 
 
 def mk_rope_attn(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
@@ -211,9 +211,10 @@ def _split_signatures(dt: str) -> dict:
     }
 
 
-# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_qkv_split, mk_gate_up_split,
-                mk_o_proj_split, mk_down_split, mk_lm_head_split)
+# they issue the loads that need no predecessor (weights; rope_attn and attn with Plan.attn_early: the cached
+# context), then wl.wait
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_attn, mk_qkv_split,
+                mk_gate_up_split, mk_o_proj_split, mk_down_split, mk_lm_head_split)
 
 
 @dataclasses.dataclass(frozen=True)
