@@ -146,11 +146,11 @@ def attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexp
     table = step_table(inp, b)
     if EARLY:
         k, v = _context_tile(kc, vc, table, start, tl.minimum(end, n_ctx - 1), g, KVH, HD, HDP, BS, TILE)
-        wl.wait(ctx, BACKEND)
         last = n_ctx - 1                       # this step's token: patched in if the first tile holds it
         here = (last >= start) & (last < tl.minimum(end, start + TILE))
-        blk = tl.load(table + last // BS, mask=here, other=0).to(tl.int64)
+        blk = tl.load(table + last // BS, mask=here, other=0).to(tl.int64)      # its address, before the wait
         off = ((blk * BS + last % BS) * KVH + g) * HD + d
+        wl.wait(ctx, BACKEND)
         nk = tl.load(kc + off, mask=dm & here, other=0.0)
         nv = tl.load(vc + off, mask=dm & here, other=0.0)
         new = (start + tl.arange(0, TILE) == last)[:, None] & here
