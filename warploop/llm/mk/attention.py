@@ -120,10 +120,16 @@ def _context_tile(kc, vc, table, t0, below, g, KVH: tl.constexpr, HD: tl.constex
 
 
 @triton.jit
-def attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
-              HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-              S: tl.constexpr, EARLY: tl.constexpr, BACKEND: tl.constexpr):
+def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+              HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, SP: tl.constexpr, BS: tl.constexpr,
+              TILE: tl.constexpr, S: tl.constexpr, EARLY: tl.constexpr, LAST: tl.constexpr, BACKEND: tl.constexpr):
     """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split).
+
+    LAST (Plan.attn_last): then the node counts itself in its (row, group)'s counter acnt[b, g], and
+    the split that counts last merges the group's S splits into out (what combine_node does, in
+    the same order: the bits do not depend on which split came last) and sets the counter back to
+    0; no combine node follows (graph.py). The count orders the last split's reads after the
+    others' writes (release before it, acquire after).
 
     EARLY (Plan.attn_early): the split's first TILE tokens of cached context (the tokens before
     this step's, which no node of this step writes) are read before `wl.wait`, with the step's
@@ -183,9 +189,16 @@ def attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexp
         k, v = _context_tile(kc, vc, table, t0, end, g, KVH, HD, HDP, BS, TILE)
     row = (i64(b) * H + heads) * S + split
     empty = end <= start
-    out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
-    tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :] & live)
+    o = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
+    tl.store(parts + row[:, None] * HD + d[None, :], o, mask=gm[:, None] & dm[None, :] & live)
     tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm & live)
+    if LAST:
+        if live:
+            tl.debug_barrier()        # every thread's part before the count (a release)
+            if tl.atomic_add(acnt + b * KVH + g, 1, sem="acq_rel", scope="gpu") == S - 1:
+                tl.debug_barrier()
+                tl.store(acnt + b * KVH + g, 0)
+                combine_group(parts, lse, out, b, g, H, KVH, HD, HDP, S, SP, BACKEND)
 
 
 @triton.jit
@@ -314,20 +327,29 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
 
 
 @triton.jit
-def combine_node(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
-                 S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
-    """out[b, h * HD:(h + 1) * HD] for node n's row b and its group's heads h, from their S splits."""
+def combine_group(parts, lse, out, b, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+                  S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
+    """out[b, h * HD:(h + 1) * HD] for group g's heads h, from their S splits (read past L1: on a
+    GPU another worker may have written them since this one last looked)."""
     G: tl.constexpr = H // KVH
-    g, b0, b1 = node_row(inp, n, KVH)
     sp = tl.arange(0, SP)
     d = tl.arange(0, HDP)
     dm = d < HD
+    for i in tl.static_range(G):
+        head = g * G + i
+        row = (i64(b) * H + head) * S + sp
+        ls = tl.load(lse + row, mask=sp < S, other=float("-inf"), cache_modifier=".cg")
+        weight = tl.exp(ls - tl.max(ls, axis=0))
+        pv = tl.load(parts + row[:, None] * HD + d[None, :], mask=(sp < S)[:, None] & dm[None, :], other=0.0,
+                     cache_modifier=".cg")
+        o = tl.sum(pv * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+        tl.store(out + (i64(b) * H + head) * HD + d, rnd(o, out.dtype.element_ty, BACKEND), mask=dm)
+
+
+@triton.jit
+def combine_node(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
+                 S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
+    """out[b, h * HD:(h + 1) * HD] for node n's row b and its group's heads h, from their S splits."""
+    g, b0, b1 = node_row(inp, n, KVH)
     for b in range(b0, b1):
-        for i in range(G):
-            head = g * G + i
-            row = (i64(b) * H + head) * S + sp
-            ls = tl.load(lse + row, mask=sp < S, other=float("-inf"))
-            weight = tl.exp(ls - tl.max(ls, axis=0))
-            pv = tl.load(parts + row[:, None] * HD + d[None, :], mask=(sp < S)[:, None] & dm[None, :], other=0.0)
-            o = tl.sum(pv * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-            tl.store(out + (i64(b) * H + head) * HD + d, rnd(o, out.dtype.element_ty, BACKEND), mask=dm)
+        combine_group(parts, lse, out, b, g, H, KVH, HD, HDP, S, SP, BACKEND)

@@ -135,10 +135,11 @@ def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.co
     rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
 
 
-def mk_attn(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
-            HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-            S: tl.constexpr, AE: tl.constexpr, BACKEND: tl.constexpr):
-    attn_node(ctx, inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, AE, BACKEND)
+def mk_attn(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+            HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, SP: tl.constexpr, BS: tl.constexpr,
+            TILE: tl.constexpr, S: tl.constexpr, AE: tl.constexpr, AL: tl.constexpr, BACKEND: tl.constexpr):
+    attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H, KVH, HD, HDP, GP, SP, BS, TILE, S, AE,
+              AL, BACKEND)
 
 
 def mk_rope_attn(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
@@ -182,8 +183,8 @@ def _signatures(dt: str) -> dict:
                      "row0": "i32", "count": "i32", "eps": "fp32"},
         mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "n": "i32",
                      "eps": "fp32", "has_qk_norm": "i32"},
-        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "n": "i32", "split": "i32",
-                  "scale": "fp32"},
+        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "out": a, "acnt": "*i32",
+                  "n": "i32", "split": "i32", "scale": "fp32"},
         mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "n": "i32"},
         mk_rope_attn: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "out": a,
                        "n": "i32", "qk_eps": "fp32", "scale": "fp32"},
