@@ -120,6 +120,21 @@ def _context_tile(kc, vc, table, t0, below, g, KVH: tl.constexpr, HD: tl.constex
 
 
 @triton.jit
+def _attend(q, k, v, valid, m, acc, acc_l, scale, BACKEND: tl.constexpr):
+    """One tile of k and v ([TILE, HDP], `valid` tokens) into the online softmax (m, acc, acc_l) of q."""
+    sc = mma(q, tl.trans(k), BACKEND) * scale
+    sc = tl.where(valid[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m, tl.max(sc, axis=1))
+    p = tl.exp(sc - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
+        pv = mma(p, v, BACKEND)
+    else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
+        pv = mma(p.to(v.dtype), v, BACKEND)
+    return m_new, acc * alpha[:, None] + pv, acc_l * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
               HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, SP: tl.constexpr, BS: tl.constexpr,
               TILE: tl.constexpr, S: tl.constexpr, EARLY: tl.constexpr, LAST: tl.constexpr, BACKEND: tl.constexpr):
@@ -131,11 +146,12 @@ def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: 
     0; no combine node follows (graph.py). The count orders the last split's reads after the
     others' writes (release before it, acquire after).
 
-    EARLY (Plan.attn_early): the split's first TILE tokens of cached context (the tokens before
-    this step's, which no node of this step writes) are read before `wl.wait`, with the step's
-    fields and block table; after it, q and, where this tile holds it, the new token's k and v
-    (rope_kv, a predecessor, wrote them to the cache), patched into the tile. Without EARLY the
-    node waits first. Either way the tiles after the first are read in the loop, after the wait."""
+    EARLY (Plan.attn_early): the task waits inside its body (tasks.tasks_for): the split's first
+    TILE tokens of cached context (the tokens before this step's, which no node of this step
+    writes) are read before `wl.wait`, with the step's fields, the block table and the new token's
+    cache address; after it, q and, where this tile holds it, the new token's k and v (rope_kv, a
+    predecessor, wrote them), patched into the tile. Without EARLY the runtime waits before the
+    body. Either way the tiles after the first are read in the loop, each where it is used."""
     G: tl.constexpr = H // KVH
     ROW: tl.constexpr = (H + 2 * KVH) * HD
     g, b, b1 = node_row(inp, n, KVH)
@@ -150,6 +166,11 @@ def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: 
     start = split * per
     end = tl.minimum(start + per, n_ctx)
     table = step_table(inp, b)
+    qp = qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :]
+    m = tl.full([GP], float("-inf"), tl.float32)
+    acc_l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, HDP], tl.float32)
+    t0 = start
     if EARLY:
         k, v = _context_tile(kc, vc, table, start, tl.minimum(end, n_ctx - 1), g, KVH, HD, HDP, BS, TILE)
         last = n_ctx - 1                       # this step's token: patched in if the first tile holds it
@@ -157,36 +178,21 @@ def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: 
         blk = tl.load(table + last // BS, mask=here, other=0).to(tl.int64)      # its address, before the wait
         off = ((blk * BS + last % BS) * KVH + g) * HD + d
         wl.wait(ctx, BACKEND)
+        q = tl.load(qp, mask=gm[:, None] & dm[None, :] & live, other=0.0)
         nk = tl.load(kc + off, mask=dm & here, other=0.0)
         nv = tl.load(vc + off, mask=dm & here, other=0.0)
         new = (start + tl.arange(0, TILE) == last)[:, None] & here
         k = tl.where(new, nk[None, :], k)
         v = tl.where(new, nv[None, :], v)
+        if start < end:
+            m, acc, acc_l = _attend(q, k, v, start + tl.arange(0, TILE) < end, m, acc, acc_l, scale, BACKEND)
+        t0 = start + TILE
     else:
-        wl.wait(ctx, BACKEND)
-        k, v = _context_tile(kc, vc, table, start, end, g, KVH, HD, HDP, BS, TILE)
-    q = tl.load(qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :], mask=gm[:, None] & dm[None, :] & live,
-                other=0.0)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    acc_l = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, HDP], tl.float32)
-    t0 = start
+        q = tl.load(qp, mask=gm[:, None] & dm[None, :] & live, other=0.0)
     while t0 < end:   # a while loop: the interpreter runs it over scalar bounds as the GPU does
-        valid = t0 + tl.arange(0, TILE) < end
-        sc = mma(q, tl.trans(k), BACKEND) * scale
-        sc = tl.where(valid[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
-            pv = mma(p, v, BACKEND)
-        else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
-            pv = mma(p.to(v.dtype), v, BACKEND)
-        acc = acc * alpha[:, None] + pv
-        acc_l = acc_l * alpha + tl.sum(p, axis=1)
-        m = m_new
-        t0 += TILE
         k, v = _context_tile(kc, vc, table, t0, end, g, KVH, HD, HDP, BS, TILE)
+        m, acc, acc_l = _attend(q, k, v, t0 + tl.arange(0, TILE) < end, m, acc, acc_l, scale, BACKEND)
+        t0 += TILE
     row = (i64(b) * H + heads) * S + split
     empty = end <= start
     o = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])

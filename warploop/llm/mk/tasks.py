@@ -212,10 +212,10 @@ def _split_signatures(dt: str) -> dict:
     }
 
 
-# they issue the loads that need no predecessor (weights; rope_attn and attn with Plan.attn_early: the cached
-# context), then wl.wait
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_attn, mk_qkv_split,
-                mk_gate_up_split, mk_o_proj_split, mk_down_split, mk_lm_head_split)
+# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait; so does
+# attn in a plan with attn_early (tasks_for)
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_qkv_split, mk_gate_up_split,
+                mk_o_proj_split, mk_down_split, mk_lm_head_split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,5 +259,6 @@ def tasks_for(plan: Plan) -> MkTasks:
         params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
         mine = {name: value for name, value in consts.items() if name in params}
         made[fn.__name__.removeprefix("mk_")] = warploop.task(
-            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE, heavy=True)(triton.jit(copy))
+            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE or (fn is mk_attn and bool(plan.attn_early)),
+            heavy=True)(triton.jit(copy))
     return MkTasks(**made)
