@@ -142,25 +142,6 @@ def test_norm_weights_read_early_match_per_op_backend():
         mk.close()
 
 
-@pytest.mark.parametrize("cfg", [LLAMA_GQA, QWEN3_LIKE], ids=["llama_gqa", "qwen3_qknorm_bias_tied"])
-@pytest.mark.parametrize("plan", [{"attn_early": 1}, {"attn_last": 1}, {"attn_early": 1, "attn_last": 1}],
-                         ids=["early", "last", "early_last"])
-def test_split_attention_forms_match_per_op_backend(cfg, plan):
-    """Plan.attn_early=1: each attention split reads its first tile of cached context before it
-    waits and patches this step's token in after; Plan.attn_last=1: no combine node, the split that
-    counts last merges them. Batch 1 and 3: the new token in a split's first tile (contexts 131-133:
-    split 1 starts at 128), in a later tile of its split (196-198: split 1 holds [128, 196+), its
-    second tile from 192) and in split 0 (short prompts)."""
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, **plan)
-    try:
-        assert mk.plan.attn_early == plan.get("attn_early", 0) and mk.plan.attn_last == plan.get("attn_last", 0)
-        assert ("combine" in mk.graphs[1].kinds) != bool(mk.plan.attn_last)
-        check(run_steps(ref, mk, [list(range(1, 196))], steps=3))
-        check(run_steps(ref, mk, [list(range(1, 131)), [7, 8, 9], [11] * 20], steps=3, seed=1))
-    finally:
-        mk.close()
-
-
 @pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
 def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
     """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the

@@ -17,7 +17,7 @@ from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 from warploop.bench.decode import LLAMA_3_2_1B
 from warploop.llm.loader import load_config, resolve_model_dir
 from warploop.llm.mk.graph import StepBuffers, build_decode_graph
-from warploop.llm.mk.hazards import Access, check, graph_accesses, hazards, split_groups, unrealised_edges
+from warploop.llm.mk.hazards import Access, check, graph_accesses, hazards, unrealised_edges
 from warploop.llm.mk.plans import plan_for
 from warploop.llm.mk.tasks import tasks_for
 from warploop.llm.weights import LayerWeights, ModelWeights
@@ -75,30 +75,6 @@ def test_a_split_k_consumer_that_misses_a_slice_is_reported():
     nodes = dg.graph.nodes
     consumer = next(i for i, kind in enumerate(dg.labels) if kind == "rope_kv")
     first = min(d for d in nodes[consumer].deps if dg.labels[d] == "qkv_split")
-    nodes[consumer] = dataclasses.replace(nodes[consumer], deps=tuple(d for d in nodes[consumer].deps if d != first))
-    found = hazards(dg, plan)
-    assert ("SPLIT", first, consumer) in [(h.kind, h.first, h.second) for h in found]
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_graphs_whose_last_attention_split_merges_have_every_conflict_ordered(name, batch):
-    """Plan.attn_last: no combine node; a group's splits race on nothing but what their counter
-    orders (the last one's merge), and o_proj waits for every split."""
-    dg, plan = addressed_graph(CONFIGS[name](), "cuda", batch, 131, attn_last=1, attn_early=1)
-    assert dg.kinds["attn"] and not dg.kinds["combine"]
-    found = hazards(dg, plan)
-    assert not found, "\n".join(h.describe(dg.labels) for h in found[:10])
-    assert unrealised_edges([n.deps for n in dg.graph.nodes], dg.graph.schedule) == []
-
-
-def test_an_o_proj_that_misses_an_attention_split_is_reported():
-    """With attn_last any split of a group may be the one that merges them all, so a reader of the
-    attention output that does not wait for each split races."""
-    dg, plan = addressed_graph(CONFIGS["llama_gqa"](), "cuda", 1, 131, attn_last=1)
-    nodes = dg.graph.nodes
-    consumer = next(i for i, kind in enumerate(dg.labels) if kind == "o_proj")
-    first = min(d for d in nodes[consumer].deps if dg.labels[d] == "attn")
     nodes[consumer] = dataclasses.replace(nodes[consumer], deps=tuple(d for d in nodes[consumer].deps if d != first))
     found = hazards(dg, plan)
     assert ("SPLIT", first, consumer) in [(h.kind, h.first, h.second) for h in found]
@@ -178,24 +154,20 @@ def test_unrealised_edges_names_a_dependency_the_schedule_drops():
     assert unrealised_edges(deps, dg.graph.schedule) == [(0, last)]
 
 
-@pytest.mark.parametrize("splits, last", [(4, 0), (1, 0), (4, 1)], ids=["splits4", "one_split_fused", "attn_last"])
+@pytest.mark.parametrize("splits", [4, 1], ids=["splits4", "one_split_fused"])
 @pytest.mark.parametrize("cfg", [LLAMA_GQA, QWEN3_LIKE], ids=["llama_gqa", "qwen3_like"])
-def test_declared_footprints_cover_every_load_and_store(cfg, splits, last):
+def test_declared_footprints_cover_every_load_and_store(cfg, splits):
     """Run a batch-3 step (GPU plan: 4 splits, 16-row tiles) on the CPU executor, recording each
     node's loads and stores of the graph's buffers and KV cache; each must be declared."""
     from interp_recorder import recorded_accesses
 
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, blocks=256, splits=splits, bn=16, bk=256, workers=7,
-                       attn_last=last, attn_early=last)
+    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, blocks=256, splits=splits, bn=16, bk=256, workers=7)
     try:
         dg = mk.graphs[4]
         with recorded_accesses(mk, dg) as log:
             run_steps(ref, mk, [list(range(1, 131)), [7, 8, 9], [11] * 20], steps=1, seed=1)
         assert mk.last is dg
         declared = graph_accesses(dg, mk.plan)
-        # a counted group's merge (attn_last) is declared on its last node; on the executor whichever
-        # member counts last does it
-        allowed = {i: declared[i] + declared[g[-1]] for g in split_groups(dg, mk.plan) for i in g}
         # every node touched memory but the attention nodes of the bucket's fourth row, not live
         idle = set(range(len(declared))) - set(log)
         assert idle and all({a.row for a in declared[n]} == {3} for n in idle)
@@ -203,7 +175,7 @@ def test_declared_footprints_cover_every_load_and_store(cfg, splits, last):
         for node, seen in log.items():
             for buffer, write, column, row in seen:
                 assert any(a.buffer == buffer and a.write == write and a.lo <= column < a.hi
-                           and (a.row < 0 or row < 0 or a.row == row) for a in allowed.get(node, declared[node])), \
+                           and (a.row < 0 or row < 0 or a.row == row) for a in declared[node]), \
                     (f"node {node} ({dg.labels[node]}) {'writes' if write else 'reads'} row {row} column {column} "
                      f"of buffer {buffer:#x}, outside its declared footprint")
                 rows_seen[dg.labels[node], row] += row >= 0 and any(a.row >= 0 for a in declared[node])

@@ -106,105 +106,60 @@ def rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.
 
 
 @triton.jit
-def _context_tile(kc, vc, table, t0, below, g, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
-                  BS: tl.constexpr, TILE: tl.constexpr):
-    """Tokens [t0, t0 + TILE) of a sequence's context below `below`, for head group g: k and v,
-    [TILE, HDP] each (0 elsewhere)."""
-    toks = t0 + tl.arange(0, TILE)
-    d = tl.arange(0, HDP)
-    valid = toks < below
-    blk = tl.load(table + toks // BS, mask=valid, other=0).to(tl.int64)
-    offs = ((blk * BS + toks % BS)[:, None] * KVH + g) * HD + d[None, :]
-    m = valid[:, None] & (d < HD)[None, :]
-    return tl.load(kc + offs, mask=m, other=0.0), tl.load(vc + offs, mask=m, other=0.0)
-
-
-@triton.jit
-def _attend(q, k, v, valid, m, acc, acc_l, scale, BACKEND: tl.constexpr):
-    """One tile of k and v ([TILE, HDP], `valid` tokens) into the online softmax (m, acc, acc_l) of q."""
-    sc = mma(q, tl.trans(k), BACKEND) * scale
-    sc = tl.where(valid[None, :], sc, float("-inf"))
-    m_new = tl.maximum(m, tl.max(sc, axis=1))
-    p = tl.exp(sc - m_new[:, None])
-    alpha = tl.exp(m - m_new)
-    if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
-        pv = mma(p, v, BACKEND)
-    else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
-        pv = mma(p.to(v.dtype), v, BACKEND)
-    return m_new, acc * alpha[:, None] + pv, acc_l * alpha + tl.sum(p, axis=1)
-
-
-@triton.jit
-def attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
-              HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, SP: tl.constexpr, BS: tl.constexpr,
-              TILE: tl.constexpr, S: tl.constexpr, EARLY: tl.constexpr, LAST: tl.constexpr, BACKEND: tl.constexpr):
-    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split).
-
-    LAST (Plan.attn_last): then the node counts itself in its (row, group)'s counter acnt[b, g], and
-    the split that counts last merges the group's S splits into out (what combine_node does, in
-    the same order: the bits do not depend on which split came last) and sets the counter back to
-    0; no combine node follows (graph.py). The count orders the last split's reads after the
-    others' writes (release before it, acquire after).
-
-    EARLY (Plan.attn_early): the task waits inside its body (tasks.tasks_for): the split's first
-    TILE tokens of cached context (the tokens before this step's, which no node of this step
-    writes) are read before `wl.wait`, with the step's fields, the block table and the new token's
-    cache address; after it, q and, where this tile holds it, the new token's k and v (rope_kv, a
-    predecessor, wrote them), patched into the tile. Without EARLY the runtime waits before the
-    body. Either way the tiles after the first are read in the loop, each where it is used."""
+def attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
+              HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
+              S: tl.constexpr, BACKEND: tl.constexpr, DIRECT: tl.constexpr = False):
+    """parts[b, h, split, :] and lse[b, h, split] for the group's heads h (-inf: an empty split);
+    DIRECT (one split): the output itself into parts = the attention output [b, H * HD], in its dtype."""
     G: tl.constexpr = H // KVH
     ROW: tl.constexpr = (H + 2 * KVH) * HD
-    g, b, b1 = node_row(inp, n, KVH)
-    live = b < b1
+    g, b0, b1 = node_row(inp, n, KVH)
     gi = tl.arange(0, GP)
     gm = gi < G
     heads = g * G + gi
     d = tl.arange(0, HDP)
     dm = d < HD
-    n_ctx = tl.where(live, step_field(inp, 2, b), 0)
-    per = tl.cdiv(tl.cdiv(n_ctx, S), TILE) * TILE
-    start = split * per
-    end = tl.minimum(start + per, n_ctx)
-    table = step_table(inp, b)
-    qp = qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :]
-    m = tl.full([GP], float("-inf"), tl.float32)
-    acc_l = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, HDP], tl.float32)
-    t0 = start
-    if EARLY:
-        k, v = _context_tile(kc, vc, table, start, tl.minimum(end, n_ctx - 1), g, KVH, HD, HDP, BS, TILE)
-        last = n_ctx - 1                       # this step's token: patched in if the first tile holds it
-        here = (last >= start) & (last < tl.minimum(end, start + TILE))
-        blk = tl.load(table + last // BS, mask=here, other=0).to(tl.int64)      # its address, before the wait
-        off = ((blk * BS + last % BS) * KVH + g) * HD + d
-        wl.wait(ctx, BACKEND)
-        q = tl.load(qp, mask=gm[:, None] & dm[None, :] & live, other=0.0)
-        nk = tl.load(kc + off, mask=dm & here, other=0.0)
-        nv = tl.load(vc + off, mask=dm & here, other=0.0)
-        new = (start + tl.arange(0, TILE) == last)[:, None] & here
-        k = tl.where(new, nk[None, :], k)
-        v = tl.where(new, nv[None, :], v)
-        if start < end:
-            m, acc, acc_l = _attend(q, k, v, start + tl.arange(0, TILE) < end, m, acc, acc_l, scale, BACKEND)
-        t0 = start + TILE
-    else:
-        q = tl.load(qp, mask=gm[:, None] & dm[None, :] & live, other=0.0)
-    while t0 < end:   # a while loop: the interpreter runs it over scalar bounds as the GPU does
-        k, v = _context_tile(kc, vc, table, t0, end, g, KVH, HD, HDP, BS, TILE)
-        m, acc, acc_l = _attend(q, k, v, t0 + tl.arange(0, TILE) < end, m, acc, acc_l, scale, BACKEND)
-        t0 += TILE
-    row = (i64(b) * H + heads) * S + split
-    empty = end <= start
-    o = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
-    tl.store(parts + row[:, None] * HD + d[None, :], o, mask=gm[:, None] & dm[None, :] & live)
-    tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm & live)
-    if LAST:
-        if live:
-            tl.debug_barrier()        # every thread's part before the count (a release)
-            if tl.atomic_add(acnt + b * KVH + g, 1, sem="acq_rel", scope="gpu") == S - 1:
-                tl.debug_barrier()
-                tl.store(acnt + b * KVH + g, 0)
-                combine_group(parts, lse, out, b, g, H, KVH, HD, HDP, S, SP, BACKEND)
+    for b in range(b0, b1):
+        ctx = step_field(inp, 2, b)
+        per = tl.cdiv(tl.cdiv(ctx, S), TILE) * TILE
+        start = split * per
+        end = tl.minimum(start + per, ctx)
+        q = tl.load(qkv + i64(b) * ROW + heads[:, None] * HD + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0)
+        table = step_table(inp, b)
+        m = tl.full([GP], float("-inf"), tl.float32)
+        acc_l = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, HDP], tl.float32)
+        t0 = start
+        while t0 < end:   # a while loop: the interpreter runs it over scalar bounds as the GPU does
+            toks = t0 + tl.arange(0, TILE)
+            valid = toks < end
+            blk = tl.load(table + toks // BS, mask=valid, other=0).to(tl.int64)
+            offs = ((blk * BS + toks % BS)[:, None] * KVH + g) * HD + d[None, :]
+            k = tl.load(kc + offs, mask=valid[:, None] & dm[None, :], other=0.0)
+            sc = mma(q, tl.trans(k), BACKEND) * scale
+            sc = tl.where(valid[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            p = tl.exp(sc - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            v = tl.load(vc + offs, mask=valid[:, None] & dm[None, :], other=0.0)
+            if BACKEND == "cpu":     # the per-op CPU path (torch SDPA) keeps p in float32
+                pv = mma(p, v, BACKEND)
+            else:                    # the per-op GPU kernel (paged_attention.py) rounds p to v's dtype
+                pv = mma(p.to(v.dtype), v, BACKEND)
+            acc = acc * alpha[:, None] + pv
+            acc_l = acc_l * alpha + tl.sum(p, axis=1)
+            m = m_new
+            t0 += TILE
+        row = (i64(b) * H + heads) * S + split
+        empty = end <= start
+        out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, acc_l)[:, None])
+        if DIRECT:      # what combine_node makes of one split: the same values, rounded once
+            tl.store(parts + row[:, None] * HD + d[None, :], rnd(out, parts.dtype.element_ty, BACKEND),
+                     mask=gm[:, None] & dm[None, :])
+        else:
+            tl.store(parts + row[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
+            tl.store(lse + row, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, acc_l))), mask=gm)
 
 
 @triton.jit
@@ -333,29 +288,20 @@ def rope_attn_node(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scal
 
 
 @triton.jit
-def combine_group(parts, lse, out, b, g, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
-                  S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
-    """out[b, h * HD:(h + 1) * HD] for group g's heads h, from their S splits (read past L1: on a
-    GPU another worker may have written them since this one last looked)."""
-    G: tl.constexpr = H // KVH
-    sp = tl.arange(0, SP)
-    d = tl.arange(0, HDP)
-    dm = d < HD
-    for i in tl.static_range(G):
-        head = g * G + i
-        row = (i64(b) * H + head) * S + sp
-        ls = tl.load(lse + row, mask=sp < S, other=float("-inf"), cache_modifier=".cg")
-        weight = tl.exp(ls - tl.max(ls, axis=0))
-        pv = tl.load(parts + row[:, None] * HD + d[None, :], mask=(sp < S)[:, None] & dm[None, :], other=0.0,
-                     cache_modifier=".cg")
-        o = tl.sum(pv * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-        tl.store(out + (i64(b) * H + head) * HD + d, rnd(o, out.dtype.element_ty, BACKEND), mask=dm)
-
-
-@triton.jit
 def combine_node(inp, parts, lse, out, n, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr,
                  S: tl.constexpr, SP: tl.constexpr, BACKEND: tl.constexpr):
     """out[b, h * HD:(h + 1) * HD] for node n's row b and its group's heads h, from their S splits."""
+    G: tl.constexpr = H // KVH
     g, b0, b1 = node_row(inp, n, KVH)
+    sp = tl.arange(0, SP)
+    d = tl.arange(0, HDP)
+    dm = d < HD
     for b in range(b0, b1):
-        combine_group(parts, lse, out, b, g, H, KVH, HD, HDP, S, SP, BACKEND)
+        for i in range(G):
+            head = g * G + i
+            row = (i64(b) * H + head) * S + sp
+            ls = tl.load(lse + row, mask=sp < S, other=float("-inf"))
+            weight = tl.exp(ls - tl.max(ls, axis=0))
+            pv = tl.load(parts + row[:, None] * HD + d[None, :], mask=(sp < S)[:, None] & dm[None, :], other=0.0)
+            o = tl.sum(pv * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+            tl.store(out + (i64(b) * H + head) * HD + d, rnd(o, out.dtype.element_ty, BACKEND), mask=dm)

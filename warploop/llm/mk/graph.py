@@ -3,8 +3,7 @@
 Per layer (G = KV heads, S = context splits, one GEMV node per worker at most):
 
     qkv tiles (input norm fused)  -> rope_kv[b, g] needs the tiles holding group g's q, k and v rows
-    rope_kv[b, g] -> attn[b, g, s] for every split s -> combine[b, g]   (one split: rope_attn[b, g], all three;
-    Plan.attn_last: no combine node, the split that finishes last merges the group's splits)
+    rope_kv[b, g] -> attn[b, g, s] for every split s -> combine[b, g]   (one split: rope_attn[b, g], all three)
     (attention nodes are per batch row b and KV head group g: B x G of them, attention.node_row)
     every combine -> o-proj tiles (residual add fused) -> gate_up tiles (post norm fused, SiLU * up)
     every gate_up -> down tiles (residual add fused) -> the next layer's qkv tiles
@@ -52,7 +51,6 @@ class StepBuffers:
     mail: object         # int32 [Mailbox(batch, MAX_STEPS).words], pinned host memory on a GPU
     work: object         # float32: the residual's sums of squares, then split-K partial sums (gemv_split.py)
     cnt: object          # int32 [row blocks of the largest split GEMV]: slices counted, 0 between GEMVs
-    acnt: object         # int32 [batch, KV heads]: attention splits counted (Plan.attn_last), 0 between layers
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device,
@@ -76,8 +74,7 @@ class StepBuffers:
                    fstat=z(batch, tiles, 3, dt=torch.float32),
                    istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32),
                    loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail,
-                   work=z(work, dt=torch.float32), cnt=z(cnt, dt=torch.int32),
-                   acnt=z(batch, cfg.num_kv_heads, dt=torch.int32))
+                   work=z(work, dt=torch.float32), cnt=z(cnt, dt=torch.int32))
 
 
 def split_gemvs(cfg: ModelConfig, plan: Plan) -> dict[str, tuple[int, int, int]]:
@@ -210,11 +207,8 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
                 continue
             rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, n, eps, int(cfg.qk_norm),
                        after=[m for s, m in qkv_nodes if _overlaps(s, rows)], cost=(group + 2) * hd)
-            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, b.attn, b.acnt, n, s, hd ** -0.5,
-                          after=[rope], cost=2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
-            if plan.attn_last:      # the split that counts last merges them (attention.attn_node)
-                combines += splits
-                continue
+            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, n, s, hd ** -0.5, after=[rope],
+                          cost=2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
             combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, n, after=splits,
                                 cost=group * plan.splits * hd))
         bias, has = opt(lw.o_bias)

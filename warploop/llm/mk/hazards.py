@@ -16,7 +16,6 @@ graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
 | rope_kv[b, g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
 | attn[b, g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
 | combine[b, g] | parts and lse: g's heads, every split | attn: g's heads |
-| (attn_last) attn[b, g, s] | as attn, acnt[b, g]; the last: every split's | as attn; the last: attn, acnt |
 | rope_attn[b, g] (fused) | as rope_kv[b, g], and k and v cache: head g | k and v cache: head g; attn: g's heads |
 | sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
 | sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
@@ -140,7 +139,7 @@ def footprint(plan: Plan, kind: str, args: tuple, batch: int = 1, last: bool = T
         end = min(row0 + count, n)
         return [acc(x, 0, k), acc(res, row0, end), acc(res, row0, end, True)]
     if kind in ("rope_kv", "attn", "combine", "rope_attn"):
-        n = args[{"rope_kv": 8, "attn": 8, "combine": 4, "rope_attn": 9}[kind]]
+        n = args[{"rope_kv": 8, "attn": 6, "combine": 4, "rope_attn": 9}[kind]]
         g, row = n % KVH, n // KVH
     if kind == "rope_kv":
         _, qkv, _, _, _, _, kc, vc, _, _, _ = args
@@ -156,18 +155,12 @@ def footprint(plan: Plan, kind: str, args: tuple, batch: int = 1, last: bool = T
         return rope + [acc(kc, g * HD, (g + 1) * HD), acc(vc, g * HD, (g + 1) * HD),
                        acc(out, g * G * HD, (g + 1) * G * HD, True)]
     if kind == "attn":
-        _, qkv, kc, vc, parts, lse, out, acnt, _, split, _ = args
+        _, qkv, kc, vc, parts, lse, _, split, _ = args
         heads = range(g * G, (g + 1) * G)
-        accs = ([acc(qkv, g * G * HD, (g + 1) * G * HD), acc(kc, g * HD, (g + 1) * HD),
+        return ([acc(qkv, g * G * HD, (g + 1) * G * HD), acc(kc, g * HD, (g + 1) * HD),
                  acc(vc, g * HD, (g + 1) * HD)]
                 + [acc(parts, (h * S + split) * HD, (h * S + split + 1) * HD, True) for h in heads]
                 + [acc(lse, h * S + split, h * S + split + 1, True) for h in heads])
-        if plan.attn_last:      # the count (an atomic add: a read here); the last split merges (attn_groups)
-            accs.append(acc(acnt, g, g + 1))
-            if last:
-                accs += [acc(acnt, g, g + 1, True), acc(parts, g * G * S * HD, (g + 1) * G * S * HD),
-                         acc(lse, g * G * S, (g + 1) * G * S), acc(out, g * G * HD, (g + 1) * G * HD, True)]
-        return accs
     if kind == "combine":
         _, parts, lse, out, _ = args
         return [acc(parts, g * G * S * HD, (g + 1) * G * S * HD), acc(lse, g * G * S, (g + 1) * G * S),
@@ -304,15 +297,11 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
 
 
 def split_groups(dg, plan: Plan) -> list[list[int]]:
-    """The nodes of each split-K row block (one GEMV's slices of it), and with Plan.attn_last the
-    attention splits of each (layer, row, group), in recording order: the nodes of a group count
-    themselves, and the one that counts last finishes the group's work."""
+    """The nodes of each split-K row block (one GEMV's slices of it), in recording order."""
     groups: dict[tuple, list[int]] = {}
     for i, (kind, node) in enumerate(zip(dg.labels, dg.graph.nodes, strict=True)):
         if kind in SPLIT_KINDS:
             groups.setdefault((kind, address(node.args[1]), split_position(plan, kind, node.args)[0]), []).append(i)
-        elif kind == "attn" and plan.attn_last:     # one layer's: its KV cache (args[2]), node index n
-            groups.setdefault((kind, address(node.args[2]), node.args[8]), []).append(i)
     return list(groups.values())
 
 

@@ -253,10 +253,6 @@ class Plan:
     #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
     norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
     #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
-    attn_early: int = 0     # 1: a split attention node (attn) reads its first tile of cached context before it
-    #                         waits, the new token's k and v after (attention.attn_node)
-    attn_last: int = 0      # 1: the attention split that finishes last per (row, group) merges the splits (no
-    #                         combine node: two stages a layer for long contexts, not three; attention.attn_node)
     one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
     #                         registers, no shared memory for tl.dot blocks); batches run on another kernel
 
@@ -287,10 +283,6 @@ class Plan:
         if self.one_row and (not self.tile_kb or self.split_rows):
             raise ValueError("Plan.one_row (a batch-1 kernel) needs GEMV tiles (tile_kb set, the GPU plan) and no "
                              f"split-K tiles (split_rows {self.split_rows}: those are the batch graphs')")
-        if self.attn_last not in (0, 1):
-            raise ValueError(f"Plan.attn_last must be 0 or 1, got {self.attn_last}")
-        if self.attn_early not in (0, 1):
-            raise ValueError(f"Plan.attn_early must be 0 or 1, got {self.attn_early}")
         if self.norm_early not in (0, 1):
             raise ValueError(f"Plan.norm_early must be 0 or 1, got {self.norm_early}")
         if self.depth not in (4, 8):
@@ -310,7 +302,6 @@ class Plan:
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
                 + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
                 + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else "")
-                + ("-A" if self.attn_early else "") + ("-L" if self.attn_last else "")
                 + ("-1" if self.one_row else ""))
 
     @property
@@ -365,7 +356,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PS": self.batch_stages, "NE": self.norm_early, "AE": self.attn_early, "AL": self.attn_last,
+                "PS": self.batch_stages, "NE": self.norm_early,
                 **self.tile_constexprs(), **self.split_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:

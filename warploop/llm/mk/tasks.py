@@ -135,11 +135,10 @@ def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.co
     rope_kv_node(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H, KVH, HD, HDP, HALFP, GP1, BACKEND)
 
 
-def mk_attn(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H: tl.constexpr, KVH: tl.constexpr,
-            HD: tl.constexpr, HDP: tl.constexpr, GP: tl.constexpr, SP: tl.constexpr, BS: tl.constexpr,
-            TILE: tl.constexpr, S: tl.constexpr, AE: tl.constexpr, AL: tl.constexpr, BACKEND: tl.constexpr):
-    attn_node(ctx, inp, qkv, kc, vc, parts, lse, out, acnt, n, split, scale, H, KVH, HD, HDP, GP, SP, BS, TILE, S, AE,
-              AL, BACKEND)
+def mk_attn(inp, qkv, kc, vc, parts, lse, n, split, scale, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
+            HDP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, S: tl.constexpr,
+            BACKEND: tl.constexpr):
+    attn_node(inp, qkv, kc, vc, parts, lse, n, split, scale, H, KVH, HD, HDP, GP, BS, TILE, S, BACKEND)
 
 
 def mk_rope_attn(ctx, inp, qkv, cos, sin, qn, kn, kc, vc, out, n, qk_eps, scale, H: tl.constexpr,
@@ -183,8 +182,8 @@ def _signatures(dt: str) -> dict:
                      "row0": "i32", "count": "i32", "eps": "fp32"},
         mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "n": "i32",
                      "eps": "fp32", "has_qk_norm": "i32"},
-        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "out": a, "acnt": "*i32",
-                  "n": "i32", "split": "i32", "scale": "fp32"},
+        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "n": "i32", "split": "i32",
+                  "scale": "fp32"},
         mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "n": "i32"},
         mk_rope_attn: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "out": a,
                        "n": "i32", "qk_eps": "fp32", "scale": "fp32"},
@@ -212,8 +211,7 @@ def _split_signatures(dt: str) -> dict:
     }
 
 
-# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait; so does
-# attn in a plan with attn_early (tasks_for)
+# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait
 WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_qkv_split, mk_gate_up_split,
                 mk_o_proj_split, mk_down_split, mk_lm_head_split)
 
@@ -259,6 +257,5 @@ def tasks_for(plan: Plan) -> MkTasks:
         params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
         mine = {name: value for name, value in consts.items() if name in params}
         made[fn.__name__.removeprefix("mk_")] = warploop.task(
-            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE or (fn is mk_attn and bool(plan.attn_early)),
-            heavy=True)(triton.jit(copy))
+            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE, heavy=True)(triton.jit(copy))
     return MkTasks(**made)
