@@ -16,6 +16,8 @@ GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
 GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
 CPU_KV_BYTES = 512 << 20
 BACKENDS = ("torch", "megakernel")
+BACKEND_HELP = ("the decode megakernel (the default on a Hopper GPU, H100/H200: batch 1 on its graph inside the "
+                "resident kernel, larger batches per op) or per-op torch (elsewhere)")
 
 
 def torch_device(device: str | None):

@@ -7,6 +7,7 @@ import re
 import sys
 
 from warploop.cli import positive_int
+from warploop.llm.build import BACKEND_HELP, BACKENDS
 
 
 def flag_error(e: Exception) -> str:
@@ -49,9 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: WARPLOOP_DEVICE, else the first GPU, else the CPU")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="default: the model's own")
-    parser.add_argument("--backend", choices=("torch", "megakernel"), default=None,
-                        help="the decode megakernel (the default on a Hopper GPU, H100/H200: batch 1 on its graph "
-                             "inside the resident kernel, larger batches per op) or per-op torch (elsewhere)")
+    parser.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N GPUs (N processes on the CPU); default 1")
     parser.add_argument("--json", action="store_true",

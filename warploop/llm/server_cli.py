@@ -13,6 +13,7 @@ import socket
 import sys
 
 from warploop.cli import positive_int
+from warploop.llm.build import BACKEND_HELP, BACKENDS
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 
 
@@ -38,9 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-batch-tokens", type=positive_int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
-    engine.add_argument("--backend", choices=("torch", "megakernel"), default=None,
-                        help="the decode megakernel (the default on a Hopper GPU, H100/H200: batch 1 on its graph "
-                             "inside the resident kernel, larger batches per op) or per-op torch (elsewhere)")
+    engine.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     engine.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N GPUs (N processes on the CPU); default 1")
     engine.add_argument("--replicas", type=positive_int, default=1, metavar="N",
