@@ -1,0 +1,23 @@
+"""The streaming kernel compiles for sm_90 with no GPU, and its PTX holds the ring and the roles:
+TMA bulk copies into the ring, mbarrier waits and arrivals, setmaxnreg (a small budget for the
+loader, the rest for the consumer), acquire loads for waits and release atomics for publishing."""
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+from warploop.runtime.stream.compiled import PTX_MARKERS, StreamConfig, compile_for, report  # noqa: E402
+from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
+
+
+@pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096)],
+                         ids=["default", "narrow"])
+def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
+    ck = compile_for(cfg, arch=90)
+    r = report(ck)
+    assert ".target sm_90" in ck.asm["ptx"]
+    for marker in PTX_MARKERS:
+        assert r["ptx"][marker] > 0, f"{marker} missing from the PTX"
+    assert r["roles"]["loader"] == LOADER_REGS.value and r["roles"]["consumer"] > 2 * LOADER_REGS.value
+    assert r["shared"] >= cfg.shared_bytes
+    if r["spill_bytes"] is not None:       # cuobjdump ships with Triton's NVIDIA backend
+        assert r["spill_bytes"] == 0, f"the kernel spills {r['spill_bytes']} bytes"

@@ -1,0 +1,103 @@
+"""Compile the streaming kernel for a GPU that need not be here, and report its resources.
+
+    ck = compile_for(StreamConfig(), arch=90)     # no GPU needed
+    report(ck)   # {"shared": ..., "n_regs": ..., "spill_bytes": ..., "roles": {"consumer": 232, "loader": 40}, ...}
+
+The same binder and options as the JIT's launch path, so the GPU process compiles the same kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+
+# The PTX of a warp-specialized ring kernel holds these; tests assert on them.
+PTX_MARKERS = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "setmaxnreg",
+               "ld.global.gpu.acquire", ".global.gpu.release")   # atom. (3.6) or red. (3.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """The kernel's compile-time shape: tile rows BR, chunk width BK, ring slots NBUF, the widest
+    input KMAX, and the polls before a wait gives up (a poll is one L2 round trip, under a µs)."""
+    block_rows: int = 32
+    block_k: int = 256
+    ring: int = 8
+    kmax: int = 8192
+    spin: int = 1 << 24
+
+    def __post_init__(self):
+        if self.block_k not in (64, 128, 256):
+            raise ValueError(f"block_k must be 64, 128 or 256 (a TMA box is at most 256 wide), not {self.block_k}")
+        if self.block_rows not in (16, 32, 64):
+            raise ValueError(f"block_rows must be 16, 32 or 64, not {self.block_rows}")
+        if not 2 <= self.ring <= 32:
+            raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
+        if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
+            raise ValueError(f"kmax must be a power of two and a multiple of block_k, not {self.kmax}")
+        if self.shared_bytes > 220 * 1024:
+            raise ValueError(f"ring ({self.ring} x {self.block_rows} x {self.block_k} bf16) and the staged input "
+                             f"({self.kmax} floats) need {self.shared_bytes} bytes of shared memory, over 220 KB")
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.ring * self.block_rows * self.block_k * 2 + self.kmax * 4
+
+    def constexprs(self) -> dict:
+        return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin)
+
+
+def smem_layout():
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+
+
+def compile_for(cfg: StreamConfig, arch: int = 90):
+    """The compiled kernel for sm_`arch`, built without a GPU."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import create_function_from_signature
+
+    from warploop.runtime.stream.kernel import stream_kernel
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(stream_kernel.signature, stream_kernel.params, backend)
+    w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
+    d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
+    i32 = torch.zeros(64, dtype=torch.int32)
+    kw = dict(cfg.constexprs(), num_warps=4)
+    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, i32, 0, **kw)
+    opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
+    return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
+                          options=opts.__dict__)
+
+
+def report(ck) -> dict:
+    """Shared memory, registers (the launch bound; setmaxnreg then moves them between roles, so the
+    roles' own budgets come from the PTX), spill bytes and the PTX markers of a compiled kernel."""
+    import triton
+    ptx = ck.asm["ptx"]
+    out = {"shared": ck.metadata.shared, "ptx": {m: ptx.count(m) for m in PTX_MARKERS}}
+    # setmaxnreg.inc for the default partition (the consumer), .dec for the workers (the loader)
+    inc = [int(v) for v in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    dec = [int(v) for v in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    out["roles"] = {"consumer": max(inc, default=None), "loader": min(dec, default=None)}
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out["n_regs"] = out["spill_bytes"] = None
+    if os.path.exists(cuobjdump):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(ck.asm["cubin"])
+            f.flush()
+            res = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True)
+        line = next((ln for ln in res.stdout.splitlines() if "REG:" in ln), "")
+        usage = dict(p.split(":", 1) for p in line.split() if ":" in p)
+        if usage:
+            out["n_regs"], out["spill_bytes"] = int(usage["REG"]), int(usage.get("LOCAL", 0))
+    return out

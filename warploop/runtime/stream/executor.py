@@ -1,0 +1,77 @@
+"""Run a streaming program on a Hopper GPU: upload once, then one launch of the persistent kernel
+per run (one CTA per SM). Counters only grow, so a run needs no reset: run e waits for need * (e + 1).
+
+    ex = StreamExecutor(program)        # builds, uploads, compiles (Gluon; about a second)
+    ex.run()                            # raises StreamError if a wait gave up, TimeoutError if the GPU hangs
+    ex.arena                            # the fp32 arena on the GPU
+"""
+from __future__ import annotations
+
+import time
+
+from warploop.runtime.stream.compiled import smem_layout
+from warploop.runtime.stream.program import StreamProgram
+
+RESET_EPOCH = 1 << 20                   # counters are zeroed before need * (epoch + 1) could overflow
+
+
+class StreamError(RuntimeError):
+    pass
+
+
+class StreamExecutor:
+    def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None) -> None:
+        import torch
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        dev = torch.device(device)
+        if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+            raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
+                               "elsewhere run the program with reference.reference()")
+        self.program, self.device = program, dev
+        self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.built = program.build(self.ctas)
+        if max((c for c in self.built.schedule.counter_sizes), default=0) * RESET_EPOCH >= 2 ** 31:
+            raise ValueError("a counter with more than 2,047 signallers a run would overflow; split the stage")
+        self.words = torch.from_numpy(self.built.words).to(dev)
+        self.table = torch.from_numpy(self.built.table).to(dev)
+        self.arena = program.arena(dev)
+        self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
+        self.err = torch.zeros(4, dtype=torch.int32, device=dev)
+        cfg = program.config
+        pools = [p if p.device == dev else p.to(dev) for p in program.pools]
+        self._pools = pools                         # the descriptors point into these
+        descs = [TensorDescriptor.from_tensor(p, [cfg.block_rows, cfg.block_k], smem_layout()) for p in pools]
+        self.descs = (descs + descs[:1] * 4)[:4]
+        self.epoch = 0
+
+    def launch(self) -> None:
+        """Queue one run on the current stream (no wait)."""
+        from warploop.runtime.stream.kernel import stream_kernel
+        if self.epoch == RESET_EPOCH:
+            self.counters.zero_()
+            self.epoch = 0
+        stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.counters, self.err,
+                                    self.epoch, **self.program.config.constexprs(), num_warps=4)
+        self.epoch += 1
+
+    def run(self, timeout: float = 60.0) -> None:
+        self.launch()
+        self.wait(timeout)
+
+    def wait(self, timeout: float = 60.0) -> None:
+        """Wait for the queued runs; raise if one of their waits gave up or they outlast `timeout`."""
+        import torch
+        ev = torch.cuda.Event()
+        ev.record()
+        t0 = time.monotonic()
+        while not ev.query():
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"the streaming kernel did not finish within {timeout} s (the GPU may be hung: "
+                                   "a ring wait that never completes); restart the process")
+            time.sleep(1e-4)
+        err = self.err.tolist()
+        if err[0]:
+            self.err.zero_()
+            raise StreamError(f"CTA {err[2]} instruction {err[3]}: the wait on counter {err[1]} gave up after "
+                              f"{self.program.config.spin} polls (a producer never published; the run's outputs "
+                              "are not valid)")

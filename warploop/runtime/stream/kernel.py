@@ -1,0 +1,228 @@
+"""The streaming executor's kernel, in Gluon (Hopper: TMA, mbarriers, warp specialization).
+
+One CTA per SM runs its static instruction list (program.py builds it) with two roles:
+
+- the loader, one warp with a small register budget, walks the list and streams every node's
+  streamed operand (kinds.Streamed) into a ring of NBUF shared-memory slots of [BR, BK] by TMA.
+  It waits only for free slots, never on a dependency, so it runs ahead into later stages;
+- the consumer, one warpgroup, walks the same list: it waits on the node's dependency counters
+  (bounded polls, then one acquire), stages the node's input vector in shared memory, computes from
+  the ring chunk by chunk, releases each slot, writes its outputs and publishes its counter with a
+  release atomic.
+
+Ring protocol: chunk number `it` (counted alike by both roles) lives in slot it % NBUF, and
+(it // NBUF) & 1 is the parity of that slot's use. full[slot] completes when TMA has written the
+chunk (expect-tx); empty[slot] when the consumer has read it. A fresh mbarrier passes a wait for
+parity 1, so the loader's first pass over the ring does not block.
+
+Counters only grow: run `epoch` (0-based) of a wait on (counter, need) is met at need * (epoch + 1).
+A wait that polls SPIN times in vain records (1, counter, CTA, instruction) in err and stops
+waiting from then on, so the kernel always ends and the host raises with those words.
+
+Triton 3.6 and 3.9 name two builtins differently; the aliases below take whichever exists.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))   # 3.6: _reinterpret
+
+W = gl.constexpr(WORDS)
+H_OP = gl.constexpr(header_word("op"))
+H_WAIT0 = gl.constexpr(header_word("wait0"))
+H_NEED0 = gl.constexpr(header_word("need0"))
+H_WAIT1 = gl.constexpr(header_word("wait1"))
+H_NEED1 = gl.constexpr(header_word("need1"))
+H_SIGNAL = gl.constexpr(header_word("signal"))
+OP_GEMV = gl.constexpr(GEMV.opcode)
+G_POOL = gl.constexpr(GEMV.word(GEMV.streamed.pool))
+G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
+G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
+G_ROWS = gl.constexpr(GEMV.word("rows"))
+G_X = gl.constexpr(GEMV.word("x"))
+G_OUT = gl.constexpr(GEMV.word("out"))
+G_NORM = gl.constexpr(GEMV.word("norm"))
+G_BIAS = gl.constexpr(GEMV.word("bias"))
+G_EPI = gl.constexpr(GEMV.word("epi"))
+G_EPS = gl.constexpr(GEMV.word("eps"))
+EPI_ADD = gl.constexpr(EPILOGUES["add"])
+EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
+LOADER_WARPS = gl.constexpr(1)
+LOADER_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: gl.constexpr,
+            NBUF: gl.constexpr):
+    it = 0
+    for i in range(n):
+        base = instr + i * W
+        op = gl.load(base + H_OP)
+        pool = gl.load(base + G_POOL)
+        row = gl.load(base + G_ROW)
+        k = gl.load(base + G_K)
+        if op == OP_GEMV:
+            for kk in range(0, k, BK):
+                slot = it % NBUF
+                mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+                bar = full.index(slot)
+                mbarrier.expect(bar, BR * BK * 2)
+                dst = bufs.index(slot)
+                if pool == 0:
+                    _tma_load(d0, [row, kk], bar, dst)
+                elif pool == 1:
+                    _tma_load(d1, [row, kk], bar, dst)
+                elif pool == 2:
+                    _tma_load(d2, [row, kk], bar, dst)
+                else:
+                    _tma_load(d3, [row, kk], bar, dst)
+                it += 1
+
+
+@gluon.jit
+def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
+    """Poll counter c until it reaches target (at most SPIN polls; none once a wait has failed),
+    then one acquire load. Returns the new `failed`."""
+    cptr = counters + c
+    limit = SPIN * (1 - failed)
+    polls = 0
+    cnt = gl.load(cptr, volatile=True)
+    while (cnt < target) & (polls < limit):
+        cnt = gl.load(cptr, volatile=True)
+        polls += 1
+    cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
+    if cnt < target:
+        failed = 1
+        gl.store(err + 1, c)
+        gl.store(err + 2, cta)
+        gl.store(err + 3, i)
+        gl.store(err + 0, 1)
+    return failed
+
+
+@gluon.jit
+def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, BR: gl.constexpr,
+              BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr):
+    HALF: gl.constexpr = BR // 2
+    # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
+    # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
+    rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+    # x is staged as [KMAX // BK, BK] and read back through a [KMAX // BK, 1, BK] view of the same
+    # bytes: chunk c is then a [1, BK] tile in the chunks' own layout
+    xl: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    if PUBLIC_REINTERPRET:
+        xrows = xs.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
+    else:
+        xrows = xs._reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
+    xidx = (gl.arange(0, KMAX // BK, layout=gl.SliceLayout(1, xl))[:, None] * BK
+            + gl.arange(0, BK, layout=gl.SliceLayout(0, xl))[None, :])
+    it = 0
+    failed = 0
+    staged_x = -1
+    staged_norm = -2
+    staged_k = -1
+    i = 0
+    while i < n:
+        base = instr + i * W
+        op = gl.load(base + H_OP)
+        w0 = gl.load(base + H_WAIT0)
+        n0 = gl.load(base + H_NEED0)
+        w1 = gl.load(base + H_WAIT1)
+        n1 = gl.load(base + H_NEED1)
+        sig = gl.load(base + H_SIGNAL)
+        k = gl.load(base + G_K)
+        x = gl.load(base + G_X)
+        norm = gl.load(base + G_NORM)
+        eps = gl.load(base + G_EPS).to(gl.float32, bitcast=True)
+        rows_n = gl.load(base + G_ROWS)
+        out = gl.load(base + G_OUT)
+        bias = gl.load(base + G_BIAS)
+        epi = gl.load(base + G_EPI)
+        waited = 0
+        if w0 >= 0:
+            failed = _wait(counters, err, w0, n0 * (epoch + 1), failed, cta, i, SPIN)
+            waited = 1
+        if w1 >= 0:
+            failed = _wait(counters, err, w1, n1 * (epoch + 1), failed, cta, i, SPIN)
+            waited = 1
+        if op == OP_GEMV:
+            if (waited != 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k):
+                # .cg: read L2, never a stale L1 line of a buffer another SM wrote
+                xv = gl.load(arena + x + xidx, mask=xidx < k, other=0.0, cache_modifier=".cg")
+                if norm >= 0:
+                    ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
+                    nw = gl.load(arena + norm + xidx, mask=xidx < k, other=0.0)
+                    xv = xv * gl.rsqrt(ss / k + eps) * nw
+                _barrier()            # every thread is done with the previous x
+                xs.store(xv)
+                _barrier()
+                staged_x = x
+                staged_norm = norm
+                staged_k = k
+            acc_a = gl.zeros([HALF], gl.float32, layout=gl.SliceLayout(1, layout))
+            acc_b = gl.zeros([HALF], gl.float32, layout=gl.SliceLayout(1, layout))
+            c = 0
+            while c < (k + BK - 1) // BK:
+                slot = it % NBUF
+                xc = xrows.index(c).load(layout)          # [1, BK]: broadcast over the rows
+                mbarrier.wait(full.index(slot), (it // NBUF) & 1)
+                buf = bufs.index(slot)
+                wa = buf.slice(0, HALF).load(layout)
+                wb = buf.slice(HALF, HALF).load(layout)
+                acc_a += gl.sum(wa.to(gl.float32) * xc, axis=1)
+                acc_b += gl.sum(wb.to(gl.float32) * xc, axis=1)
+                # every warp is done with the slot before one thread frees it; the proxy fence
+                # orders these reads before the next TMA write into it
+                _barrier()
+                fence_async_shared()
+                mbarrier.arrive(empty.index(slot))
+                it += 1
+                c += 1
+            if epi == EPI_SILU:
+                y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
+                gl.store(arena + out + rows, y, mask=rows < rows_n)
+            else:
+                ma = rows < rows_n
+                mb = rows + HALF < rows_n
+                if bias >= 0:
+                    acc_a += gl.load(arena + bias + rows, mask=ma, other=0.0)
+                    acc_b += gl.load(arena + bias + HALF + rows, mask=mb, other=0.0)
+                if epi == EPI_ADD:
+                    acc_a += gl.load(arena + out + rows, mask=ma, other=0.0, cache_modifier=".cg")
+                    acc_b += gl.load(arena + out + HALF + rows, mask=mb, other=0.0, cache_modifier=".cg")
+                gl.store(arena + out + rows, acc_a, mask=ma)
+                gl.store(arena + out + HALF + rows, acc_b, mask=mb)
+            if (out < staged_x + staged_k) & (out + BR > staged_x):
+                staged_x = -1         # this node wrote over the staged input
+        if sig >= 0:
+            _barrier()                # every thread's stores precede the one release below
+            gl.atomic_add(counters + sig, 1, sem="release", scope="gpu")
+        i += 1
+
+
+@gluon.jit(do_not_specialize=["epoch"])
+def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, BR: gl.constexpr,
+                  BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr):
+    cta = gl.program_id(0)
+    first = gl.load(table + 2 * cta)
+    n = gl.load(table + 2 * cta + 1)
+    mine = instr + first * W
+    bufs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BR, BK], d0.layout)
+    xs = gl.allocate_shared_memory(gl.float32, [KMAX // BK, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NBUF):
+        mbarrier.init(full.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, BR, BK, NBUF, KMAX, SPIN)),
+        (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
+    ], [LOADER_WARPS], [LOADER_REGS])

@@ -1,0 +1,163 @@
+"""The streaming executor's node kinds and instruction words, declared once, as data.
+
+An instruction is WORDS int32 words: the header (opcode, two waits, the counter it signals), then
+its kind's fields in declaration order. The Gluon kernel, the CPU reference, the program builder
+and the hazard check all read a field by name (`GEMV.word("k")`), never by position.
+
+A kind declares:
+- its fields and their types ("i32", or "f32" carried as its bits);
+- its streamed operand: the fields naming a weight pool, the first row and the width. What no
+  predecessor writes is streamed: the loader reads these three words and fills the shared-memory
+  ring with [tile rows, BK] chunks of those rows, whatever the consumer is waiting on;
+- its cost (bytes it streams, for placement) and its footprint (the arena ranges it reads and
+  writes, for the hazard check), as functions of its fields.
+
+    kind = GEMV
+    words = Instruction(GEMV, waits=((3, 64),), signal=4, fields={...}).serialize()
+    Instruction.parse(words) == ...
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable
+
+WORDS = 16                                       # int32 words an instruction
+HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal")
+MAX_WAITS = 2
+EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
+
+
+def header_word(name: str) -> int:
+    return HEADER.index(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    type: str = "i32"                            # "i32" or "f32" (stored as its bits)
+
+    def __post_init__(self):
+        if self.type not in ("i32", "f32"):
+            raise ValueError(f"field {self.name!r}: type must be 'i32' or 'f32', not {self.type!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Streamed:
+    """Which fields name a node's streamed operand: rows [row, row + tile rows) of weight pool
+    `pool`, columns [0, width)."""
+    pool: str
+    row: str
+    width: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeKind:
+    name: str
+    opcode: int
+    fields: tuple[Field, ...]
+    streamed: Streamed | None = None
+    cost: Callable[[dict, int], float] = lambda f, br: 1.0
+    # (fields, tile rows) -> (reads, writes): lists of (arena offset, length)
+    footprint: Callable[[dict, int], tuple[list, list]] = lambda f, br: ([], [])
+
+    def __post_init__(self):
+        names = [f.name for f in self.fields]
+        if len(set(names)) != len(names) or set(names) & set(HEADER):
+            raise ValueError(f"kind {self.name}: field names must be unique and not a header word")
+        if len(HEADER) + len(self.fields) > WORDS:
+            raise ValueError(f"kind {self.name}: {len(self.fields)} fields exceed the {WORDS}-word instruction")
+        if self.streamed is not None:
+            missing = {self.streamed.pool, self.streamed.row, self.streamed.width} - set(names)
+            if missing:
+                raise ValueError(f"kind {self.name}: streamed operand names unknown fields {sorted(missing)}")
+
+    def word(self, name: str) -> int:
+        """The word index of field `name` in an instruction of this kind."""
+        for i, f in enumerate(self.fields):
+            if f.name == name:
+                return len(HEADER) + i
+        raise KeyError(f"kind {self.name} has no field {name!r} (fields: {[f.name for f in self.fields]})")
+
+    def encode(self, values: dict) -> list[int]:
+        unknown = set(values) - {f.name for f in self.fields}
+        missing = {f.name for f in self.fields} - set(values)
+        if unknown or missing:
+            raise TypeError(f"kind {self.name}: missing fields {sorted(missing)}, unknown {sorted(unknown)}")
+        out = []
+        for f in self.fields:
+            v = values[f.name]
+            if f.type == "f32":
+                out.append(struct.unpack("<i", struct.pack("<f", float(v)))[0])
+            else:
+                if not -2 ** 31 <= int(v) < 2 ** 31:
+                    raise ValueError(f"kind {self.name}: field {f.name}={v} does not fit int32")
+                out.append(int(v))
+        return out
+
+    def decode(self, words) -> dict:
+        out = {}
+        for i, f in enumerate(self.fields):
+            w = int(words[len(HEADER) + i])
+            out[f.name] = struct.unpack("<f", struct.pack("<i", w))[0] if f.type == "f32" else w
+        return out
+
+
+def _gemv_cost(f: dict, br: int) -> float:
+    return float(br * f["k"] * 2)               # bytes streamed (bf16 weights)
+
+
+def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
+    reads = [(f["x"], f["k"])]
+    if f["norm"] >= 0:
+        reads.append((f["norm"], f["k"]))
+    outs = f["rows"]
+    if f["bias"] >= 0:
+        reads.append((f["bias"], br))
+    if f["epi"] == EPILOGUES["add"]:
+        reads.append((f["out"], outs))
+    return reads, [(f["out"], outs)]
+
+
+NOP = NodeKind("nop", 0, ())
+# One tile of a matrix-vector product: `rows` output rows from pool rows [row, row + BR) times the
+# arena vector x[0:k], optionally RMS-normalised first (x * rsqrt(mean(x^2) + eps) * norm), then an
+# epilogue: "store" y (+ bias), "add" y (+ bias) into out, or "silu_mul": the tile's first BR/2 rows
+# are gate rows, the next BR/2 the matching up rows, and out gets silu(gate) * up (rows <= BR/2).
+GEMV = NodeKind(
+    "gemv", 1,
+    fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
+            Field("bias"), Field("epi"), Field("eps", "f32")),
+    streamed=Streamed("pool", "row", "k"), cost=_gemv_cost, footprint=_gemv_footprint)
+
+KINDS = (NOP, GEMV)
+BY_OPCODE = {k.opcode: k for k in KINDS}
+BY_NAME = {k.name: k for k in KINDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    kind: NodeKind
+    waits: tuple[tuple[int, int], ...] = ()     # (counter, signals per run)
+    signal: int = -1                            # counter bumped when done (-1: none)
+    fields: dict = dataclasses.field(default_factory=dict)
+
+    def serialize(self) -> list[int]:
+        if len(self.waits) > MAX_WAITS:
+            raise ValueError(f"an instruction holds at most {MAX_WAITS} waits (the builder adds NOPs for more)")
+        waits = list(self.waits) + [(-1, 0)] * (MAX_WAITS - len(self.waits))
+        head = [self.kind.opcode, waits[0][0], waits[0][1], waits[1][0], waits[1][1], self.signal]
+        body = self.kind.encode(self.fields)
+        return head + body + [0] * (WORDS - len(head) - len(body))
+
+    @classmethod
+    def parse(cls, words) -> Instruction:
+        if len(words) != WORDS:
+            raise ValueError(f"an instruction is {WORDS} words, got {len(words)}")
+        op = int(words[0])
+        if op not in BY_OPCODE:
+            raise ValueError(f"unknown opcode {op}")
+        kind = BY_OPCODE[op]
+        waits = tuple((int(words[1 + 2 * i]), int(words[2 + 2 * i])) for i in range(MAX_WAITS)
+                      if int(words[1 + 2 * i]) >= 0)
+        return cls(kind, waits, int(words[header_word("signal")]), kind.decode(words))

@@ -1,0 +1,227 @@
+"""A static program for the streaming executor: weight pools, an fp32 arena, nodes and their order.
+
+    p = StreamProgram(StreamConfig())
+    w = p.pool(torch.cat([wq, wo]))                  # [rows, K] bf16: what the loader streams
+    x, y = p.buffer("x", 2048), p.buffer("y", 3072)
+    a = p.gemv(w, 0, 3072, x, y, norm=p.buffer("n", 2048, init=norm_w), eps=1e-5)
+    b = p.gemv(w, 3072, 2048, y, x, epi="add", after=a)
+    built = p.build(ctas=132)                         # placement, counters, instruction words, hazard check
+    out = reference(p)                                # the CPU executor (reference.py)
+
+Nodes are recorded in a topological order (a node depends only on nodes recorded before it);
+placement (runtime/placement.py) balances their cost over the CTAs and derives the counters.
+Every arena range a node writes is ordered against every node that reads or writes it
+(`check_hazards`), so any run of the graph computes what running the nodes in recording order does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from warploop.runtime.placement import NodeSpec, Schedule, place
+from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.kinds import EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
+
+MAX_POOLS = 4
+ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
+
+
+class Region(NamedTuple):
+    offset: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    index: int
+    kind: NodeKind
+    fields: dict
+    deps: tuple[int, ...]
+    worker: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    schedule: Schedule
+    words: np.ndarray             # int32 [instructions * WORDS], CTA by CTA
+    table: np.ndarray             # int32 [2 * ctas]: (first instruction, count) per CTA
+    counters: int                 # counters the program uses
+    instructions: tuple[Instruction, ...]
+
+
+class HazardError(ValueError):
+    pass
+
+
+class StreamProgram:
+    def __init__(self, config: StreamConfig | None = None) -> None:
+        self.config = config or StreamConfig()
+        self.pools: list = []
+        self.regions: dict[str, Region] = {}
+        self.inits: dict[str, object] = {}
+        self.arena_size = 0
+        self.nodes: list[Node] = []
+
+    # -- memory ----------------------------------------------------------------------------------
+    def buffer(self, name: str, size: int, init=None) -> Region:
+        """An fp32 arena region of `size` floats (zeros, or `init`'s values)."""
+        if name in self.regions:
+            raise ValueError(f"buffer {name!r} declared twice")
+        if size <= 0:
+            raise ValueError(f"buffer {name!r}: size must be positive, got {size}")
+        if init is not None and int(np.prod(tuple(init.shape))) != size:
+            raise ValueError(f"buffer {name!r}: init has {int(np.prod(tuple(init.shape)))} values, size is {size}")
+        r = self.regions[name] = Region(self.arena_size, size)
+        self.arena_size += -(-size // ALIGN) * ALIGN
+        if init is not None:
+            self.inits[name] = init
+        return r
+
+    def pool(self, weights) -> int:
+        """A [rows, K] bf16 matrix the loader streams rows of; returns its index."""
+        import torch
+        if len(self.pools) == MAX_POOLS:
+            raise ValueError(f"a program takes at most {MAX_POOLS} weight pools (pack matrices of one width into one)")
+        if weights.dim() != 2 or weights.dtype != torch.bfloat16 or not weights.is_contiguous():
+            raise ValueError(f"a pool is a contiguous 2-D bfloat16 matrix, got {tuple(weights.shape)} {weights.dtype}")
+        if weights.shape[1] % 8:
+            raise ValueError(f"a pool's width must be a multiple of 8 (16-byte rows for TMA), got {weights.shape[1]}")
+        if weights.shape[1] > self.config.kmax:
+            raise ValueError(f"a pool of width {weights.shape[1]} exceeds StreamConfig.kmax {self.config.kmax}")
+        self.pools.append(weights)
+        return len(self.pools) - 1
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def add(self, kind: NodeKind, after=(), worker: int | None = None, **fields) -> int:
+        kind.encode(fields)                       # names and int32 ranges, before anything is recorded
+        deps = tuple(sorted({int(d) for d in _flat(after)}))
+        if deps and (deps[0] < 0 or deps[-1] >= len(self.nodes)):
+            raise ValueError(f"node {len(self.nodes)} depends on {deps}: dependencies must be recorded earlier")
+        self.nodes.append(Node(len(self.nodes), kind, dict(fields), deps, worker))
+        return len(self.nodes) - 1
+
+    def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
+             bias: Region | None = None, eps: float = 0.0, epi: str = "store", after=(),
+             worker: int | None = None) -> list[int]:
+        """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows. For "silu_mul" the
+        pool rows come as tiles of BR/2 gate rows then their BR/2 up rows (interleave_gate_up)."""
+        br = self.config.block_rows
+        if not 0 <= pool < len(self.pools):
+            raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
+        if epi not in EPILOGUES:
+            raise ValueError(f"epi must be one of {sorted(EPILOGUES)}, not {epi!r}")
+        w = self.pools[pool]
+        k = int(w.shape[1])
+        per = br // 2 if epi == "silu_mul" else br
+        span = -(-n // per) * br
+        if n <= 0 or row < 0 or row + (2 * n if epi == "silu_mul" else n) > w.shape[0]:
+            raise ValueError(f"rows [{row}, {row} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
+        if x.size < k or (norm is not None and norm.size < k):
+            raise ValueError(f"x ({x.size}) and norm must hold the pool's width {k}")
+        if out.size < n or (bias is not None and bias.size < n):
+            raise ValueError(f"out ({out.size}) and bias must hold {n} rows")
+        if bias is not None and epi == "silu_mul":
+            raise ValueError("silu_mul takes no bias")
+        tiles = []
+        for t in range(-(-n // per)):
+            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=row + t * br,
+                                  rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
+                                  norm=-1 if norm is None else norm.offset,
+                                  bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps))
+        assert span >= n
+        return tiles
+
+    # -- compiling -------------------------------------------------------------------------------
+    def build(self, ctas: int) -> Built:
+        """Place the nodes on `ctas` CTAs and encode every CTA's instruction list."""
+        if not self.nodes:
+            raise ValueError("a program needs at least one node")
+        check_hazards(self)
+        br = self.config.block_rows
+        sched = place([NodeSpec(n.deps, n.kind.cost(n.fields, br), n.worker) for n in self.nodes], ctas)
+        insts, table = [], np.zeros(2 * ctas, dtype=np.int32)
+        for c, lst in enumerate(sched.lists):
+            table[2 * c:2 * c + 2] = (len(insts), len(lst))
+            for inst in lst:
+                if inst.node < 0:
+                    insts.append(Instruction(NOP, inst.waits, -1))
+                else:
+                    node = self.nodes[inst.node]
+                    insts.append(Instruction(node.kind, inst.waits, inst.signal, node.fields))
+        words = np.array([w for i in insts for w in i.serialize()], dtype=np.int32)
+        return Built(sched, words.reshape(-1) if len(words) else np.zeros(WORDS, np.int32), table,
+                     len(sched.counter_sizes), tuple(insts))
+
+    def arena(self, device="cpu"):
+        """A fresh arena: zeros, with every buffer's init copied in."""
+        import torch
+        a = torch.zeros(max(self.arena_size, ALIGN), dtype=torch.float32, device=device)
+        for name, init in self.inits.items():
+            r = self.regions[name]
+            a[r.offset:r.offset + r.size] = init.reshape(-1).to(device=device, dtype=torch.float32)
+        return a
+
+
+def interleave_gate_up(gate, up, block_rows: int):
+    """Pack gate [F, K] and up [F, K] as tiles of block_rows/2 gate rows, then the same up rows
+    (a "silu_mul" GEMV's pool rows). F is padded to a multiple of block_rows/2 with zero rows."""
+    import torch
+    half = block_rows // 2
+    f, k = gate.shape
+    pad = -(-f // half) * half
+    g = torch.zeros(pad, k, dtype=gate.dtype, device=gate.device)
+    u = torch.zeros_like(g)
+    g[:f], u[:f] = gate, up
+    return torch.stack([g.view(-1, half, k), u.view(-1, half, k)], dim=1).reshape(-1, k).contiguous()
+
+
+def _flat(after):
+    if isinstance(after, int):
+        return [after]
+    out = []
+    for a in after or ():
+        out.extend(_flat(a) if isinstance(a, (list, tuple)) else [a])
+    return out
+
+
+def check_hazards(program: StreamProgram) -> None:
+    """Raise HazardError naming two nodes that touch one arena float, one of them writing it, with
+    neither an ancestor of the other. A sweep over the arena's boundaries keeps the readers and
+    writers of the current segment as bitsets, so the check is a few big-integer operations per
+    segment and writer, not one per pair of nodes."""
+    nodes, br = program.nodes, program.config.block_rows
+    anc, desc = [0] * len(nodes), [0] * len(nodes)
+    for n in nodes:
+        for d in n.deps:
+            anc[n.index] |= anc[d] | (1 << d)
+    for n in reversed(nodes):
+        for d in n.deps:
+            desc[d] |= desc[n.index] | (1 << n.index)
+    points: dict[int, list] = {}                 # arena offset -> [(delta, node, writes)]
+    for n in nodes:
+        reads, writes = n.kind.footprint(n.fields, br)
+        for (s, ln), w in [(r, False) for r in reads] + [(r, True) for r in writes]:
+            if ln > 0:
+                points.setdefault(s, []).append((1, n.index, w))
+                points.setdefault(s + ln, []).append((-1, n.index, w))
+    count = {False: {}, True: {}}
+    bits = {False: 0, True: 0}
+    for at in sorted(points):
+        for delta, i, w in points[at]:
+            c = count[w][i] = count[w].get(i, 0) + delta
+            if c == 0:
+                bits[w] &= ~(1 << i)
+            elif c == 1 and delta == 1:
+                bits[w] |= 1 << i
+        writers, touched = bits[True], bits[True] | bits[False]
+        while writers:
+            i = (writers & -writers).bit_length() - 1
+            writers &= writers - 1
+            loose = touched & ~(anc[i] | desc[i] | (1 << i))
+            if loose:
+                j = (loose & -loose).bit_length() - 1
+                a, b = sorted((i, j))
+                raise HazardError(f"nodes {a} ({nodes[a].kind.name}) and {b} ({nodes[b].kind.name}) both touch "
+                                  f"arena offset {at} and one writes it, but neither depends on the other")
