@@ -3,9 +3,11 @@ instruction words, and the CPU reference against plain PyTorch (a Llama-shaped l
 import pytest
 import torch
 
+from warploop.bench import stream_chain
+from warploop.llm.config import ModelConfig
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.kinds import BY_NAME, GEMV, HEADER, NOP, WORDS, Field, Instruction, NodeKind
-from warploop.runtime.stream.program import HazardError, StreamProgram, interleave_gate_up
+from warploop.runtime.stream.program import HazardError, StreamProgram
 from warploop.runtime.stream.reference import first_difference, reference
 
 CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
@@ -38,75 +40,55 @@ def test_kind_declarations_refuse_what_does_not_fit():
         Instruction.parse([99] + [0] * (WORDS - 1))
 
 
-def layer_chain(cfg=CFG, layers=2, hidden=64, q=64, kv=32, inter=96, vocab=80, seed=0):
-    """A Llama-shaped chain: per layer qkv (norm) -> o_proj (+= res) -> gate_up (norm, silu*up) ->
-    down (+= res), then lm_head (norm). Returns the program, its matrices and the regions."""
-    g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: (torch.randn(*s, generator=g) / s[-1] ** 0.5).to(torch.bfloat16)
-    p = StreamProgram(cfg)
-    wh = [(rnd(q + 2 * kv, hidden), rnd(inter, hidden), rnd(inter, hidden)) for _ in range(layers)]
-    wo = [rnd(hidden, q) for _ in range(layers)]
-    wd = [rnd(hidden, inter) for _ in range(layers)]
-    head = rnd(vocab, hidden)
-    # one pool per width: every matrix's first row in its pool
-    by_width, rows = {}, {}
-    def put(key, m):
-        lst = by_width.setdefault(m.shape[1], [])
-        rows[key] = (m.shape[1], sum(t.shape[0] for t in lst))
-        lst.append(m)
-    for i, (wqkv, gate, up) in enumerate(wh):
-        put(("qkv", i), wqkv)
-        put(("gu", i), interleave_gate_up(gate, up, cfg.block_rows))
-        put(("o", i), wo[i])
-        put(("down", i), wd[i])
-    put("head", head)
-    pool = {k: p.pool(torch.cat(lst)) for k, lst in by_width.items()}
-    at = lambda key: (pool[rows[key][0]], rows[key][1])
-    res = p.buffer("res", hidden, init=torch.randn(hidden, generator=g))
-    norms = [p.buffer(f"n{i}", hidden, init=1 + 0.1 * torch.randn(hidden, generator=g)) for i in range(2 * layers + 1)]
-    qkv, act = p.buffer("qkv", q + 2 * kv), p.buffer("act", inter)
-    logits = p.buffer("logits", vocab)
-    prev = []
-    for i in range(layers):
-        a = p.gemv(*at(("qkv", i)), q + 2 * kv, res, qkv, norm=norms[2 * i], eps=1e-5, after=prev)
-        b = p.gemv(*at(("o", i)), hidden, qkv, res, epi="add", after=a)
-        c = p.gemv(*at(("gu", i)), inter, res, act, norm=norms[2 * i + 1], eps=1e-5, epi="silu_mul", after=b)
-        prev = p.gemv(*at(("down", i)), hidden, act, res, epi="add", after=c)
-    p.gemv(*at("head"), vocab, res, logits, norm=norms[-1], eps=1e-5, after=prev)
-    return p, dict(wh=wh, wo=wo, wd=wd, head=head), dict(res=res, logits=logits, norms=norms, qkv=qkv, q=q)
+def small(**kw):
+    base = dict(family="llama", vocab_size=80, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=16)
+    return ModelConfig(**(base | kw))
 
 
-def torch_chain(p, w, r):
-    """The same chain in plain PyTorch (fp32 activations, bf16 weights upcast)."""
-    arena = p.arena()
-    get = lambda reg: arena[reg.offset:reg.offset + reg.size]
-    res = get(r["res"]).clone()
-    norm = lambda x, n: x * torch.rsqrt(x.pow(2).mean() + 1e-5) * get(n)
-    for i, (wqkv, gate, up) in enumerate(w["wh"]):
-        qkv = wqkv.float() @ norm(res, r["norms"][2 * i])
-        res = res + w["wo"][i].float() @ qkv[:w["wo"][i].shape[1]]
-        h = norm(res, r["norms"][2 * i + 1])
-        res = res + w["wd"][i].float() @ (torch.nn.functional.silu(gate.float() @ h) * (up.float() @ h))
-    return res, w["head"].float() @ norm(res, r["norms"][-1])
+SHAPES = {"llama_gqa": small(), "qwen2_bias": small(family="qwen2", qkv_bias=True, intermediate_size=80),
+          "qwen3_q_wider": small(family="qwen3", num_heads=8, num_kv_heads=1, head_dim=16, o_bias=True, vocab_size=50)}
 
 
-@pytest.mark.parametrize("shape", [dict(), dict(hidden=64, q=128, kv=16, inter=80, vocab=50)],
-                         ids=["llama_like", "qwen3_like_q_wider"])
-def test_reference_equals_plain_torch(shape):
-    p, w, r = layer_chain(**shape)
+def torch_chain(chain, arena):
+    """The chain in plain PyTorch: fp32 activations, bf16 weights upcast, gate/up de-interleaved."""
+    get = lambda name: chain.view(arena, name)
+    d, half = chain.dims, CFG.block_rows // 2
+    res = get("res").clone()
+    norm = lambda x, n: x * torch.rsqrt(x.pow(2).mean() + d["eps"]) * get(n)
+    bias = lambda name: get(name) if name in chain.regions else 0.0
+    for i in range(d["layers"]):
+        qkv = chain.mats[f"qkv{i}"].float() @ norm(res, f"n{2 * i}") + bias(f"bqkv{i}")
+        res = res + chain.mats[f"o{i}"].float() @ qkv[:d["q"]] + bias(f"bo{i}")
+        gu = (chain.mats[f"gu{i}"].float() @ norm(res, f"n{2 * i + 1}")).view(-1, 2, half)
+        act = (torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]).reshape(-1)[:d["inter"]]
+        res = res + chain.mats[f"down{i}"].float() @ act
+    return res, chain.mats["head"].float() @ norm(res, f"n{2 * d['layers']}")
+
+
+def layer_chain(model=None):
+    return stream_chain.layer_chain(model or SHAPES["llama_gqa"], CFG)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_reference_equals_plain_torch(name):
+    chain = layer_chain(SHAPES[name])
+    p = chain.program
     got = reference(p)
-    res, logits = torch_chain(p, w, r)
-    lo, ro = r["logits"], r["res"]
-    torch.testing.assert_close(got[ro.offset:ro.offset + ro.size], res, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got[lo.offset:lo.offset + lo.size], logits, rtol=1e-4, atol=1e-4)
+    res, logits = torch_chain(chain, p.arena())
+    torch.testing.assert_close(chain.view(got, "res"), res, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chain.view(got, "logits"), logits, rtol=1e-4, atol=1e-4)
     assert first_difference(p, got, got) is None
     bad = got.clone()
-    bad[lo.offset + 3] += 1.0
+    bad[chain.regions["logits"].offset + 3] += 1.0
     assert "node" in first_difference(p, bad, got)
+    # the PyTorch peer the bench times computes the same step in bf16 activations
+    peer = chain.peer()(chain.view(p.arena(), "res").to(torch.bfloat16)).float()
+    assert ((peer - logits).abs().max() / logits.abs().max()).item() < 3e-2
 
 
 def test_build_places_every_node_and_counts_waits():
-    p, _, _ = layer_chain()
+    p = layer_chain().program
     built = p.build(ctas=8)
     placed = sorted(i.node for lst in built.schedule.lists for i in lst if i.node >= 0)
     assert placed == list(range(len(p.nodes)))
@@ -121,7 +103,8 @@ def test_build_places_every_node_and_counts_waits():
 
 
 def test_hazard_check_finds_a_missing_edge():
-    p, _, r = layer_chain(layers=1)
+    chain = layer_chain()
+    p, r = chain.program, chain.regions
     p.build(ctas=4)
     # a second lm_head that writes the residual stream while nothing orders it after the first layer
     q = StreamProgram(CFG)

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench runtime": ("warploop.bench.runtime", "resident runtime: hop latency, throughput, MLP stack"),
     "bench hostcall": ("warploop.bench.hostcall", "GPU->host calls: round trip, throughput, print, files"),
     "bench decode": ("warploop.bench.decode", "LLM decode speed vs HF transformers and torch.compile"),
+    "bench stream": ("warploop.bench.stream", "streaming executor (Hopper): weight stream vs floor, stage latency"),
 }
 
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The streaming executor on the GPU machine, in one device call: the GPU tests, then
+# `warploop bench stream` (JSON to $OUT). BENCH_ARGS adds to the bench's arguments.
+#   bash scripts/device_stream.sh
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
+OUT="${OUT:-/tmp/stream-out}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+python -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+PART="${PART:-tests,bench}"
+for part in ${PART//,/ }; do
+  echo "== $part $(date +%T)"
+  case "$part" in
+    tests) (cd tests && timeout 300 python -m pytest -q -x --timeout=120 test_stream_gpu.py test_stream_compile.py) \
+             || echo "tests: rc $?" ;;
+    bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
+             > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
+  esac
+done

@@ -1,0 +1,62 @@
+"""The streaming executor on a Hopper GPU against the CPU reference, node by node (skips elsewhere).
+
+Run on the device machine: scripts/device_stream.sh."""
+import os
+
+import pytest
+
+os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+
+import torch  # noqa: E402
+from test_stream_program import SHAPES  # noqa: E402
+
+from warploop.bench import stream_chain  # noqa: E402
+from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
+from warploop.runtime.stream.executor import StreamError, StreamExecutor  # noqa: E402
+from warploop.runtime.stream.kinds import WORDS, header_word  # noqa: E402
+from warploop.runtime.stream.reference import first_difference, reference  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                reason="needs a Hopper GPU")
+CONFIGS = [StreamConfig(kmax=512), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=512),
+           StreamConfig(block_rows=64, block_k=64, ring=4, kmax=512)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["32x256", "16x128", "64x64"])
+@pytest.mark.parametrize("name", SHAPES)
+def test_gpu_equals_reference_node_by_node(name, cfg):
+    chain = stream_chain.layer_chain(SHAPES[name], cfg, device="cuda", seed=hash(name) % 1000)
+    p = chain.program
+    want = reference(p, p.arena("cuda"))
+    ex = StreamExecutor(p)
+    ex.arena.fill_(float("nan"))                 # poison: every output must be written
+    ex.arena.copy_(p.arena("cuda"))
+    ex.run(timeout=60)
+    assert first_difference(p, ex.arena, want, rtol=1e-4) is None
+    # later runs wait on counters at need * (epoch + 1): the same program again from a fresh arena
+    for _ in range(3):
+        ex.arena.copy_(p.arena("cuda"))
+        ex.run(timeout=60)
+    assert first_difference(p, ex.arena, want, rtol=1e-4) is None
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["same_cta", "cross_cta"])
+def test_dependent_stage_chain(cross):
+    p = stream_chain.stage_chain(StreamConfig(kmax=256), 200, cross, device="cuda")
+    ex = StreamExecutor(p)
+    ex.run(timeout=60)
+    assert first_difference(p, ex.arena, reference(p, p.arena("cuda")), rtol=1e-4) is None
+
+
+def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():
+    p = stream_chain.stage_chain(StreamConfig(kmax=256, spin=20000), 8, True, device="cuda")
+    ex = StreamExecutor(p)
+    words = ex.words.view(-1, WORDS)
+    waiting = (words[:, header_word("wait0")] >= 0).nonzero()[0, 0]
+    words[waiting, header_word("need0")] = 1000          # more signals than the program has
+    with pytest.raises(StreamError, match="gave up"):
+        ex.run(timeout=60)
+    words[waiting, header_word("need0")] = 1
+    ex.counters.zero_()
+    ex.epoch = 0
+    ex.run(timeout=60)                                    # the executor is usable again
