@@ -40,6 +40,7 @@ H_NEED0 = gl.constexpr(header_word("need0"))
 H_WAIT1 = gl.constexpr(header_word("wait1"))
 H_NEED1 = gl.constexpr(header_word("need1"))
 H_SIGNAL = gl.constexpr(header_word("signal"))
+H_SIGNALS = gl.constexpr(header_word("signals"))
 OP_GEMV = gl.constexpr(GEMV.opcode)
 G_POOL = gl.constexpr(GEMV.word(GEMV.streamed.pool))
 G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
@@ -61,14 +62,20 @@ LOADER_REGS = gl.constexpr(40)
 def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: gl.constexpr,
             NBUF: gl.constexpr):
     it = 0
-    for i in range(n):
-        base = instr + i * W
-        op = gl.load(base + H_OP)
-        pool = gl.load(base + G_POOL)
-        row = gl.load(base + G_ROW)
-        k = gl.load(base + G_K)
+    op = gl.load(instr + H_OP)
+    pool = gl.load(instr + G_POOL)
+    row = gl.load(instr + G_ROW)
+    k = gl.load(instr + G_K)
+    i = 0
+    while i < n:                  # the next instruction's words load while this one streams
+        nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
+        n_op = gl.load(nb + H_OP)
+        n_pool = gl.load(nb + G_POOL)
+        n_row = gl.load(nb + G_ROW)
+        n_k = gl.load(nb + G_K)
         if op == OP_GEMV:
-            for kk in range(0, k, BK):
+            kk = 0
+            while kk < k:
                 slot = it % NBUF
                 mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
                 bar = full.index(slot)
@@ -83,20 +90,22 @@ def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: g
                 else:
                     _tma_load(d3, [row, kk], bar, dst)
                 it += 1
+                kk += BK
+        op, pool, row, k = n_op, n_pool, n_row, n_k
+        i += 1
 
 
 @gluon.jit
 def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
-    """Poll counter c until it reaches target (at most SPIN polls; none once a wait has failed),
-    then one acquire load. Returns the new `failed`."""
+    """Poll counter c with acquire loads until it reaches target (at most SPIN polls; none once a
+    wait has failed): the load that sees the target also orders what follows. Returns `failed`."""
     cptr = counters + c
     limit = SPIN * (1 - failed)
     polls = 0
-    cnt = gl.load(cptr, volatile=True)
-    while (cnt < target) & (polls < limit):
-        cnt = gl.load(cptr, volatile=True)
-        polls += 1
     cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
+    while (cnt < target) & (polls < limit):
+        cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
+        polls += 1
     if cnt < target:
         failed = 1
         gl.store(err + 1, c)
@@ -128,37 +137,65 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
     staged_x = -1
     staged_norm = -2
     staged_k = -1
+    # The instruction's words are loaded one instruction ahead (off the critical path). While
+    # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
+    # use is an inner range() bound.
+    op = gl.load(instr + H_OP)
+    w0 = gl.load(instr + H_WAIT0)
+    n0 = gl.load(instr + H_NEED0)
+    w1 = gl.load(instr + H_WAIT1)
+    n1 = gl.load(instr + H_NEED1)
+    sig = gl.load(instr + H_SIGNAL)
+    sigs = gl.load(instr + H_SIGNALS)
+    k = gl.load(instr + G_K)
+    x = gl.load(instr + G_X)
+    norm = gl.load(instr + G_NORM)
+    eps = gl.load(instr + G_EPS).to(gl.float32, bitcast=True)
+    rows_n = gl.load(instr + G_ROWS)
+    out = gl.load(instr + G_OUT)
+    bias = gl.load(instr + G_BIAS)
+    epi = gl.load(instr + G_EPI)
     i = 0
     while i < n:
-        base = instr + i * W
-        op = gl.load(base + H_OP)
-        w0 = gl.load(base + H_WAIT0)
-        n0 = gl.load(base + H_NEED0)
-        w1 = gl.load(base + H_WAIT1)
-        n1 = gl.load(base + H_NEED1)
-        sig = gl.load(base + H_SIGNAL)
-        k = gl.load(base + G_K)
-        x = gl.load(base + G_X)
-        norm = gl.load(base + G_NORM)
-        eps = gl.load(base + G_EPS).to(gl.float32, bitcast=True)
-        rows_n = gl.load(base + G_ROWS)
-        out = gl.load(base + G_OUT)
-        bias = gl.load(base + G_BIAS)
-        epi = gl.load(base + G_EPI)
-        waited = 0
+        nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
+        n_op = gl.load(nb + H_OP)
+        n_w0 = gl.load(nb + H_WAIT0)
+        n_n0 = gl.load(nb + H_NEED0)
+        n_w1 = gl.load(nb + H_WAIT1)
+        n_n1 = gl.load(nb + H_NEED1)
+        n_sig = gl.load(nb + H_SIGNAL)
+        n_sigs = gl.load(nb + H_SIGNALS)
+        n_k = gl.load(nb + G_K)
+        n_x = gl.load(nb + G_X)
+        n_norm = gl.load(nb + G_NORM)
+        n_eps = gl.load(nb + G_EPS).to(gl.float32, bitcast=True)
+        n_rows = gl.load(nb + G_ROWS)
+        n_out = gl.load(nb + G_OUT)
+        n_bias = gl.load(nb + G_BIAS)
+        n_epi = gl.load(nb + G_EPI)
+        restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
+        gemv = op == OP_GEMV
+        ma = rows < rows_n
+        mb = rows + HALF < rows_n
+        # what no predecessor writes is read before the wait: the norm weights and the bias
+        nw = gl.load(arena + norm + xidx, mask=(xidx < k) & (norm >= 0) & restage & gemv, other=0.0)
+        has_bias = (bias >= 0) & gemv & (epi != EPI_SILU)
+        ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
+        bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
         if w0 >= 0:
             failed = _wait(counters, err, w0, n0 * (epoch + 1), failed, cta, i, SPIN)
-            waited = 1
         if w1 >= 0:
             failed = _wait(counters, err, w1, n1 * (epoch + 1), failed, cta, i, SPIN)
-            waited = 1
-        if op == OP_GEMV:
-            if (waited != 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k):
-                # .cg: read L2, never a stale L1 line of a buffer another SM wrote
+        if gemv:
+            # the accumulator's old value is a predecessor's output: read it right after the wait,
+            # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
+            add = epi == EPI_ADD
+            acc_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
+            acc_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
+            if restage:
                 xv = gl.load(arena + x + xidx, mask=xidx < k, other=0.0, cache_modifier=".cg")
                 if norm >= 0:
                     ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
-                    nw = gl.load(arena + norm + xidx, mask=xidx < k, other=0.0)
                     xv = xv * gl.rsqrt(ss / k + eps) * nw
                 _barrier()            # every thread is done with the previous x
                 xs.store(xv)
@@ -166,8 +203,6 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 staged_x = x
                 staged_norm = norm
                 staged_k = k
-            acc_a = gl.zeros([HALF], gl.float32, layout=gl.SliceLayout(1, layout))
-            acc_b = gl.zeros([HALF], gl.float32, layout=gl.SliceLayout(1, layout))
             c = 0
             while c < (k + BK - 1) // BK:
                 slot = it % NBUF
@@ -187,23 +222,17 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 c += 1
             if epi == EPI_SILU:
                 y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
-                gl.store(arena + out + rows, y, mask=rows < rows_n)
+                gl.store(arena + out + rows, y, mask=ma)
             else:
-                ma = rows < rows_n
-                mb = rows + HALF < rows_n
-                if bias >= 0:
-                    acc_a += gl.load(arena + bias + rows, mask=ma, other=0.0)
-                    acc_b += gl.load(arena + bias + HALF + rows, mask=mb, other=0.0)
-                if epi == EPI_ADD:
-                    acc_a += gl.load(arena + out + rows, mask=ma, other=0.0, cache_modifier=".cg")
-                    acc_b += gl.load(arena + out + HALF + rows, mask=mb, other=0.0, cache_modifier=".cg")
                 gl.store(arena + out + rows, acc_a, mask=ma)
                 gl.store(arena + out + HALF + rows, acc_b, mask=mb)
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
-            gl.atomic_add(counters + sig, 1, sem="release", scope="gpu")
+            gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
+        op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
+        k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
         i += 1
 
 

@@ -1,6 +1,7 @@
 """The streaming executor's node kinds and instruction words, declared once, as data.
 
-An instruction is WORDS int32 words: the header (opcode, two waits, the counter it signals), then
+An instruction is WORDS int32 words: the header (opcode, two waits, the counter it signals and by
+how much: a CTA's run of tiles of one stage signals once, at its last), then
 its kind's fields in declaration order. The Gluon kernel, the CPU reference, the program builder
 and the hazard check all read a field by name (`GEMV.word("k")`), never by position.
 
@@ -22,8 +23,8 @@ import dataclasses
 import struct
 from collections.abc import Callable
 
-WORDS = 16                                       # int32 words an instruction
-HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal")
+WORDS = 32                                       # int32 words an instruction
+HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal", "signals")
 MAX_WAITS = 2
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
 
@@ -141,12 +142,13 @@ class Instruction:
     waits: tuple[tuple[int, int], ...] = ()     # (counter, signals per run)
     signal: int = -1                            # counter bumped when done (-1: none)
     fields: dict = dataclasses.field(default_factory=dict)
+    signals: int = 1                            # by how much (the run of tiles this one closes)
 
     def serialize(self) -> list[int]:
         if len(self.waits) > MAX_WAITS:
             raise ValueError(f"an instruction holds at most {MAX_WAITS} waits (the builder adds NOPs for more)")
         waits = list(self.waits) + [(-1, 0)] * (MAX_WAITS - len(self.waits))
-        head = [self.kind.opcode, waits[0][0], waits[0][1], waits[1][0], waits[1][1], self.signal]
+        head = [self.kind.opcode, waits[0][0], waits[0][1], waits[1][0], waits[1][1], self.signal, self.signals]
         body = self.kind.encode(self.fields)
         return head + body + [0] * (WORDS - len(head) - len(body))
 
@@ -160,4 +162,5 @@ class Instruction:
         kind = BY_OPCODE[op]
         waits = tuple((int(words[1 + 2 * i]), int(words[2 + 2 * i])) for i in range(MAX_WAITS)
                       if int(words[1 + 2 * i]) >= 0)
-        return cls(kind, waits, int(words[header_word("signal")]), kind.decode(words))
+        return cls(kind, waits, int(words[header_word("signal")]), kind.decode(words),
+                   int(words[header_word("signals")]))

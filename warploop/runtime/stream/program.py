@@ -144,12 +144,9 @@ class StreamProgram:
         insts, table = [], np.zeros(2 * ctas, dtype=np.int32)
         for c, lst in enumerate(sched.lists):
             table[2 * c:2 * c + 2] = (len(insts), len(lst))
-            for inst in lst:
-                if inst.node < 0:
-                    insts.append(Instruction(NOP, inst.waits, -1))
-                else:
-                    node = self.nodes[inst.node]
-                    insts.append(Instruction(node.kind, inst.waits, inst.signal, node.fields))
+            insts += _runs_merged([Instruction(NOP, i.waits, -1) if i.node < 0 else
+                                   Instruction(self.nodes[i.node].kind, i.waits, i.signal, self.nodes[i.node].fields)
+                                   for i in lst])
         words = np.array([w for i in insts for w in i.serialize()], dtype=np.int32)
         return Built(sched, words.reshape(-1) if len(words) else np.zeros(WORDS, np.int32), table,
                      len(sched.counter_sizes), tuple(insts))
@@ -162,6 +159,24 @@ class StreamProgram:
             r = self.regions[name]
             a[r.offset:r.offset + r.size] = init.reshape(-1).to(device=device, dtype=torch.float32)
         return a
+
+
+def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
+    """A CTA's consecutive instructions with the same waits and the same counter (tiles of one
+    stage): only the first waits, and only the last signals, by the run's length. Nothing in the
+    run waits on anything else, so holding its signals back cannot deadlock."""
+    out = list(lst)
+    i = 0
+    while i < len(out):
+        j = i
+        while (j + 1 < len(out) and out[j + 1].signal == out[i].signal and out[j + 1].waits == out[i].waits
+               and out[i].signal >= 0 and out[j + 1].kind is not NOP):
+            j += 1
+        for m in range(i, j + 1):
+            out[m] = dataclasses.replace(out[m], waits=out[m].waits if m == i else (),
+                                         signal=out[m].signal if m == j else -1, signals=j - i + 1 if m == j else 1)
+        i = j + 1
+    return out
 
 
 def interleave_gate_up(gate, up, block_rows: int):
