@@ -190,8 +190,8 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
             # the accumulator's old value is a predecessor's output: read it right after the wait,
             # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
             add = epi == EPI_ADD
-            acc_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
-            acc_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
+            old_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
+            old_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
             if restage:
                 xv = gl.load(arena + x + xidx, mask=xidx < k, other=0.0, cache_modifier=".cg")
                 if norm >= 0:
@@ -203,6 +203,10 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 staged_x = x
                 staged_norm = norm
                 staged_k = k
+            # products accumulate elementwise; the rows are summed across lanes once, after the
+            # last chunk (a cross-lane reduction per chunk costs more than the chunk's FMAs)
+            part_a = gl.zeros([HALF, BK], gl.float32, layout=layout)
+            part_b = gl.zeros([HALF, BK], gl.float32, layout=layout)
             c = 0
             while c < (k + BK - 1) // BK:
                 slot = it % NBUF
@@ -211,8 +215,8 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 buf = bufs.index(slot)
                 wa = buf.slice(0, HALF).load(layout)
                 wb = buf.slice(HALF, HALF).load(layout)
-                acc_a += gl.sum(wa.to(gl.float32) * xc, axis=1)
-                acc_b += gl.sum(wb.to(gl.float32) * xc, axis=1)
+                part_a += wa.to(gl.float32) * xc
+                part_b += wb.to(gl.float32) * xc
                 # every warp is done with the slot before one thread frees it; the proxy fence
                 # orders these reads before the next TMA write into it
                 _barrier()
@@ -220,6 +224,8 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 mbarrier.arrive(empty.index(slot))
                 it += 1
                 c += 1
+            acc_a = old_a + gl.sum(part_a, axis=1)
+            acc_b = old_b + gl.sum(part_b, axis=1)
             if epi == EPI_SILU:
                 y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
                 gl.store(arena + out + rows, y, mask=ma)
