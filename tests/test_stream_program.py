@@ -102,7 +102,8 @@ def test_build_places_every_node_and_counts_waits():
     assert tuple(signals) == built.schedule.counter_sizes
     # a CTA's run of one stage's tiles waits once and signals once, by the run's length
     assert any(inst.signals > 1 for inst in built.instructions)
-    assert sum(1 for i in built.instructions if i.waits) < sum(1 for lst in built.schedule.lists for i in lst if i.waits)
+    waiting = sum(1 for i in built.instructions if i.waits)
+    assert waiting < sum(1 for lst in built.schedule.lists for i in lst if i.waits)
 
 
 def test_hazard_check_finds_a_missing_edge():

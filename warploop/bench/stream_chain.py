@@ -39,7 +39,8 @@ class Chain:
 
         def step(res):
             for i in range(d["layers"]):
-                qkv = torch.mv(self.mats[f"qkv{i}"], rms_norm(res, shape, norms[2 * i], eps)) + bias.get(f"bqkv{i}", zero)
+                qkv = torch.mv(self.mats[f"qkv{i}"], rms_norm(res, shape, norms[2 * i], eps))
+                qkv = qkv + bias.get(f"bqkv{i}", zero)
                 res = res + torch.mv(self.mats[f"o{i}"], qkv[:d["q"]]) + bias.get(f"bo{i}", zero)
                 gu = torch.mv(self.mats[f"gu{i}"], rms_norm(res, shape, norms[2 * i + 1], eps)).view(-1, 2, half)
                 res = res + torch.mv(self.mats[f"down{i}"], (silu(gu[:, 0]) * gu[:, 1]).reshape(-1)[:d["inter"]])
@@ -83,7 +84,8 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
     qkv_bias, o_bias = getattr(model, "qkv_bias", False), getattr(model, "o_bias", False)
     for i in range(layers):
         if qkv_bias:
-            r[f"bqkv{i}"] = p.buffer(f"bqkv{i}", q + 2 * kv, init=0.1 * torch.randn(q + 2 * kv, generator=g, device=device))
+            r[f"bqkv{i}"] = p.buffer(f"bqkv{i}", q + 2 * kv,
+                                     init=0.1 * torch.randn(q + 2 * kv, generator=g, device=device))
         if o_bias:
             r[f"bo{i}"] = p.buffer(f"bo{i}", hidden, init=0.1 * torch.randn(hidden, generator=g, device=device))
     for i in range(2 * layers + 1):
