@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The streaming executor on the GPU machine, in one device call: the GPU tests, then
-# `warploop bench stream` (JSON to $OUT). BENCH_ARGS adds to the bench's arguments.
+# `warploop bench stream` (JSON to $OUT), then the anatomy of each model's step from the kernel's
+# clock (scripts/stream_trace.py, $OUT/trace-MODEL.json). BENCH_ARGS adds to the bench's arguments.
 #   bash scripts/device_stream.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
@@ -15,5 +16,9 @@ for part in ${PART//,/ }; do
              || echo "tests: rc $?" ;;
     bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
              > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
+    trace) for m in ${TRACE_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+             timeout 200 python scripts/stream_trace.py --model "$m" ${TRACE_ARGS:-} > "$OUT/trace-$m.json" \
+               || echo "trace $m: rc $?"; python -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']))" "$OUT/trace-$m.json" "$m"; done ;;
   esac
 done

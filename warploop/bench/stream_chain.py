@@ -20,6 +20,7 @@ class Chain:
     regions: dict                   # res, qkv, act, logits, norms
     dims: dict
     weight_bytes: int
+    stages: list                    # (matrix name, its tiles' node indices), in recording order
 
     def view(self, arena, name: str):
         r = self.regions[name]
@@ -92,6 +93,7 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         r[f"n{i}"] = p.buffer(f"n{i}", hidden, init=1 + 0.1 * torch.randn(hidden, generator=g, device=device))
     eps = model.rms_norm_eps
     prev: list[int] = []
+    stages = []
     for i in range(layers):
         a = p.gemv(*at[f"qkv{i}"], q + 2 * kv, r["res"], r["qkv"], norm=r[f"n{2 * i}"], eps=eps,
                    bias=r.get(f"bqkv{i}"), after=prev)
@@ -100,10 +102,12 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",
                    after=b)
         prev = p.gemv(*at[f"down{i}"], hidden, r["act"], r["res"], epi="add", after=c)
-    p.gemv(*at["head"], model.vocab_size, r["res"], r["logits"], norm=r[f"n{2 * layers}"], eps=eps, after=prev)
+        stages += [(f"qkv{i}", a), (f"o{i}", b), (f"gu{i}", c), (f"down{i}", prev)]
+    stages.append(("head", p.gemv(*at["head"], model.vocab_size, r["res"], r["logits"], norm=r[f"n{2 * layers}"],
+                                  eps=eps, after=prev)))
     wbytes = sum(n * k * 2 for _, n, k in shapes)
     dims = dict(hidden=hidden, q=q, kv=kv, inter=inter, layers=layers, eps=eps)
-    return Chain(p, mats, r, dims, wbytes)
+    return Chain(p, mats, r, dims, wbytes, stages)
 
 
 def stage_chain(cfg: StreamConfig, stages: int, cross: bool, device="cpu", seed: int = 0) -> StreamProgram:

@@ -27,6 +27,7 @@ class StreamConfig:
     ring: int = 8
     kmax: int = 8192
     spin: int = 1 << 24
+    trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -46,7 +47,8 @@ class StreamConfig:
         return self.ring * self.block_rows * self.block_k * 2 + self.kmax * 4
 
     def constexprs(self) -> dict:
-        return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin)
+        return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
+                    TRACE=self.trace)
 
 
 def smem_layout():
@@ -73,7 +75,8 @@ def compile_for(cfg: StreamConfig, arch: int = 90):
     d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
     i32 = torch.zeros(64, dtype=torch.int32)
     kw = dict(cfg.constexprs(), num_warps=4)
-    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, i32, 0, **kw)
+    i64 = torch.zeros(64, dtype=torch.int64)
+    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, i32, 0, i64, **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
                           options=opts.__dict__)

@@ -37,6 +37,9 @@ class StreamExecutor:
         self.arena = program.arena(dev)
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
+        # with StreamConfig.trace: int64 ns stamps [instruction, 4] (start, waited, first chunk, published)
+        self.trace = torch.zeros((len(self.built.instructions) if program.config.trace else 1, 4), dtype=torch.int64,
+                                 device=dev)
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools]
         self._pools = pools                         # the descriptors point into these
@@ -51,7 +54,7 @@ class StreamExecutor:
             self.counters.zero_()
             self.epoch = 0
         stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.counters, self.err,
-                                    self.epoch, **self.program.config.constexprs(), num_warps=4)
+                                    self.epoch, self.trace, **self.program.config.constexprs(), num_warps=4)
         self.epoch += 1
 
     def run(self, timeout: float = 60.0) -> None:

@@ -54,8 +54,14 @@ G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
+TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
+
+
+@gluon.jit
+def _now():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -116,8 +122,8 @@ def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, BR: gl.constexpr,
-              BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr):
+def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, trace, BR: gl.constexpr,
+              BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -182,10 +188,14 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
         has_bias = (bias >= 0) & gemv & (epi != EPI_SILU)
         ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
         bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
+        if TRACE:
+            gl.store(trace + i * TRACE_WORDS, _now())
         if w0 >= 0:
             failed = _wait(counters, err, w0, n0 * (epoch + 1), failed, cta, i, SPIN)
         if w1 >= 0:
             failed = _wait(counters, err, w1, n1 * (epoch + 1), failed, cta, i, SPIN)
+        if TRACE:
+            gl.store(trace + i * TRACE_WORDS + 1, _now())
         if gemv:
             # the accumulator's old value is a predecessor's output: read it right after the wait,
             # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
@@ -212,6 +222,9 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 slot = it % NBUF
                 xc = xrows.index(c).load(layout)          # [1, BK]: broadcast over the rows
                 mbarrier.wait(full.index(slot), (it // NBUF) & 1)
+                if TRACE:
+                    if c == 0:
+                        gl.store(trace + i * TRACE_WORDS + 2, _now())
                 buf = bufs.index(slot)
                 wa = buf.slice(0, HALF).load(layout)
                 wb = buf.slice(HALF, HALF).load(layout)
@@ -237,14 +250,17 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
             gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
+        if TRACE:
+            gl.store(trace + i * TRACE_WORDS + 3, _now())
         op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
         k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
         i += 1
 
 
 @gluon.jit(do_not_specialize=["epoch"])
-def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, BR: gl.constexpr,
-                  BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr):
+def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, trace, BR: gl.constexpr,
+                  BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
+                  TRACE: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -258,6 +274,7 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, BR:
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, BR, BK, NBUF, KMAX, SPIN)),
+        (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, trace + first * TRACE_WORDS,
+                     BR, BK, NBUF, KMAX, SPIN, TRACE)),
         (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
     ], [LOADER_WARPS], [LOADER_REGS])

@@ -1,0 +1,88 @@
+"""The anatomy of a streamed decode step's weight stream, from the kernel's own clock.
+
+Runs `warploop bench stream`'s chain for one model with StreamConfig(trace=True): every instruction
+stamps %globaltimer when it starts, when its waits are met, when its first chunk is in the ring and
+when it has published. Prints one JSON object: where each CTA's time goes (µs, averaged over CTAs),
+and per kind of stage how long a published counter takes to reach its consumers and how long they
+then take to their first chunk.
+
+    PYTHONPATH=. python scripts/stream_trace.py --model llama-3.2-1b
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from warploop.bench.decode_models import GPU_MODELS
+from warploop.bench.stream import kmax_for
+from warploop.bench.stream_chain import layer_chain
+from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.executor import StreamExecutor
+
+
+def anatomy(ex, chain) -> dict:
+    built = ex.built
+    stamps = ex.trace.cpu().numpy().astype("int64")
+    nodes = [i.node for lst in built.schedule.lists for i in lst]
+    cta_of = [c for c, lst in enumerate(built.schedule.lists) for _ in lst]
+    kind = {}
+    for name, tiles in chain.stages:
+        for t in tiles:
+            kind[t] = name.rstrip("0123456789")
+    t0 = stamps[:, 0][stamps[:, 0] > 0].min()
+    s = (stamps - t0) / 1e3                       # µs from the step's first instruction
+    span = s[:, 3].max()
+    per_cta = {"wait": 0.0, "seen_to_first_chunk": 0.0, "first_chunk_to_published": 0.0, "between": 0.0}
+    last_pub = {}
+    for c in range(ex.ctas):
+        first, count = built.table[2 * c], built.table[2 * c + 1]
+        for j in range(first, first + count):
+            per_cta["wait"] += s[j, 1] - s[j, 0]
+            per_cta["seen_to_first_chunk"] += s[j, 2] - s[j, 1]
+            per_cta["first_chunk_to_published"] += s[j, 3] - s[j, 2]
+            if j > first:
+                per_cta["between"] += s[j, 0] - s[j - 1, 3]
+    per_cta = {k: v / ex.ctas for k, v in per_cta.items()}
+    per_cta["idle_after_last"] = statistics.mean(
+        span - s[built.table[2 * c] + built.table[2 * c + 1] - 1, 3] for c in range(ex.ctas) if built.table[2 * c + 1])
+    # publish -> seen: a waiting instruction against the latest publish of the counter it waited on
+    for j, inst in enumerate(built.instructions):
+        if inst.signal >= 0:
+            last_pub[inst.signal] = max(last_pub.get(inst.signal, -1e9), s[j, 3])
+    seen, first_chunk = {}, {}
+    for j, inst in enumerate(built.instructions):
+        if inst.waits and nodes[j] >= 0:
+            k = kind.get(nodes[j], "?")
+            pub = max(last_pub[c] for c, _ in inst.waits)
+            seen.setdefault(k, []).append(s[j, 1] - pub)
+            first_chunk.setdefault(k, []).append(s[j, 2] - s[j, 1])
+    med = lambda v: round(statistics.median(v), 3)
+    return {"span_us": round(span, 1), "per_cta_us": {k: round(v, 1) for k, v in per_cta.items()},
+            "stages": {k: {"waits": len(seen[k]), "publish_to_seen_us": med(seen[k]),
+                           "seen_to_first_chunk_us": med(first_chunk[k])} for k in seen},
+            "instructions": len(built.instructions), "ctas": ex.ctas, "cta_of_first": cta_of[0]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
+    ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK")
+    args = ap.parse_args()
+    ring, br, bk = (int(v) for v in args.config.split("x"))
+    m = GPU_MODELS[args.model][1]
+    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True,
+                       kmax=kmax_for((m.hidden_size, m.num_heads * m.head_dim, m.intermediate_size)))
+    chain = layer_chain(m, cfg, device="cuda")
+    ex = StreamExecutor(chain.program)
+    for _ in range(5):
+        ex.run()
+    out = {"model": args.model, "config": args.config, "device": torch.cuda.get_device_name()}
+    out.update(anatomy(ex, chain))
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
