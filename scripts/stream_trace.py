@@ -68,11 +68,12 @@ def anatomy(ex, chain) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
-    ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK")
+    ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK[xWARPS]")
     args = ap.parse_args()
-    ring, br, bk = (int(v) for v in args.config.split("x"))
+    from warploop.bench.stream import parse_configs
+    ring, br, bk, cw = parse_configs(args.config)[0]
     m = GPU_MODELS[args.model][1]
-    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True,
+    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True, consumer_warps=cw,
                        kmax=kmax_for((m.hidden_size, m.num_heads * m.head_dim, m.intermediate_size)))
     chain = layer_chain(m, cfg, device="cuda")
     ex = StreamExecutor(chain.program)

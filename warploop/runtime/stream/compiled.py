@@ -27,6 +27,7 @@ class StreamConfig:
     ring: int = 8
     kmax: int = 8192
     spin: int = 1 << 24
+    consumer_warps: int = 4       # the consumer's warps (4: one warpgroup, 8: two, one instruction between them)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -34,6 +35,10 @@ class StreamConfig:
             raise ValueError(f"block_k must be 64, 128 or 256 (a TMA box is at most 256 wide), not {self.block_k}")
         if self.block_rows not in (16, 32, 64):
             raise ValueError(f"block_rows must be 16, 32 or 64, not {self.block_rows}")
+        if self.consumer_warps not in (4, 8):
+            raise ValueError(f"consumer_warps must be 4 or 8, not {self.consumer_warps}")
+        if self.block_rows // 2 < self.consumer_warps and self.block_rows < 32:
+            raise ValueError(f"block_rows {self.block_rows} gives each of {self.consumer_warps} warps no row")
         if not 2 <= self.ring <= 32:
             raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
         if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
@@ -48,7 +53,7 @@ class StreamConfig:
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
-                    TRACE=self.trace)
+                    TRACE=self.trace, CW=self.consumer_warps)
 
 
 def smem_layout():
@@ -74,7 +79,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90):
     w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
     d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
     i32 = torch.zeros(64, dtype=torch.int32)
-    kw = dict(cfg.constexprs(), num_warps=4)
+    kw = dict(cfg.constexprs(), num_warps=cfg.consumer_warps)
     i64 = torch.zeros(64, dtype=torch.int64)
     bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, i32, 0, i64, **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)

@@ -54,7 +54,8 @@ class StreamExecutor:
             self.counters.zero_()
             self.epoch = 0
         stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.counters, self.err,
-                                    self.epoch, self.trace, **self.program.config.constexprs(), num_warps=4)
+                                    self.epoch, self.trace, **self.program.config.constexprs(),
+                                    num_warps=self.program.config.consumer_warps)
         self.epoch += 1
 
     def run(self, timeout: float = 60.0) -> None:

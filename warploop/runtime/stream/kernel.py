@@ -123,15 +123,16 @@ def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 
 @gluon.jit
 def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, trace, BR: gl.constexpr,
-              BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr):
+              BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
+              CW: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [4, 1], [1, 0])
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [CW, 1], [1, 0])
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
     # x is staged as [KMAX // BK, BK] and read back through a [KMAX // BK, 1, BK] view of the same
     # bytes: chunk c is then a [1, BK] tile in the chunks' own layout
-    xl: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    xl: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CW, 1], [1, 0])
     if PUBLIC_REINTERPRET:
         xrows = xs.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
     else:
@@ -143,6 +144,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
     staged_x = -1
     staged_norm = -2
     staged_k = -1
+    scale = 1.0               # the staged input's RMSNorm scale (1: no norm)
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
@@ -202,11 +204,15 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
             add = epi == EPI_ADD
             old_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
             old_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
+            # RMSNorm is linear in x after its scalar: x * nw is staged at once, and rsqrt(mean(x^2)
+            # + eps) scales the row sums after the last chunk, so the cross-warp reduction of x^2 is
+            # off the path to the first chunk
+            ss_rows = gl.zeros([KMAX // BK], gl.float32, layout=gl.SliceLayout(1, xl))
             if restage:
                 xv = gl.load(arena + x + xidx, mask=xidx < k, other=0.0, cache_modifier=".cg")
                 if norm >= 0:
-                    ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
-                    xv = xv * gl.rsqrt(ss / k + eps) * nw
+                    ss_rows = gl.sum(xv * xv, axis=1)
+                    xv = xv * nw
                 _barrier()            # every thread is done with the previous x
                 xs.store(xv)
                 _barrier()
@@ -237,8 +243,12 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 mbarrier.arrive(empty.index(slot))
                 it += 1
                 c += 1
-            acc_a = old_a + gl.sum(part_a, axis=1)
-            acc_b = old_b + gl.sum(part_b, axis=1)
+            if restage:
+                scale = 1.0
+                if norm >= 0:
+                    scale = gl.rsqrt(gl.sum(ss_rows, axis=0) / k + eps)
+            acc_a = old_a + scale * gl.sum(part_a, axis=1)
+            acc_b = old_b + scale * gl.sum(part_b, axis=1)
             if epi == EPI_SILU:
                 y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
                 gl.store(arena + out + rows, y, mask=ma)
@@ -260,7 +270,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
 @gluon.jit(do_not_specialize=["epoch"])
 def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, trace, BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
-                  TRACE: gl.constexpr):
+                  TRACE: gl.constexpr, CW: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -275,6 +285,6 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, tra
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, trace + first * TRACE_WORDS,
-                     BR, BK, NBUF, KMAX, SPIN, TRACE)),
+                     BR, BK, NBUF, KMAX, SPIN, TRACE, CW)),
         (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
     ], [LOADER_WARPS], [LOADER_REGS])

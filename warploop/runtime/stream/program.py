@@ -170,11 +170,12 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
     while i < len(out):
         j = i
         while (j + 1 < len(out) and out[j + 1].signal == out[i].signal and out[j + 1].waits == out[i].waits
-               and out[i].signal >= 0 and out[j + 1].kind is not NOP):
+               and out[i].kind is not NOP and out[j + 1].kind is not NOP):
             j += 1
+        last = j - i + 1 if out[i].signal >= 0 else 1
         for m in range(i, j + 1):
             out[m] = dataclasses.replace(out[m], waits=out[m].waits if m == i else (),
-                                         signal=out[m].signal if m == j else -1, signals=j - i + 1 if m == j else 1)
+                                         signal=out[m].signal if m == j else -1, signals=last if m == j else 1)
         i = j + 1
     return out
 
