@@ -55,7 +55,6 @@ G_EPS = gl.constexpr(GEMV.word("eps"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
-NPUB = gl.constexpr(4)          # counters the consumer may hand the publisher ahead of it
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
 
@@ -103,22 +102,6 @@ def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: g
 
 
 @gluon.jit
-def _publisher(pub_done, pub_free, instr, n, counters):
-    """Publish each signalling instruction's counter once the consumer has handed it over (its
-    stores done: a CTA-scope mbarrier), with a GPU-scope release, cumulative over those stores."""
-    npub = 0
-    for i in range(n):
-        sig = gl.load(instr + i * W + H_SIGNAL)
-        if sig >= 0:
-            sigs = gl.load(instr + i * W + H_SIGNALS)
-            ps = npub % NPUB
-            mbarrier.wait(pub_done.index(ps), (npub // NPUB) & 1)
-            gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
-            mbarrier.arrive(pub_free.index(ps))
-            npub += 1
-
-
-@gluon.jit
 def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
     """Poll counter c with acquire loads until it reaches target (at most SPIN polls; none once a
     wait has failed): the load that sees the target also orders what follows. Returns `failed`."""
@@ -139,7 +122,7 @@ def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, pub_done, pub_free, xs, instr, n, arena, counters, err, epoch, cta, trace, BR: gl.constexpr,
+def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, trace, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               CW: gl.constexpr):
     HALF: gl.constexpr = BR // 2
@@ -162,7 +145,6 @@ def _consumer(bufs, full, empty, pub_done, pub_free, xs, instr, n, arena, counte
     staged_norm = -2
     staged_k = -1
     scale = 1.0               # the staged input's RMSNorm scale (1: no norm)
-    npub = 0                  # counters handed to the publisher
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
@@ -276,13 +258,8 @@ def _consumer(bufs, full, empty, pub_done, pub_free, xs, instr, n, arena, counte
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
         if sig >= 0:
-            # hand the counter to the publisher: its release (a fence that waits for these stores
-            # to reach L2) then costs the consumer nothing
-            ps = npub % NPUB
-            mbarrier.wait(pub_free.index(ps), ((npub // NPUB) & 1) ^ 1)
-            _barrier()                # every thread's stores precede the one arrival below
-            mbarrier.arrive(pub_done.index(ps))
-            npub += 1
+            _barrier()                # every thread's stores precede the one release below
+            gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
         if TRACE:
             gl.store(trace + i * TRACE_WORDS + 3, _now())
         op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
@@ -302,18 +279,12 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, tra
     xs = gl.allocate_shared_memory(gl.float32, [KMAX // BK, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-    pub_done = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
-    pub_free = gl.allocate_shared_memory(gl.int64, [NPUB, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NBUF):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    for s in gl.static_range(NPUB):
-        mbarrier.init(pub_done.index(s), count=1)
-        mbarrier.init(pub_free.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, pub_done, pub_free, xs, mine, n, arena, counters, err, epoch, cta, trace + first * TRACE_WORDS,
+        (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, trace + first * TRACE_WORDS,
                      BR, BK, NBUF, KMAX, SPIN, TRACE, CW)),
         (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
-        (_publisher, (pub_done, pub_free, mine, n, counters)),
-    ], [LOADER_WARPS, 1], [LOADER_REGS, LOADER_REGS])
+    ], [LOADER_WARPS], [LOADER_REGS])
