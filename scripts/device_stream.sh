@@ -19,6 +19,6 @@ for part in ${PART//,/ }; do
     trace) for m in ${TRACE_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
              timeout 200 python scripts/stream_trace.py --model "$m" ${TRACE_ARGS:-} > "$OUT/trace-$m.json" \
                || echo "trace $m: rc $?"; python -c "import json,sys; d=json.load(open(sys.argv[1])); \
-print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']))" "$OUT/trace-$m.json" "$m"; done ;;
+print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.dumps(d['stage_spans']))" "$OUT/trace-$m.json" "$m"; done ;;
   esac
 done

@@ -58,10 +58,22 @@ def anatomy(ex, chain) -> dict:
             pub = max(last_pub[c] for c, _ in inst.waits)
             seen.setdefault(k, []).append(s[j, 1] - pub)
             first_chunk.setdefault(k, []).append(s[j, 2] - s[j, 1])
+    # each stage instance's span (its first start to its last publish) and the bytes it streamed
+    where = {node: j for j, node in enumerate(nodes) if node >= 0}
+    spans = {}
+    for name, tiles in chain.stages:
+        js = [where[t] for t in tiles]
+        k = name.rstrip("0123456789")
+        nbytes = sum(chain.program.nodes[t].kind.cost(chain.program.nodes[t].fields, chain.program.config.block_rows)
+                     for t in tiles)
+        acc = spans.setdefault(k, [0.0, 0])
+        acc[0] += max(s[j, 3] for j in js) - min(s[j, 0] for j in js)
+        acc[1] += nbytes
     med = lambda v: round(statistics.median(v), 3)
     return {"span_us": round(span, 1), "per_cta_us": {k: round(v, 1) for k, v in per_cta.items()},
             "stages": {k: {"waits": len(seen[k]), "publish_to_seen_us": med(seen[k]),
                            "seen_to_first_chunk_us": med(first_chunk[k])} for k in seen},
+            "stage_spans": {k: {"us": round(v[0], 1), "GBps": round(v[1] / v[0] / 1e3, 1)} for k, v in spans.items()},
             "instructions": len(built.instructions), "ctas": ex.ctas, "cta_of_first": cta_of[0]}
 
 
