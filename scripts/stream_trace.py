@@ -67,7 +67,7 @@ def anatomy(ex, chain) -> dict:
         nbytes = sum(chain.program.nodes[t].kind.cost(chain.program.nodes[t].fields, chain.program.config.block_rows)
                      for t in tiles)
         acc = spans.setdefault(k, [0.0, 0])
-        acc[0] += max(s[j, 3] for j in js) - min(s[j, 0] for j in js)
+        acc[0] += max(s[j, 3] for j in js) - min(s[j, 1] for j in js)   # from the first met wait
         acc[1] += nbytes
     med = lambda v: round(statistics.median(v), 3)
     return {"span_us": round(span, 1), "per_cta_us": {k: round(v, 1) for k, v in per_cta.items()},
