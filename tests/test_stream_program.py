@@ -1,5 +1,7 @@
 """The streaming executor's program on the CPU: node kinds as data, the hazard check, placement into
 instruction words, and the CPU reference against plain PyTorch (a Llama-shaped layer chain)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -50,7 +52,35 @@ SHAPES = {"llama_gqa": small(), "qwen2_bias": small(family="qwen2", qkv_bias=Tru
           "qwen3_q_wider": small(family="qwen3", num_heads=8, num_kv_heads=1, head_dim=16, o_bias=True, vocab_size=50)}
 
 
-def torch_chain(chain, arena):
+def attention(chain, arena, x, i, model):
+    """Plain GQA attention for layer i's qkv row x: q/k norm, RoPE, the new k and v (rounded to the
+    cache's bf16) after the cached context, softmax over all of it."""
+    hd, h, kvh = model.head_dim, model.num_heads, model.num_kv_heads
+    get = lambda name: chain.view(arena, name)
+    ints = chain.program.int_arena()
+    r = chain.regions["step"]
+    pos, n_ctx, _ = ints[r.offset:r.offset + 3].tolist()
+    table = ints[r.offset + 3:r.offset + r.size].long()
+    c = get("cos").view(-1, hd // 2)[pos]
+    s = get("sin").view(-1, hd // 2)[pos]
+    heads = x.view(h + 2 * kvh, hd)
+    q, k, v = heads[:h], heads[h:h + kvh], heads[h + kvh:]
+    if f"qn{i}" in chain.regions:
+        rms = lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + chain.dims["eps"]) * w
+        q, k = rms(q, get(f"qn{i}")), rms(k, get(f"kn{i}"))
+    rot = lambda t: torch.cat([t[:, :hd // 2] * c - t[:, hd // 2:] * s, t[:, hd // 2:] * c + t[:, :hd // 2] * s], -1)
+    q, k = rot(q), rot(k).to(torch.bfloat16).float()
+    cache = chain.program.kv[i].float()                      # [2, blocks, bs, kvh, hd]
+    bs = cache.shape[2]
+    toks = torch.arange(n_ctx - 1)
+    keys = torch.cat([cache[0, table[toks // bs], toks % bs], k[None]])       # [n_ctx, kvh, hd]
+    vals = torch.cat([cache[1, table[toks // bs], toks % bs], v.to(torch.bfloat16).float()[None]])
+    g = h // kvh
+    out = [torch.softmax(q[j] @ keys[:, j // g].T * hd ** -0.5, -1) @ vals[:, j // g] for j in range(h)]
+    return torch.cat(out)
+
+
+def torch_chain(chain, arena, model=None):
     """The chain in plain PyTorch: fp32 activations, bf16 weights upcast, gate/up de-interleaved."""
     get = lambda name: chain.view(arena, name)
     d, half = chain.dims, CFG.block_rows // 2
@@ -59,15 +89,18 @@ def torch_chain(chain, arena):
     bias = lambda name: get(name) if name in chain.regions else 0.0
     for i in range(d["layers"]):
         qkv = chain.mats[f"qkv{i}"].float() @ norm(res, f"n{2 * i}") + bias(f"bqkv{i}")
-        res = res + chain.mats[f"o{i}"].float() @ qkv[:d["q"]] + bias(f"bo{i}")
+        x_o = attention(chain, arena, qkv, i, model) if d["context"] else qkv[:d["q"]]
+        res = res + chain.mats[f"o{i}"].float() @ x_o + bias(f"bo{i}")
         gu = (chain.mats[f"gu{i}"].float() @ norm(res, f"n{2 * i + 1}")).view(-1, 2, half)
         act = (torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]).reshape(-1)[:d["inter"]]
         res = res + chain.mats[f"down{i}"].float() @ act
     return res, chain.mats["head"].float() @ norm(res, f"n{2 * d['layers']}")
 
 
-def layer_chain(model=None):
-    return stream_chain.layer_chain(model or SHAPES["llama_gqa"], CFG)
+def layer_chain(model=None, context=0):
+    cfg = CFG if not context else dataclasses.replace(CFG, head_dim=(model or SHAPES["llama_gqa"]).head_dim,
+                                                      attn_group=8)
+    return stream_chain.layer_chain(model or SHAPES["llama_gqa"], cfg, context=context, block_size=4)
 
 
 @pytest.mark.parametrize("name", SHAPES)
@@ -85,6 +118,24 @@ def test_reference_equals_plain_torch(name):
     # the PyTorch peer the bench times computes the same step in bf16 activations
     peer = chain.peer()(chain.view(p.arena(), "res").to(torch.bfloat16)).float()
     assert ((peer - logits).abs().max() / logits.abs().max()).item() < 3e-2
+
+
+@pytest.mark.parametrize("context", [1, 5, 37])
+@pytest.mark.parametrize("name", SHAPES)
+def test_reference_attention_equals_plain_torch(name, context):
+    """With attention (ATTN nodes over a paged cache with a shuffled block table), the reference's
+    step equals plain GQA attention, and it leaves the new k and v in the cache at the slot."""
+    chain = layer_chain(SHAPES[name], context)
+    p = chain.program
+    kv = p.kv.clone()
+    got = reference(p, kv=kv)
+    res, logits = torch_chain(chain, p.arena(), SHAPES[name])
+    torch.testing.assert_close(chain.view(got, "logits"), logits, rtol=2e-4, atol=2e-4)
+    r = chain.regions["step"]
+    slot = int(p.int_arena()[r.offset + 2])
+    bs = kv.shape[3]
+    changed = (kv != p.kv).flatten(4).any(-1)                 # [layers, 2, blocks, bs]
+    assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
 
 
 def test_build_places_every_node_and_counts_waits():

@@ -3,8 +3,9 @@
 For each model shape: a decode step's weight stream (every projection with its fused norm and
 epilogue, then lm_head; bench/stream_chain.py) checked against the CPU reference's math, timed
 against the same ops in PyTorch in one CUDA graph and against the floor (weight bytes over the
-measured copy rate). Then the cost of one dependent stage: a chain of one-chunk GEMVs, within one
-CTA and alternating between two.
+measured copy rate); then the same step with attention (ATTN nodes over a paged KV cache) at each
+of --contexts, against a floor that counts the KV bytes. Then the cost of one dependent stage: a
+chain of one-chunk GEMVs, within one CTA and alternating between two.
 
     warploop bench stream --json --out bench/results/stream-h100-20261128.json
 """
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", type=parse_configs, default=parse_configs("8x32x256"),
                         help="comma-separated kernel shapes RINGxROWSxBK[xWARPS]: ring slots, tile rows, chunk "
                              "width, consumer warps (default 8x32x256x4; the first is the one checked in full)")
+    parser.add_argument("--contexts", default="512,4096",
+                        help="comma-separated context lengths: the step again with attention over that many tokens "
+                             "(ATTN nodes, floor counting the KV bytes; default 512,4096; empty: none)")
     parser.add_argument("--runs", type=int, default=30, help="timed runs per measurement (median; default 30)")
     parser.add_argument("--stages", type=int, default=512, help="dependent stages in the latency chain (default 512)")
 
@@ -126,6 +130,35 @@ def measure_model(name, model, configs, runs, rate) -> dict:
     return out
 
 
+def measure_attention(model, contexts, runs, rate) -> dict:
+    """The step with attention at each context (the first config's kernel shape, 8x32x256x4)."""
+    from warploop.bench.stream_chain import layer_chain
+    from warploop.runtime.stream.compiled import StreamConfig
+    from warploop.runtime.stream.executor import StreamExecutor
+    from warploop.runtime.stream.reference import first_difference, reference
+    widths = (model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size)
+    group = 1
+    while group < model.num_heads // model.num_kv_heads:
+        group *= 2
+    cfg = StreamConfig(kmax=kmax_for(widths), head_dim=model.head_dim, attn_group=group)
+    out = {}
+    for ctx in contexts:
+        chain = layer_chain(model, cfg, device="cuda", context=ctx)
+        ex = StreamExecutor(chain.program)
+        start, kv0 = chain.program.arena("cuda"), chain.program.kv.clone()
+        ex.run()
+        want = reference(chain.program, start, kv=kv0)
+        rec = {"check": first_difference(chain.program, ex.arena, want, rtol=5e-3) or "ok",
+               "bytes": chain.weight_bytes, "floor_ms": chain.weight_bytes / rate * 1e3}
+        rec["ms"] = time_ms(ex.launch, runs, after=ex.wait)
+        rec["pct_of_floor"] = 100 * rec["floor_ms"] / rec["ms"]
+        out[str(ctx)] = rec
+        print(f"  attention at {ctx}: {rec['ms']:.3f} ms, {rec['pct_of_floor']:.1f}% of the floor "
+              f"(weights + KV), check {rec['check']}", file=sys.stderr, flush=True)
+        del ex, chain
+    return out
+
+
 def measure_stages(stages: int, runs: int) -> dict:
     from warploop.bench.stream_chain import stage_chain
     from warploop.runtime.stream.compiled import StreamConfig
@@ -150,6 +183,12 @@ def main(args) -> int:
     import torch
     if args.runs < 3 or args.stages < 2:
         raise SystemExit("--runs must be at least 3 and --stages at least 2")
+    try:
+        if any(int(c) < 1 for c in args.contexts.split(",") if c):
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--contexts: {args.contexts!r} is not a comma-separated list of positive token counts") \
+            from None
     from warploop.bench.decode_models import GPU_MODELS
     names = [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in GPU_MODELS]
@@ -165,6 +204,11 @@ def main(args) -> int:
     result["floor_definition"] = "weight bytes / (bytes read + written per second by a 1 GiB device copy)"
     result["stage_latency"] = measure_stages(args.stages, args.runs)
     print("stages:", result["stage_latency"], file=sys.stderr, flush=True)
-    result["models"] = {m: measure_model(m, GPU_MODELS[m][1], args.configs, args.runs, rate) for m in names}
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    result["models"] = {}
+    for m in names:
+        result["models"][m] = measure_model(m, GPU_MODELS[m][1], args.configs, args.runs, rate)
+        if contexts:
+            result["models"][m]["with_attention"] = measure_attention(GPU_MODELS[m][1], contexts, args.runs, rate)
     emit(result, args.out)
     return 0

@@ -49,8 +49,11 @@ class Chain:
         return step
 
 
-def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = None, seed: int = 0) -> Chain:
-    """The chain of `model` (a ModelConfig, or any object with its size fields)."""
+def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = None, seed: int = 0,
+                context: int = 0, block_size: int = 16) -> Chain:
+    """The chain of `model` (a ModelConfig). With `context` > 0 each layer has attention too (one
+    ATTN node per KV head, cfg.head_dim set): a decode token at position context - 1 over a random
+    paged bf16 KV cache of `context` tokens whose block table is shuffled."""
     import torch
     hidden, q, kv, inter = model.hidden_size, model.num_heads * model.head_dim, \
         model.num_kv_heads * model.head_dim, model.intermediate_size
@@ -92,22 +95,48 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
     for i in range(2 * layers + 1):
         r[f"n{i}"] = p.buffer(f"n{i}", hidden, init=1 + 0.1 * torch.randn(hidden, generator=g, device=device))
     eps = model.rms_norm_eps
+    kv_bytes = 0
+    if context:
+        hd, kvh = model.head_dim, model.num_kv_heads
+        nblocks = -(-context // block_size) + 1
+        cache = torch.randn(layers, 2, nblocks, block_size, kvh, hd, generator=g, device=device).to(torch.bfloat16)
+        p.kv_cache(cache)
+        table = torch.randperm(nblocks, generator=torch.Generator().manual_seed(seed))[:-(-context // block_size)]
+        pos = context - 1
+        slot = int(table[pos // block_size]) * block_size + pos % block_size
+        r["step"] = p.ints("step", 3 + len(table), init=torch.cat([torch.tensor([pos, context, slot]), table]))
+        from warploop.llm.rope import cos_sin_table
+        cos, sin = cos_sin_table(model.rope, hd, context, device=device)
+        r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
+        r["attn"] = p.buffer("attn", q)
+        if getattr(model, "qk_norm", False):
+            for i in range(layers):
+                r[f"qn{i}"] = p.buffer(f"qn{i}", hd, init=1 + 0.1 * torch.randn(hd, generator=g, device=device))
+                r[f"kn{i}"] = p.buffer(f"kn{i}", hd, init=1 + 0.1 * torch.randn(hd, generator=g, device=device))
+        kv_bytes = layers * 2 * context * kvh * hd * 2
     prev: list[int] = []
     stages = []
     for i in range(layers):
         a = p.gemv(*at[f"qkv{i}"], q + 2 * kv, r["res"], r["qkv"], norm=r[f"n{2 * i}"], eps=eps,
                    bias=r.get(f"bqkv{i}"), after=prev)
-        b = p.gemv(*at[f"o{i}"], hidden, Region(r["qkv"].offset, q), r["res"], epi="add", bias=r.get(f"bo{i}"),
-                   after=a)
+        stages.append((f"qkv{i}", a))
+        x_o = Region(r["qkv"].offset, q)
+        if context:
+            at_n = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=model.num_heads,
+                               kv_heads=model.num_kv_heads, layer=i, scale=model.head_dim ** -0.5,
+                               qn=r.get(f"qn{i}"), kn=r.get(f"kn{i}"), eps=eps, ctx=context, after=a)
+            stages.append((f"attn{i}", at_n))
+            a, x_o = at_n, r["attn"]
+        b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a)
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",
                    after=b)
         prev = p.gemv(*at[f"down{i}"], hidden, r["act"], r["res"], epi="add", after=c)
-        stages += [(f"qkv{i}", a), (f"o{i}", b), (f"gu{i}", c), (f"down{i}", prev)]
+        stages += [(f"o{i}", b), (f"gu{i}", c), (f"down{i}", prev)]
     stages.append(("head", p.gemv(*at["head"], model.vocab_size, r["res"], r["logits"], norm=r[f"n{2 * layers}"],
                                   eps=eps, after=prev)))
     wbytes = sum(n * k * 2 for _, n, k in shapes)
-    dims = dict(hidden=hidden, q=q, kv=kv, inter=inter, layers=layers, eps=eps)
-    return Chain(p, mats, r, dims, wbytes, stages)
+    dims = dict(hidden=hidden, q=q, kv=kv, inter=inter, layers=layers, eps=eps, context=context)
+    return Chain(p, mats, r, dims, wbytes + kv_bytes, stages)
 
 
 def stage_chain(cfg: StreamConfig, stages: int, cross: bool, device="cpu", seed: int = 0) -> StreamProgram:

@@ -28,6 +28,9 @@ class StreamConfig:
     kmax: int = 8192
     spin: int = 1 << 24
     consumer_warps: int = 4       # the consumer's warps (4: one warpgroup, 8: two, one instruction between them)
+    head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
+    attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
+    attn_tile: int = 32           # context tokens per attention step
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -39,6 +42,12 @@ class StreamConfig:
             raise ValueError(f"consumer_warps must be 4 or 8, not {self.consumer_warps}")
         if self.block_rows // 2 < self.consumer_warps and self.block_rows < 32:
             raise ValueError(f"block_rows {self.block_rows} gives each of {self.consumer_warps} warps no row")
+        if self.head_dim not in (0, 16, 32, 64, 128, 256):
+            raise ValueError(f"head_dim must be 0 (no attention) or a power of two from 16 to 256, not {self.head_dim}")
+        if self.attn_group < 1 or self.attn_group & (self.attn_group - 1) or self.attn_group > 16:
+            raise ValueError(f"attn_group must be a power of two from 1 to 16, not {self.attn_group}")
+        if self.attn_tile not in (16, 32, 64):
+            raise ValueError(f"attn_tile must be 16, 32 or 64, not {self.attn_tile}")
         if not 2 <= self.ring <= 32:
             raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
         if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
@@ -53,7 +62,8 @@ class StreamConfig:
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
-                    TRACE=self.trace, CW=self.consumer_warps)
+                    TRACE=self.trace, CW=self.consumer_warps, HD=self.head_dim, GP=self.attn_group,
+                    TILE=self.attn_tile)
 
 
 def smem_layout():
@@ -81,7 +91,8 @@ def compile_for(cfg: StreamConfig, arch: int = 90):
     i32 = torch.zeros(64, dtype=torch.int32)
     kw = dict(cfg.constexprs(), num_warps=cfg.consumer_warps)
     i64 = torch.zeros(64, dtype=torch.int64)
-    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, i32, 0, i64, **kw)
+    bf16 = torch.zeros(64, dtype=torch.bfloat16)
+    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, bf16, i32, i32, 0, i64, **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
                           options=opts.__dict__)

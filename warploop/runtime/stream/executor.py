@@ -35,6 +35,10 @@ class StreamExecutor:
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
         self.arena = program.arena(dev)
+        self.ints = program.int_arena(dev)
+        self.kv = program.kv if program.kv is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
+        if self.kv.device != dev:
+            raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
         # with StreamConfig.trace: int64 ns stamps [instruction, 4] (start, waited, first chunk, published)
@@ -53,7 +57,8 @@ class StreamExecutor:
         if self.epoch == RESET_EPOCH:
             self.counters.zero_()
             self.epoch = 0
-        stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.counters, self.err,
+        stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.ints, self.kv,
+                                    self.counters, self.err,
                                     self.epoch, self.trace, **self.program.config.constexprs(),
                                     num_warps=self.program.config.consumer_warps)
         self.epoch += 1

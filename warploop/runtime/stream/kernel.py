@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, WORDS, header_word
 
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -52,6 +52,12 @@ G_NORM = gl.constexpr(GEMV.word("norm"))
 G_BIAS = gl.constexpr(GEMV.word("bias"))
 G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
+OP_ATTN = gl.constexpr(ATTN.opcode)
+A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
+A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhead"], A["group"]
+A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
+A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
+    A["eps"], A["scale"]
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
@@ -102,6 +108,109 @@ def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: g
 
 
 @gluon.jit
+def _rope_head(arena, src, d, cs, sn, w, eps, NORM, HD: gl.constexpr):
+    """Rows src[j] (arena offsets of heads, [R] tensor) RMS-normed by w (when NORM) and rotated by
+    the RoPE rows cs, sn ([HD], the half-rows repeated): the halves convention, x * cos + rot(x) * sin
+    with rot(x) = (-x2, x1)."""
+    HALF: gl.constexpr = HD // 2
+    dp = gl.where(d < HALF, d + HALF, d - HALF)
+    sign = gl.where(d < HALF, -1.0, 1.0)
+    x = gl.load(arena + src[:, None] + d[None, :])
+    xp = gl.load(arena + src[:, None] + dp[None, :])
+    if NORM:
+        r = gl.rsqrt(gl.sum(x * x, axis=1) / HD + eps)[:, None]
+        x = x * r * gl.load(arena + w + d)[None, :]
+        xp = xp * r * gl.load(arena + w + dp)[None, :]
+    return x * cs[None, :] + sign[None, :] * xp * sn[None, :]
+
+
+@gluon.jit
+def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+    """The ATTN kind's body (kinds.ATTN), after its waits. fp32 throughout; k and v rounded to the
+    cache's bf16 once, as stored, and used in that form for the new token too."""
+    HALF: gl.constexpr = HD // 2
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
+    QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
+    KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
+    SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
+    qkv = gl.load(base + A_QKV)
+    out = gl.load(base + A_OUT)
+    head0 = gl.load(base + A_HEAD)
+    g = gl.load(base + A_KVHEAD)
+    grp = gl.load(base + A_GROUP)
+    heads = gl.load(base + A_HEADS)
+    kvh = gl.load(base + A_KVHEADS)
+    step = gl.load(base + A_STEP)
+    cos_t = gl.load(base + A_COS)
+    sin_t = gl.load(base + A_SIN)
+    qn = gl.load(base + A_QN)
+    kn = gl.load(base + A_KN)
+    layer = gl.load(base + A_LAYER)
+    blocks = gl.load(base + A_BLOCKS)
+    bs = gl.load(base + A_BS)
+    eps = gl.load(base + A_EPS).to(gl.float32, bitcast=True)
+    scale = gl.load(base + A_SCALE).to(gl.float32, bitcast=True)
+    pos = gl.load(ints + step)
+    n_ctx = gl.load(ints + step + 1)
+    slot = gl.load(ints + step + 2)
+    row_words = (kvh * HD).to(gl.int64)
+    kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
+    vc = kc + blocks.to(gl.int64) * bs * row_words
+    # q heads of the group, in the scores' row layout
+    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
+    jq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    jq = gl.minimum(jq, grp - 1)                       # padded rows repeat the last head (not stored)
+    csq = gl.load(arena + cos_t + pos * HALF + dq % HALF)
+    snq = gl.load(arena + sin_t + pos * HALF + dq % HALF)
+    q = _rope_head(arena, qkv + (head0 + jq) * HD, dq, csq, snq, qn, eps, qn >= 0, HD)
+    # the new token's k and v, in a tile's layout (row 0 of a [1, HD] tile)
+    dk = gl.arange(0, HD, layout=gl.SliceLayout(0, KL))
+    one = gl.arange(0, 1, layout=gl.SliceLayout(1, KL))
+    csk = gl.load(arena + cos_t + pos * HALF + dk % HALF)
+    snk = gl.load(arena + sin_t + pos * HALF + dk % HALF)
+    knew = _rope_head(arena, qkv + (heads + g) * HD + one, dk, csk, snk, kn, eps, kn >= 0, HD)
+    knew = knew.to(gl.bfloat16)
+    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :]).to(gl.bfloat16)
+    if slot >= 0:
+        dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
+        gl.store(kc + dst, knew)
+        gl.store(vc + dst, vnew)
+    knew = knew.to(gl.float32)
+    vnew = vnew.to(gl.float32)
+    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
+    t0 = 0
+    while t0 < n_ctx:
+        toks = t0 + tk
+        live = toks < n_ctx
+        blk = gl.load(ints + step + 3 + toks // bs, mask=live, other=0)
+        rows = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
+        addr = rows[:, None] + dk[None, :]
+        m2 = live[:, None]
+        kt = gl.load(kc + addr, mask=m2, other=0.0).to(gl.float32)
+        vt = gl.load(vc + addr, mask=m2, other=0.0).to(gl.float32)
+        new = (toks == n_ctx - 1)[:, None]
+        kt = gl.where(new, knew, kt)
+        vt = gl.where(new, vnew, vt)
+        sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+        sc = gl.where((t0 + ts < n_ctx)[None, :], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        p = gl.exp(sc - m_new[:, None])
+        alpha = gl.exp(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+        acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+        m_i = m_new
+        t0 += TILE
+    o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+
+
+@gluon.jit
 def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
     """Poll counter c with acquire loads until it reaches target (at most SPIN polls; none once a
     wait has failed): the load that sees the target also orders what follows. Returns `failed`."""
@@ -122,9 +231,9 @@ def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta, trace, BR: gl.constexpr,
+def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, epoch, cta, trace, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              CW: gl.constexpr):
+              CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -257,6 +366,10 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
                 gl.store(arena + out + HALF + rows, acc_b, mask=mb)
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
+        if HD != 0:
+            if op == OP_ATTN:
+                _attn(arena, ints, kv, instr + i * W, CW, HD, GP, TILE)
+                staged_x = -1         # its output may be a later node's input
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
             gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
@@ -268,9 +381,9 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, counters, err, epoch, cta,
 
 
 @gluon.jit(do_not_specialize=["epoch"])
-def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, trace, BR: gl.constexpr,
+def stream_kernel(d0, d1, d2, d3, instr, table, arena, ints, kv, counters, err, epoch, trace, BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
-                  TRACE: gl.constexpr, CW: gl.constexpr):
+                  TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -284,7 +397,7 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, counters, err, epoch, tra
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, mine, n, arena, counters, err, epoch, cta, trace + first * TRACE_WORDS,
-                     BR, BK, NBUF, KMAX, SPIN, TRACE, CW)),
+        (_consumer, (bufs, full, empty, xs, mine, n, arena, ints, kv, counters, err, epoch, cta,
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, CW, HD, GP, TILE)),
         (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
     ], [LOADER_WARPS], [LOADER_REGS])

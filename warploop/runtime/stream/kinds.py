@@ -131,7 +131,31 @@ GEMV = NodeKind(
             Field("bias"), Field("epi"), Field("eps", "f32")),
     streamed=Streamed("pool", "row", "k"), cost=_gemv_cost, footprint=_gemv_footprint)
 
-KINDS = (NOP, GEMV)
+def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
+    reads = [(f["qkv"] + f["head"] * f["hd"], f["group"] * f["hd"]),                    # the group's q heads
+             (f["qkv"] + (f["heads"] + f["kvhead"]) * f["hd"], f["hd"]),               # its k head
+             (f["qkv"] + (f["heads"] + f["kvheads"] + f["kvhead"]) * f["hd"], f["hd"])]  # its v head
+    for name in ("qn", "kn"):
+        if f[name] >= 0:
+            reads.append((f[name], f["hd"]))
+    return reads, [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
+
+
+# One decode token's attention for one KV head and its group of q heads (batch 1): the q and k heads
+# of arena qkv are RMS-normed (when qn/kn >= 0) and rotated by the RoPE rows of position `pos`
+# (arena cos/sin tables, [positions, hd/2]); the new k and v go to the paged bf16 KV cache (the
+# kernel's `kv`, [layers, 2, blocks, bs, kvheads, hd]) at `slot`; then softmax(q K^T * scale) V over
+# the n_ctx tokens of the block table, into out. The step's pos, n_ctx, slot and block table are
+# int32 words at `step` in the int arena (the host writes them before a run; nothing in the run
+# does). Its cost is the context's KV bytes, set by the builder (`ctx` tokens).
+ATTN = NodeKind(
+    "attn", 2,
+    fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
+            Field("kvheads"), Field("hd"), Field("step"), Field("cos"), Field("sin"), Field("qn"), Field("kn"),
+            Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx")),
+    cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"])), footprint=_attn_footprint)
+
+KINDS = (NOP, GEMV, ATTN)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from warploop.runtime.placement import NodeSpec, Schedule, place
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.kinds import EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
+from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
 
 MAX_POOLS = 4
 ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
@@ -62,6 +62,10 @@ class StreamProgram:
         self.regions: dict[str, Region] = {}
         self.inits: dict[str, object] = {}
         self.arena_size = 0
+        self.int_regions: dict[str, Region] = {}
+        self.int_inits: dict[str, object] = {}
+        self.int_size = 0
+        self.kv = None                           # the paged bf16 KV cache attention nodes use
         self.nodes: list[Node] = []
 
     # -- memory ----------------------------------------------------------------------------------
@@ -78,6 +82,26 @@ class StreamProgram:
         if init is not None:
             self.inits[name] = init
         return r
+
+    def ints(self, name: str, size: int, init=None) -> Region:
+        """An int32 region of the int arena (an attention node's step words: pos, n_ctx, slot, table)."""
+        if name in self.int_regions:
+            raise ValueError(f"int buffer {name!r} declared twice")
+        if size <= 0:
+            raise ValueError(f"int buffer {name!r}: size must be positive, got {size}")
+        r = self.int_regions[name] = Region(self.int_size, size)
+        self.int_size += -(-size // ALIGN) * ALIGN
+        if init is not None:
+            self.int_inits[name] = init
+        return r
+
+    def kv_cache(self, cache) -> None:
+        """The paged KV cache, bf16 [layers, 2, blocks, block_size, kv_heads, head_dim] (KVCacheLayout)."""
+        import torch
+        if cache.dim() != 6 or cache.shape[1] != 2 or cache.dtype != torch.bfloat16 or not cache.is_contiguous():
+            raise ValueError("the KV cache is a contiguous bfloat16 [layers, 2, blocks, block_size, kv_heads, "
+                             f"head_dim] tensor, got {tuple(cache.shape)} {cache.dtype}")
+        self.kv = cache
 
     def pool(self, weights) -> int:
         """A [rows, K] bf16 matrix the loader streams rows of; returns its index."""
@@ -133,6 +157,34 @@ class StreamProgram:
         assert span >= n
         return tiles
 
+    def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
+                  kv_heads: int, layer: int, scale: float, qn: Region | None = None, kn: Region | None = None,
+                  eps: float = 0.0, ctx: int = 1024, after=()) -> list[int]:
+        """One ATTN node per KV head (kinds.ATTN): qkv holds [heads + 2 kv_heads] rows of head_dim;
+        step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2]."""
+        cfg, kv = self.config, self.kv
+        if kv is None:
+            raise ValueError("attention needs the KV cache: call kv_cache() first")
+        layers, _, blocks, bs, kvh, hd = kv.shape
+        if cfg.head_dim != hd:
+            raise ValueError(f"the KV cache's head_dim is {hd}: build the program with StreamConfig(head_dim={hd})")
+        if kvh != kv_heads or heads % kv_heads:
+            raise ValueError(f"heads {heads} and kv_heads {kv_heads} do not match the cache's {kvh} KV heads")
+        group = heads // kv_heads
+        if group > cfg.attn_group:
+            raise ValueError(f"a group of {group} q heads exceeds StreamConfig.attn_group {cfg.attn_group}")
+        if not 0 <= layer < layers:
+            raise ValueError(f"layer {layer} is outside the cache's {layers} layers")
+        if qkv.size < (heads + 2 * kv_heads) * hd or out.size < heads * hd or step.size < 4:
+            raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
+        if cos.size % (hd // 2) or cos.size != sin.size:
+            raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
+        return [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g, group=group,
+                         heads=heads, kvheads=kv_heads, hd=hd, step=step.offset, cos=cos.offset, sin=sin.offset,
+                         qn=-1 if qn is None else qn.offset, kn=-1 if kn is None else kn.offset, layer=layer,
+                         blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx)
+                for g in range(kv_heads)]
+
     # -- compiling -------------------------------------------------------------------------------
     def build(self, ctas: int) -> Built:
         """Place the nodes on `ctas` CTAs and encode every CTA's instruction list."""
@@ -150,6 +202,10 @@ class StreamProgram:
         words = np.array([w for i in insts for w in i.serialize()], dtype=np.int32)
         return Built(sched, words.reshape(-1) if len(words) else np.zeros(WORDS, np.int32), table,
                      len(sched.counter_sizes), tuple(insts))
+
+    def int_arena(self, device="cpu"):
+        """A fresh int arena: zeros, with every int buffer's init copied in."""
+        return _int_arena(self, device)
 
     def arena(self, device="cpu"):
         """A fresh arena: zeros, with every buffer's init copied in."""
@@ -178,6 +234,15 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
                                          signal=out[m].signal if m == j else -1, signals=last if m == j else 1)
         i = j + 1
     return out
+
+
+def _int_arena(program, device):
+    import torch
+    a = torch.zeros(max(program.int_size, ALIGN), dtype=torch.int32, device=device)
+    for name, init in program.int_inits.items():
+        r = program.int_regions[name]
+        a[r.offset:r.offset + r.size] = torch.as_tensor(init).reshape(-1).to(device=device, dtype=torch.int32)
+    return a
 
 
 def interleave_gate_up(gate, up, block_rows: int):

@@ -6,11 +6,52 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import EPILOGUES, GEMV, NOP
+from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, NOP
 
 
-def run_node(program, arena, node) -> None:
+def _rope(x, c, s, w, eps):
+    """Rows x [R, hd]: RMS-normed by w (when given), then rotated by the halves convention."""
+    import torch
+    if w is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def run_attention(program, arena, ints, kv, f) -> None:
+    import torch
+    hd, g, grp, heads, kvh = f["hd"], f["kvhead"], f["group"], f["heads"], f["kvheads"]
+    pos, n_ctx, slot = (int(v) for v in ints[f["step"]:f["step"] + 3])
+    half = hd // 2
+    x = arena[f["qkv"]:f["qkv"] + (heads + 2 * kvh) * hd].view(heads + 2 * kvh, hd)
+    c = arena[f["cos"] + pos * half:f["cos"] + (pos + 1) * half]
+    s = arena[f["sin"] + pos * half:f["sin"] + (pos + 1) * half]
+    vec = lambda off: None if off < 0 else arena[off:off + hd]
+    q = _rope(x[f["head"]:f["head"] + grp], c, s, vec(f["qn"]), f["eps"])
+    k = _rope(x[heads + g:heads + g + 1], c, s, vec(f["kn"]), f["eps"])[0].to(torch.bfloat16)
+    v = x[heads + kvh + g].to(torch.bfloat16)
+    cache = kv[f["layer"]]                                    # [2, blocks, bs, kvh, hd]
+    bs = cache.shape[2]
+    if slot >= 0:
+        cache[0, slot // bs, slot % bs, g] = k
+        cache[1, slot // bs, slot % bs, g] = v
+    toks = torch.arange(n_ctx)
+    table = ints[f["step"] + 3:f["step"] + 3 + (n_ctx + bs - 1) // bs].long().to(kv.device)
+    blk = table[toks // bs]
+    keys = cache[0, blk, toks % bs, g].float()
+    vals = cache[1, blk, toks % bs, g].float()
+    keys[n_ctx - 1], vals[n_ctx - 1] = k.float(), v.float()   # the new token as computed, slot or not
+    p = torch.softmax((q @ keys.T) * f["scale"], dim=-1)
+    out = f["out"] + f["head"] * hd
+    arena[out:out + grp * hd] = (p @ vals).reshape(-1)
+
+
+def run_node(program, arena, node, ints=None, kv=None) -> None:
     if node.kind is NOP:
+        return
+    if node.kind is ATTN:
+        run_attention(program, arena, ints, kv, node.fields)
         return
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
@@ -37,12 +78,18 @@ def run_node(program, arena, node) -> None:
     arena[out:out + n] = y
 
 
-def reference(program, arena=None):
+def reference(program, arena=None, ints=None, kv=None):
     """Run every node of `program` on a copy of `arena` (default: program.arena() on the CPU), on
-    the arena's device; return the copy."""
+    the arena's device; return the copy. Attention reads `ints` (default: program.int_arena()) and
+    writes `kv` in place (default: a copy of program.kv)."""
     arena = program.arena() if arena is None else arena.detach().clone()
+    if ints is None:
+        ints = program.int_arena()
+    ints = ints.cpu()
+    if kv is None and program.kv is not None:
+        kv = program.kv.detach().clone()
     for node in program.nodes:
-        run_node(program, arena, node)
+        run_node(program, arena, node, ints, kv)
     return arena
 
 
