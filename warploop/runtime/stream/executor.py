@@ -24,6 +24,8 @@ class StreamExecutor:
         import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
             raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
                                "elsewhere run the program with reference.reference()")
