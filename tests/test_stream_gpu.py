@@ -42,18 +42,18 @@ def test_gpu_equals_reference_node_by_node(name, cfg):
     assert first_difference(p, ex.arena, want, rtol=1e-4) is None
 
 
-@pytest.mark.parametrize("context", [1, 37, 300])
+@pytest.mark.parametrize("context, splits", [(1, 1), (37, 1), (300, 1), (37, 3), (300, 7), (5, 4)])
 @pytest.mark.parametrize("name", SHAPES)
-def test_gpu_attention_layers_equal_reference(name, context):
+def test_gpu_attention_layers_equal_reference(name, context, splits):
     """Whole layers with attention (ATTN nodes: q/k norm, RoPE, the paged KV write, GQA softmax over
     a shuffled block table) against the reference, node by node, and the KV caches they leave."""
     import dataclasses
     m = SHAPES[name]
     cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
-    chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=4)
+    chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=4, splits=splits)
     p = chain.program
     start, kv0 = p.arena("cuda"), p.kv.clone()
-    for region in ("qkv", "act", "logits", "attn"):
+    for region in ("qkv", "act", "logits", "attn") + (("part",) if splits > 1 else ()):
         chain.view(start, region).fill_(float("nan"))
     want_kv = kv0.clone()
     want = reference(p, start, kv=want_kv)

@@ -97,10 +97,10 @@ def torch_chain(chain, arena, model=None):
     return res, chain.mats["head"].float() @ norm(res, f"n{2 * d['layers']}")
 
 
-def layer_chain(model=None, context=0):
+def layer_chain(model=None, context=0, splits=1):
     cfg = CFG if not context else dataclasses.replace(CFG, head_dim=(model or SHAPES["llama_gqa"]).head_dim,
-                                                      attn_group=8)
-    return stream_chain.layer_chain(model or SHAPES["llama_gqa"], cfg, context=context, block_size=4)
+                                                      attn_group=8, attn_tile=16)
+    return stream_chain.layer_chain(model or SHAPES["llama_gqa"], cfg, context=context, block_size=4, splits=splits)
 
 
 @pytest.mark.parametrize("name", SHAPES)
@@ -120,12 +120,12 @@ def test_reference_equals_plain_torch(name):
     assert ((peer - logits).abs().max() / logits.abs().max()).item() < 3e-2
 
 
-@pytest.mark.parametrize("context", [1, 5, 37])
+@pytest.mark.parametrize("context, splits", [(1, 1), (5, 1), (37, 1), (37, 3), (5, 4), (100, 2)])
 @pytest.mark.parametrize("name", SHAPES)
-def test_reference_attention_equals_plain_torch(name, context):
+def test_reference_attention_equals_plain_torch(name, context, splits):
     """With attention (ATTN nodes over a paged cache with a shuffled block table), the reference's
     step equals plain GQA attention, and it leaves the new k and v in the cache at the slot."""
-    chain = layer_chain(SHAPES[name], context)
+    chain = layer_chain(SHAPES[name], context, splits)
     p = chain.program
     kv = p.kv.clone()
     got = reference(p, kv=kv)

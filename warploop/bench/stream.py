@@ -143,12 +143,14 @@ def measure_attention(model, contexts, runs, rate) -> dict:
     cfg = StreamConfig(kmax=kmax_for(widths), head_dim=model.head_dim, attn_group=group)
     out = {}
     for ctx in contexts:
-        chain = layer_chain(model, cfg, device="cuda", context=ctx)
+        # splits: about one attention node per SM, each at least a tile of tokens
+        splits = max(1, min(132 // model.num_kv_heads, -(-ctx // cfg.attn_tile)))
+        chain = layer_chain(model, cfg, device="cuda", context=ctx, splits=splits)
         ex = StreamExecutor(chain.program)
         start, kv0 = chain.program.arena("cuda"), chain.program.kv.clone()
         ex.run()
         want = reference(chain.program, start, kv=kv0)
-        rec = {"check": first_difference(chain.program, ex.arena, want, rtol=5e-3) or "ok",
+        rec = {"check": first_difference(chain.program, ex.arena, want, rtol=5e-3) or "ok", "splits": splits,
                "bytes": chain.weight_bytes, "floor_ms": chain.weight_bytes / rate * 1e3}
         rec["ms"] = time_ms(ex.launch, runs, after=ex.wait)
         rec["pct_of_floor"] = 100 * rec["floor_ms"] / rec["ms"]

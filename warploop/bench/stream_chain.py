@@ -50,10 +50,11 @@ class Chain:
 
 
 def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = None, seed: int = 0,
-                context: int = 0, block_size: int = 16) -> Chain:
+                context: int = 0, block_size: int = 16, splits: int = 1) -> Chain:
     """The chain of `model` (a ModelConfig). With `context` > 0 each layer has attention too (one
     ATTN node per KV head, cfg.head_dim set): a decode token at position context - 1 over a random
-    paged bf16 KV cache of `context` tokens whose block table is shuffled."""
+    paged bf16 KV cache of `context` tokens whose block table is shuffled, each KV head's context in
+    `splits` shares merged by a COMBINE node."""
     import torch
     hidden, q, kv, inter = model.hidden_size, model.num_heads * model.head_dim, \
         model.num_kv_heads * model.head_dim, model.intermediate_size
@@ -109,6 +110,8 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         cos, sin = cos_sin_table(model.rope, hd, context, device=device)
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r["attn"] = p.buffer("attn", q)
+        group = model.num_heads // kvh
+        r["part"] = p.buffer("part", kvh * splits * group * (hd + 2)) if splits > 1 else None
         if getattr(model, "qk_norm", False):
             for i in range(layers):
                 r[f"qn{i}"] = p.buffer(f"qn{i}", hd, init=1 + 0.1 * torch.randn(hd, generator=g, device=device))
@@ -124,7 +127,8 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         if context:
             at_n = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=model.num_heads,
                                kv_heads=model.num_kv_heads, layer=i, scale=model.head_dim ** -0.5,
-                               qn=r.get(f"qn{i}"), kn=r.get(f"kn{i}"), eps=eps, ctx=context, after=a)
+                               qn=r.get(f"qn{i}"), kn=r.get(f"kn{i}"), eps=eps, ctx=context, splits=splits,
+                               part=r["part"], after=a)
             stages.append((f"attn{i}", at_n))
             a, x_o = at_n, r["attn"]
         b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a)

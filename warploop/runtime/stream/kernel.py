@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, WORDS, header_word
 
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -58,6 +58,11 @@ A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhe
 A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
 A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
     A["eps"], A["scale"]
+A_SPLIT, A_SPLITS, A_PART = A["split"], A["splits"], A["part"]
+OP_COMBINE = gl.constexpr(COMBINE.opcode)
+C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
+    gl.constexpr(COMBINE.word("head"))
+C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.word("splits"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
@@ -150,9 +155,16 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
     bs = gl.load(base + A_BS)
     eps = gl.load(base + A_EPS).to(gl.float32, bitcast=True)
     scale = gl.load(base + A_SCALE).to(gl.float32, bitcast=True)
+    split = gl.load(base + A_SPLIT)
+    splits = gl.load(base + A_SPLITS)
+    part = gl.load(base + A_PART)
     pos = gl.load(ints + step)
     n_ctx = gl.load(ints + step + 1)
     slot = gl.load(ints + step + 2)
+    # this split's tokens [lo, hi): whole tiles, the last split takes what is left
+    chunk = ((n_ctx + splits - 1) // splits + TILE - 1) // TILE * TILE
+    lo = gl.minimum(split * chunk, n_ctx)
+    hi = gl.minimum(lo + chunk, n_ctx)
     row_words = (kvh * HD).to(gl.int64)
     kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
     vc = kc + blocks.to(gl.int64) * bs * row_words
@@ -171,7 +183,7 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
     knew = _rope_head(arena, qkv + (heads + g) * HD + one, dk, csk, snk, kn, eps, kn >= 0, HD)
     knew = knew.to(gl.bfloat16)
     vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :]).to(gl.bfloat16)
-    if slot >= 0:
+    if (slot >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the split holding the new token
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
@@ -182,10 +194,10 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
     l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, HD], gl.float32, layout=QL)
     ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-    t0 = 0
-    while t0 < n_ctx:
+    t0 = lo
+    while t0 < hi:
         toks = t0 + tk
-        live = toks < n_ctx
+        live = toks < hi
         blk = gl.load(ints + step + 3 + toks // bs, mask=live, other=0)
         rows = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
         addr = rows[:, None] + dk[None, :]
@@ -196,7 +208,7 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
         kt = gl.where(new, knew, kt)
         vt = gl.where(new, vnew, vt)
         sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-        sc = gl.where((t0 + ts < n_ctx)[None, :], sc, float("-inf"))
+        sc = gl.where((t0 + ts < hi)[None, :], sc, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
         p = gl.exp(sc - m_new[:, None])
         alpha = gl.exp(m_i - m_new)
@@ -205,9 +217,43 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
         acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
         m_i = m_new
         t0 += TILE
-    o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+    if splits == 1:
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+    else:
+        pb = arena + part + split * grp * (HD + 2)
+        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
+        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+
+
+@gluon.jit
+def _combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
+    """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    part = gl.load(base + C_PART)
+    out = gl.load(base + C_OUT)
+    head0 = gl.load(base + C_HEAD)
+    grp = gl.load(base + C_GROUP)
+    splits = gl.load(base + C_SPLITS)
+    j = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    jm = gl.minimum(j, grp - 1)
+    d = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
+    stride = grp * (HD + 2)
+    big = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, QL))
+    for s in range(splits):
+        big = gl.maximum(big, gl.load(arena + part + s * stride + grp * HD + jm, cache_modifier=".cg"))
+    num = gl.zeros([GP, HD], gl.float32, layout=QL)
+    den = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, QL))
+    for s in range(splits):
+        pb = arena + part + s * stride
+        w = gl.exp(gl.load(pb + grp * HD + jm, cache_modifier=".cg") - big)
+        den += w * gl.load(pb + grp * HD + grp + jm, cache_modifier=".cg")
+        num += w[:, None] * gl.load(pb + jm[:, None] * HD + d[None, :], cache_modifier=".cg")
+    gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], num / den[:, None], mask=(j < grp)[:, None])
 
 
 @gluon.jit
@@ -370,6 +416,9 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
             if op == OP_ATTN:
                 _attn(arena, ints, kv, instr + i * W, CW, HD, GP, TILE)
                 staged_x = -1         # its output may be a later node's input
+            if op == OP_COMBINE:
+                _combine(arena, instr + i * W, CW, HD, GP)
+                staged_x = -1
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
             gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")

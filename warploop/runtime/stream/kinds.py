@@ -138,7 +138,14 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     for name in ("qn", "kn"):
         if f[name] >= 0:
             reads.append((f[name], f["hd"]))
+    if f["splits"] > 1:                                   # this split's partials
+        return reads, [(f["part"] + f["split"] * f["group"] * (f["hd"] + 2), f["group"] * (f["hd"] + 2))]
     return reads, [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
+
+
+def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
+    return ([(f["part"], f["splits"] * f["group"] * (f["hd"] + 2))],
+            [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])])
 
 
 # One decode token's attention for one KV head and its group of q heads (batch 1): the q and k heads
@@ -147,15 +154,24 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
 # kernel's `kv`, [layers, 2, blocks, bs, kvheads, hd]) at `slot`; then softmax(q K^T * scale) V over
 # the n_ctx tokens of the block table, into out. The step's pos, n_ctx, slot and block table are
 # int32 words at `step` in the int arena (the host writes them before a run; nothing in the run
-# does). Its cost is the context's KV bytes, set by the builder (`ctx` tokens).
+# does). Its cost is the context's KV bytes, set by the builder (`ctx` tokens). With splits > 1 the
+# node covers split `split` of the context and writes its partials (the unnormalised output, the
+# running max and sum per q head: group * (hd + 2) floats at part + split * group * (hd + 2)),
+# which a COMBINE node merges into out.
 ATTN = NodeKind(
     "attn", 2,
     fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
             Field("kvheads"), Field("hd"), Field("step"), Field("cos"), Field("sin"), Field("qn"), Field("kn"),
-            Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx")),
-    cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"])), footprint=_attn_footprint)
+            Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx"),
+            Field("split"), Field("splits"), Field("part")),
+    cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
+# Merge a KV head's attention splits (their partials at `part`) into its q heads' rows of out.
+COMBINE = NodeKind(
+    "combine", 3,
+    fields=(Field("part"), Field("out"), Field("head"), Field("group"), Field("hd"), Field("splits")),
+    cost=lambda f, br: float(4 * f["splits"] * f["group"] * (f["hd"] + 2)), footprint=_combine_footprint)
 
-KINDS = (NOP, GEMV, ATTN)
+KINDS = (NOP, GEMV, ATTN, COMBINE)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

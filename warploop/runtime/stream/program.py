@@ -22,7 +22,7 @@ import numpy as np
 
 from warploop.runtime.placement import NodeSpec, Schedule, place
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
+from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
 
 MAX_POOLS = 4
 ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
@@ -159,9 +159,13 @@ class StreamProgram:
 
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
                   kv_heads: int, layer: int, scale: float, qn: Region | None = None, kn: Region | None = None,
-                  eps: float = 0.0, ctx: int = 1024, after=()) -> list[int]:
+                  eps: float = 0.0, ctx: int = 1024, splits: int = 1, part: Region | None = None,
+                  after=()) -> list[int]:
         """One ATTN node per KV head (kinds.ATTN): qkv holds [heads + 2 kv_heads] rows of head_dim;
-        step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2]."""
+        step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2].
+        With splits > 1, `splits` ATTN nodes per KV head over shares of the context write their
+        partials to `part` and a COMBINE node per KV head merges them; returns the nodes whose
+        completion means out is written."""
         cfg, kv = self.config, self.kv
         if kv is None:
             raise ValueError("attention needs the KV cache: call kv_cache() first")
@@ -179,11 +183,23 @@ class StreamProgram:
             raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
         if cos.size % (hd // 2) or cos.size != sin.size:
             raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
-        return [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g, group=group,
-                         heads=heads, kvheads=kv_heads, hd=hd, step=step.offset, cos=cos.offset, sin=sin.offset,
-                         qn=-1 if qn is None else qn.offset, kn=-1 if kn is None else kn.offset, layer=layer,
-                         blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx)
-                for g in range(kv_heads)]
+        if splits < 1 or (splits > 1 and (part is None or part.size < kv_heads * splits * group * (hd + 2))):
+            raise ValueError(f"splits {splits}: need at least 1, and for more a part region of "
+                             f"{kv_heads * splits * group * (hd + 2)} floats")
+        done = []
+        for g in range(kv_heads):
+            here = -1 if part is None else part.offset + g * splits * group * (hd + 2)
+            nodes = [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g,
+                              group=group, heads=heads, kvheads=kv_heads, hd=hd, step=step.offset, cos=cos.offset,
+                              sin=sin.offset, qn=-1 if qn is None else qn.offset, kn=-1 if kn is None else kn.offset,
+                              layer=layer, blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx, split=s,
+                              splits=splits, part=here)
+                     for s in range(splits)]
+            if splits > 1:
+                nodes = [self.add(COMBINE, after=nodes, part=here, out=out.offset, head=g * group, group=group,
+                                  hd=hd, splits=splits)]
+            done += nodes
+        return done
 
     # -- compiling -------------------------------------------------------------------------------
     def build(self, ctas: int) -> Built:

@@ -6,7 +6,7 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, EPILOGUES, GEMV, NOP
+from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP
 
 
 def _rope(x, c, s, w, eps):
@@ -42,9 +42,32 @@ def run_attention(program, arena, ints, kv, f) -> None:
     keys = cache[0, blk, toks % bs, g].float()
     vals = cache[1, blk, toks % bs, g].float()
     keys[n_ctx - 1], vals[n_ctx - 1] = k.float(), v.float()   # the new token as computed, slot or not
-    p = torch.softmax((q @ keys.T) * f["scale"], dim=-1)
+    sc = (q @ keys.T) * f["scale"]
+    if f["splits"] == 1:
+        out = f["out"] + f["head"] * hd
+        arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
+        return
+    tile = program.config.attn_tile
+    chunk = -(-(-(-n_ctx // f["splits"])) // tile) * tile
+    lo = min(f["split"] * chunk, n_ctx)
+    hi = min(lo + chunk, n_ctx)
+    base = f["part"] + f["split"] * grp * (hd + 2)
+    m = sc[:, lo:hi].max(-1).values if hi > lo else torch.full((grp,), float("-inf"))
+    e = torch.exp(sc[:, lo:hi] - m[:, None]) if hi > lo else torch.zeros(grp, 0)
+    arena[base:base + grp * hd] = (e @ vals[lo:hi]).reshape(-1)
+    arena[base + grp * hd:base + grp * hd + grp] = m
+    arena[base + grp * hd + grp:base + grp * (hd + 2)] = e.sum(-1)
+
+
+def run_combine(arena, f) -> None:
+    import torch
+    hd, grp, splits = f["hd"], f["group"], f["splits"]
+    parts = arena[f["part"]:f["part"] + splits * grp * (hd + 2)].view(splits, grp * (hd + 2))
+    acc = parts[:, :grp * hd].view(splits, grp, hd)
+    m, l = parts[:, grp * hd:grp * hd + grp], parts[:, grp * hd + grp:]
+    w = torch.exp(m - m.max(0).values)
     out = f["out"] + f["head"] * hd
-    arena[out:out + grp * hd] = (p @ vals).reshape(-1)
+    arena[out:out + grp * hd] = ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1)
 
 
 def run_node(program, arena, node, ints=None, kv=None) -> None:
@@ -52,6 +75,9 @@ def run_node(program, arena, node, ints=None, kv=None) -> None:
         return
     if node.kind is ATTN:
         run_attention(program, arena, ints, kv, node.fields)
+        return
+    if node.kind is COMBINE:
+        run_combine(arena, node.fields)
         return
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
