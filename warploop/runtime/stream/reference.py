@@ -48,7 +48,8 @@ def run_attention(program, arena, ints, kv, f) -> None:
         arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
         return
     tile = program.config.attn_tile
-    chunk = -(-(-(-n_ctx // f["splits"])) // tile) * tile
+    cdiv = lambda a, b: -(-a // b)
+    chunk = cdiv(cdiv(n_ctx, f["splits"]), tile) * tile          # the kernel's shares: whole tiles
     lo = min(f["split"] * chunk, n_ctx)
     hi = min(lo + chunk, n_ctx)
     base = f["part"] + f["split"] * grp * (hd + 2)
