@@ -53,8 +53,8 @@ def run_attention(program, arena, ints, kv, f) -> None:
     lo = min(f["split"] * chunk, n_ctx)
     hi = min(lo + chunk, n_ctx)
     base = f["part"] + f["split"] * grp * (hd + 2)
-    m = sc[:, lo:hi].max(-1).values if hi > lo else torch.full((grp,), float("-inf"))
-    e = torch.exp(sc[:, lo:hi] - m[:, None]) if hi > lo else torch.zeros(grp, 0)
+    m = sc[:, lo:hi].max(-1).values if hi > lo else sc.new_full((grp,), float("-inf"))
+    e = torch.exp(sc[:, lo:hi] - m[:, None]) if hi > lo else sc.new_zeros(grp, 0)
     arena[base:base + grp * hd] = (e @ vals[lo:hi]).reshape(-1)
     arena[base + grp * hd:base + grp * hd + grp] = m
     arena[base + grp * hd + grp:base + grp * (hd + 2)] = e.sum(-1)
