@@ -115,6 +115,8 @@ def test_reference_equals_plain_torch(name):
     bad = got.clone()
     bad[chain.regions["logits"].offset + 3] += 1.0
     assert "node" in first_difference(p, bad, got)
+    bad[chain.regions["logits"].offset + 3] = float("nan")
+    assert "node" in first_difference(p, bad, got)
     # the PyTorch peer the bench times computes the same step in bf16 activations
     peer = chain.peer()(chain.view(p.arena(), "res").to(torch.bfloat16)).float()
     assert ((peer - logits).abs().max() / logits.abs().max()).item() < 3e-2
@@ -134,6 +136,7 @@ def test_reference_attention_equals_plain_torch(name, context, splits):
     r = chain.regions["step"]
     slot = int(p.int_arena()[r.offset + 2])
     bs = kv.shape[3]
+    assert first_difference(p, got, got) is None              # an empty split's -inf equals itself
     changed = (kv != p.kv).flatten(4).any(-1)                 # [layers, 2, blocks, bs]
     assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
 
