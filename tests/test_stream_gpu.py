@@ -9,6 +9,8 @@ os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 import torch  # noqa: E402
 from test_stream_program import SHAPES  # noqa: E402
+from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
+from test_stream_step import greedy  # noqa: E402
 
 from warploop.bench import stream_chain  # noqa: E402
 from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
@@ -63,6 +65,15 @@ def test_gpu_attention_layers_equal_reference(name, context, splits):
     # k is rounded to bf16 after fp32 math whose order differs: a rare one-ulp flip moves outputs ~1e-3
     assert first_difference(p, ex.arena, want, rtol=3e-3) is None
     torch.testing.assert_close(ex.kv.float(), want_kv.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", STEP_CONFIGS)
+def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
+    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
+    tokens, ref_tokens, err = greedy(STEP_CONFIGS[name], "cuda", splits=splits)
+    assert tokens == ref_tokens
+    assert err < 2e-2
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["same_cta", "cross_cta"])

@@ -1,0 +1,127 @@
+"""A model's batch-1 decode step as one streaming program (warploop/runtime/stream).
+
+Every layer's qkv (input norm, bias), attention (q/k norm, RoPE, the paged KV write, GQA in splits),
+o_proj (added into the residual), gate/up (post norm, SiLU x up) and down (added), then lm_head
+(final norm), placed once and run every step: on a Hopper GPU by the streaming kernel, elsewhere by
+the CPU reference. Weights stream as bf16; activations are float32; the KV cache is bf16.
+
+What is still the host's: the embedding row is written into the arena before a step, the step's
+position, slot and block table into the int arena, and the token is picked from the logits after
+it (the GPU decode loop, the embedding and sampling kinds are the next steps of issue 31).
+
+    dec = StreamDecoder(cfg, weights, device="cuda", max_context=4096)
+    logits = dec.step(token_id, position)         # the sequence's blocks are 0, 1, 2, ... of dec.kv
+"""
+from __future__ import annotations
+
+from warploop.llm.config import ModelConfig
+from warploop.llm.kv_cache import cdiv
+from warploop.llm.rope import cos_sin_table
+from warploop.llm.weights import ModelWeights
+from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.program import Region, StreamProgram, interleave_gate_up
+
+
+def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
+    """The kernel shape a model needs: the widest input, its head size and group."""
+    kmax = 256
+    while kmax < max(cfg.hidden_size, cfg.q_size, cfg.intermediate_size):
+        kmax *= 2
+    group = 1
+    while group < cfg.num_heads // cfg.num_kv_heads:
+        group *= 2
+    return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
+
+
+class StreamDecoder:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
+                 block_size: int = 16, splits: int = 1, config: StreamConfig | None = None) -> None:
+        import torch
+        if cfg.mlp_bias:
+            raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
+        if max_context < 1 or block_size < 1 or splits < 1:
+            raise ValueError("max_context, block_size and splits must be positive")
+        self.cfg, self.device = cfg, torch.device(device)
+        self.config = config or stream_config(cfg)
+        p = self.program = StreamProgram(self.config)
+        bf = lambda t: t.detach().to(device=self.device, dtype=torch.bfloat16)
+        f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)
+        br = self.config.block_rows
+        # one pool per input width, every matrix in recording order
+        mats = []
+        for lw in weights.layers:
+            gate, up = lw.gate_up.chunk(2)
+            mats += [bf(lw.qkv), bf(lw.o), interleave_gate_up(bf(gate), bf(up), br), bf(lw.down)]
+        mats.append(bf(weights.lm_head))
+        at, by_width = [], {}
+        for m in mats:
+            lst = by_width.setdefault(m.shape[1], [])
+            at.append((m.shape[1], sum(t.shape[0] for t in lst)))
+            lst.append(m)
+        pool = {k: p.pool(torch.cat(lst)) for k, lst in by_width.items()}
+        at = [(pool[k], row) for k, row in at]
+        hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
+        self.block_size, self.max_context = block_size, max_context
+        self.blocks = cdiv(max_context, block_size)
+        p.kv_cache(torch.zeros(cfg.num_layers, 2, self.blocks, block_size, kvh, hd, dtype=torch.bfloat16,
+                               device=self.device))
+        self.kv = p.kv
+        r = self.regions = {"res": p.buffer("res", cfg.hidden_size), "qkv": p.buffer("qkv", cfg.q_size + 2 * cfg.kv_size),
+                            "attn": p.buffer("attn", cfg.q_size), "act": p.buffer("act", cfg.intermediate_size),
+                            "logits": p.buffer("logits", cfg.vocab_size)}
+        cos, sin = cos_sin_table(cfg.rope, hd, max_context, self.device)
+        r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
+        r["step"] = p.ints("step", 3 + self.blocks)
+        part = p.buffer("part", kvh * splits * (h // kvh) * (hd + 2)) if splits > 1 else None
+        vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
+        eps = cfg.rms_norm_eps
+        prev: list[int] = []
+        for i, lw in enumerate(weights.layers):
+            (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
+            a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
+                       norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
+            a = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=h, kv_heads=kvh, layer=i,
+                            scale=hd ** -0.5, qn=vec(f"qn{i}", lw.q_norm), kn=vec(f"kn{i}", lw.k_norm), eps=eps,
+                            ctx=max_context, splits=splits, part=part, after=a)
+            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
+                       after=a)
+            c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
+                       eps=eps, epi="silu_mul", after=b)
+            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c)
+        p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps, after=prev)
+        self.embed = f32(weights.embed)
+        self.arena = p.arena(self.device)
+        self.ints = p.int_arena(self.device)
+        self.executor = None
+        if self.device.type == "cuda":
+            from warploop.runtime.stream.executor import StreamExecutor
+            self.executor = StreamExecutor(p, self.device)
+            self.arena, self.ints = self.executor.arena, self.executor.ints
+
+    def view(self, name: str):
+        reg: Region = self.regions[name]
+        return self.arena[reg.offset:reg.offset + reg.size]
+
+    def step(self, token: int, pos: int, table: list[int] | None = None):
+        """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
+        blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
+        next step)."""
+        import torch
+        from warploop.runtime.stream.reference import reference
+        if not 0 <= pos < self.max_context:
+            raise ValueError(f"position {pos} is outside the decoder's max_context {self.max_context}")
+        if not 0 <= token < self.cfg.vocab_size:
+            raise ValueError(f"token {token} is outside the vocabulary of {self.cfg.vocab_size}")
+        bs = self.block_size
+        table = list(range(cdiv(pos + 1, bs))) if table is None else list(table)
+        if len(table) < cdiv(pos + 1, bs) or not all(0 <= b < self.blocks for b in table):
+            raise ValueError(f"the block table must cover {cdiv(pos + 1, bs)} blocks of the {self.blocks}")
+        words = [pos, pos + 1, table[pos // bs] * bs + pos % bs] + table
+        r = self.program.int_regions["step"]
+        self.ints[r.offset:r.offset + len(words)] = torch.tensor(words, dtype=torch.int32, device=self.ints.device)
+        self.view("res").copy_(self.embed[token])
+        if self.executor is not None:
+            self.executor.run()
+        else:
+            self.arena = reference(self.program, self.arena, self.ints, self.kv)
+        return self.view("logits")
