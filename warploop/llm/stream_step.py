@@ -66,9 +66,9 @@ class StreamDecoder:
         p.kv_cache(torch.zeros(cfg.num_layers, 2, self.blocks, block_size, kvh, hd, dtype=torch.bfloat16,
                                device=self.device))
         self.kv = p.kv
-        r = self.regions = {"res": p.buffer("res", cfg.hidden_size), "qkv": p.buffer("qkv", cfg.q_size + 2 * cfg.kv_size),
-                            "attn": p.buffer("attn", cfg.q_size), "act": p.buffer("act", cfg.intermediate_size),
-                            "logits": p.buffer("logits", cfg.vocab_size)}
+        r = self.regions = {"res": p.buffer("res", cfg.hidden_size),
+                            "qkv": p.buffer("qkv", cfg.q_size + 2 * cfg.kv_size), "attn": p.buffer("attn", cfg.q_size),
+                            "act": p.buffer("act", cfg.intermediate_size), "logits": p.buffer("logits", cfg.vocab_size)}
         cos, sin = cos_sin_table(cfg.rope, hd, max_context, self.device)
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r["step"] = p.ints("step", 3 + self.blocks)
@@ -107,6 +107,7 @@ class StreamDecoder:
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
         next step)."""
         import torch
+
         from warploop.runtime.stream.reference import reference
         if not 0 <= pos < self.max_context:
             raise ValueError(f"position {pos} is outside the decoder's max_context {self.max_context}")
