@@ -1,0 +1,55 @@
+"""Time a model's decode step on the streaming executor (warploop/llm/stream_step.py): random bf16
+weights of the exact shapes, one token at position CONTEXT - 1 (the cache's earlier tokens are
+zeros: the bytes read are the same), the kernel alone (CUDA events, median) and the host-driven
+step (embedding row, step words, launch, wait). Prints one JSON object.
+
+    PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from warploop.bench.decode_models import GPU_MODELS
+from warploop.bench.stream import copy_rate, time_ms
+from warploop.llm.stream_step import StreamDecoder
+from warploop.llm.weights import random_weights
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--splits", type=int, default=16)
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    cfg = GPU_MODELS[args.model][1]
+    t0 = time.time()
+    w = random_weights(cfg, "cuda", torch.bfloat16)
+    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.context, splits=args.splits)
+    build_s = time.time() - t0
+    del w
+    pos = args.context - 1
+    dec.step(7, pos)
+    kernel = time_ms(dec.executor.launch, args.runs, after=dec.executor.wait)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(args.runs):
+        dec.step(7, pos)
+    host = (time.perf_counter() - t) / args.runs * 1e3
+    wbytes = sum(p.numel() * 2 for p in dec.program.pools)
+    kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
+    rate = copy_rate()
+    out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
+           "splits": args.splits, "nodes": len(dec.program.nodes), "build_s": round(build_s, 1),
+           "kernel_ms": kernel, "step_ms_host_driven": host, "floor_ms": (wbytes + kv) / rate * 1e3,
+           "weight_bytes": wbytes, "kv_bytes": kv}
+    out["pct_of_floor"] = 100 * out["floor_ms"] / kernel
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
