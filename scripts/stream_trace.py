@@ -80,12 +80,12 @@ def anatomy(ex, chain) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
-    ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK[xWARPS]")
+    ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK")
     args = ap.parse_args()
     from warploop.bench.stream import parse_configs
-    ring, br, bk, cw = parse_configs(args.config)[0]
+    ring, br, bk = parse_configs(args.config)[0]
     m = GPU_MODELS[args.model][1]
-    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True, consumer_warps=cw,
+    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True,
                        kmax=kmax_for((m.hidden_size, m.num_heads * m.head_dim, m.intermediate_size)))
     chain = layer_chain(m, cfg, device="cuda")
     ex = StreamExecutor(chain.program)

@@ -1,6 +1,7 @@
 """The streaming kernel compiles for sm_90 with no GPU, and its PTX holds the ring and the roles:
 TMA bulk copies into the ring, mbarrier waits and arrivals, setmaxnreg (a small budget for the
-loader, the rest for the consumer), acquire loads for waits and release atomics for publishing."""
+loader, the rest for the consumer), acquire loads for waits and release atomics for publishing; with
+attention (kinds.ATTN, COMBINE) compiled in too, and no configuration spills."""
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
@@ -9,8 +10,9 @@ from warploop.runtime.stream.compiled import PTX_MARKERS, StreamConfig, compile_
 from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
 
-@pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096)],
-                         ids=["default", "narrow"])
+@pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
+                                 StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16)],
+                         ids=["default", "narrow", "attention_hd64", "attention_hd128"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)

@@ -17,17 +17,17 @@ import sys
 from warploop.bench.common import emit, header
 
 
-def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
-    """RINGxROWSxBK[xWARPS] (the consumer's warps, 4 by default), comma-separated."""
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    """RINGxROWSxBK, comma-separated."""
     out = []
     for c in text.split(","):
         try:
-            v = [int(p) for p in c.split("x")]
-            if len(v) not in (3, 4):
+            v = tuple(int(p) for p in c.split("x"))
+            if len(v) != 3:
                 raise ValueError
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--configs: {c!r} is not RINGxROWSxBK[xWARPS] (e.g. 8x32x256)") from None
-        out.append(tuple(v) + (4,) * (4 - len(v)))
+            raise argparse.ArgumentTypeError(f"--configs: {c!r} is not RINGxROWSxBK (e.g. 8x32x256)") from None
+        out.append(v)
     return out
 
 
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=",".join(GPU_MODELS),
                         help=f"comma-separated model shapes (default: all of {', '.join(GPU_MODELS)})")
     parser.add_argument("--configs", type=parse_configs, default=parse_configs("8x32x256"),
-                        help="comma-separated kernel shapes RINGxROWSxBK[xWARPS]: ring slots, tile rows, chunk "
-                             "width, consumer warps (default 8x32x256x4; the first is the one checked in full)")
+                        help="comma-separated kernel shapes RINGxROWSxBK: ring slots, tile rows, chunk width "
+                             "(default 8x32x256; the first is the one checked in full)")
     parser.add_argument("--contexts", default="512,4096",
                         help="comma-separated context lengths: the step again with attention over that many tokens "
                              "(ATTN nodes, floor counting the KV bytes; default 512,4096; empty: none)")
@@ -88,9 +88,9 @@ def measure_model(name, model, configs, runs, rate) -> dict:
     from warploop.runtime.stream.reference import first_difference, reference
     widths = (model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size)
     out = {"configs": []}
-    for n, (ring, br, bk, cw) in enumerate(configs):
-        cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, kmax=kmax_for(widths), consumer_warps=cw)
-        rec = {"ring": ring, "block_rows": br, "block_k": bk, "consumer_warps": cw}
+    for n, (ring, br, bk) in enumerate(configs):
+        cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, kmax=kmax_for(widths))
+        rec = {"ring": ring, "block_rows": br, "block_k": bk}
         out["configs"].append(rec)
         chain = layer_chain(model, cfg, device="cuda")
         ex = StreamExecutor(chain.program)
@@ -123,7 +123,7 @@ def measure_model(name, model, configs, runs, rate) -> dict:
         rec["ms"] = time_ms(ex.launch, runs, after=ex.wait)
         rec["pct_of_floor"] = 100 * out["floor_ms"] / rec["ms"]
         rec["vs_peer"] = out["peer_torch_graph_ms"] / rec["ms"]
-        print(f"{name} {ring}x{br}x{bk}x{cw}: {rec['ms']:.3f} ms, {rec['pct_of_floor']:.1f}% of the floor, "
+        print(f"{name} {ring}x{br}x{bk}: {rec['ms']:.3f} ms, {rec['pct_of_floor']:.1f}% of the floor, "
               f"{rec['vs_peer']:.2f}x the torch graph", file=sys.stderr, flush=True)
         del ex, chain
         torch.cuda.empty_cache()

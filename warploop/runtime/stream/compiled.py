@@ -27,7 +27,6 @@ class StreamConfig:
     ring: int = 8
     kmax: int = 8192
     spin: int = 1 << 24
-    consumer_warps: int = 4       # the consumer's warps (4: one warpgroup, 8: two, one instruction between them)
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step
@@ -38,10 +37,6 @@ class StreamConfig:
             raise ValueError(f"block_k must be 64, 128 or 256 (a TMA box is at most 256 wide), not {self.block_k}")
         if self.block_rows not in (16, 32, 64):
             raise ValueError(f"block_rows must be 16, 32 or 64, not {self.block_rows}")
-        if self.consumer_warps not in (4, 8):
-            raise ValueError(f"consumer_warps must be 4 or 8, not {self.consumer_warps}")
-        if self.block_rows // 2 < self.consumer_warps and self.block_rows < 32:
-            raise ValueError(f"block_rows {self.block_rows} gives each of {self.consumer_warps} warps no row")
         if self.head_dim not in (0, 16, 32, 64, 128, 256):
             raise ValueError(f"head_dim must be 0 (no attention) or a power of two from 16 to 256, not {self.head_dim}")
         if self.attn_group < 1 or self.attn_group & (self.attn_group - 1) or self.attn_group > 16:
@@ -62,7 +57,7 @@ class StreamConfig:
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
-                    TRACE=self.trace, CW=self.consumer_warps, HD=self.head_dim, GP=self.attn_group,
+                    TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=self.attn_tile)
 
 
@@ -89,7 +84,8 @@ def compile_for(cfg: StreamConfig, arch: int = 90):
     w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
     d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
     i32 = torch.zeros(64, dtype=torch.int32)
-    kw = dict(cfg.constexprs(), num_warps=cfg.consumer_warps)
+    from warploop.runtime.stream.kernel import CW
+    kw = dict(cfg.constexprs(), num_warps=CW.value)
     i64 = torch.zeros(64, dtype=torch.int64)
     bf16 = torch.zeros(64, dtype=torch.bfloat16)
     bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, bf16, i32, i32, 0, i64, **kw)

@@ -55,14 +55,14 @@ class StreamExecutor:
 
     def launch(self) -> None:
         """Queue one run on the current stream (no wait)."""
-        from warploop.runtime.stream.kernel import stream_kernel
+        from warploop.runtime.stream.kernel import CW, stream_kernel
         if self.epoch == RESET_EPOCH:
             self.counters.zero_()
             self.epoch = 0
         stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.ints, self.kv,
                                     self.counters, self.err,
                                     self.epoch, self.trace, **self.program.config.constexprs(),
-                                    num_warps=self.program.config.consumer_warps)
+                                    num_warps=CW.value)
         self.epoch += 1
 
     def run(self, timeout: float = 60.0) -> None:

@@ -66,6 +66,7 @@ C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.wo
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
+CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
 
@@ -130,7 +131,7 @@ def _rope_head(arena, src, d, cs, sn, w, eps, NORM, HD: gl.constexpr):
 
 
 @gluon.jit
-def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+def _attn(arena, ints, kv, base, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
     """The ATTN kind's body (kinds.ATTN), after its waits. fp32 throughout; k and v rounded to the
     cache's bf16 once, as stored, and used in that form for the new token too."""
     HALF: gl.constexpr = HD // 2
@@ -230,7 +231,7 @@ def _attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.cons
 
 
 @gluon.jit
-def _combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
+def _combine(arena, base, HD: gl.constexpr, GP: gl.constexpr):
     """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)
@@ -279,7 +280,7 @@ def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 @gluon.jit
 def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, epoch, cta, trace, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -414,10 +415,10 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 staged_x = -1         # this node wrote over the staged input
         if HD != 0:
             if op == OP_ATTN:
-                _attn(arena, ints, kv, instr + i * W, CW, HD, GP, TILE)
+                _attn(arena, ints, kv, instr + i * W, HD, GP, TILE)
                 staged_x = -1         # its output may be a later node's input
             if op == OP_COMBINE:
-                _combine(arena, instr + i * W, CW, HD, GP)
+                _combine(arena, instr + i * W, HD, GP)
                 staged_x = -1
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
@@ -432,7 +433,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
 @gluon.jit(do_not_specialize=["epoch"])
 def stream_kernel(d0, d1, d2, d3, instr, table, arena, ints, kv, counters, err, epoch, trace, BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
-                  TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+                  TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -447,6 +448,6 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, ints, kv, counters, err, 
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, arena, ints, kv, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, CW, HD, GP, TILE)),
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE)),
         (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
     ], [LOADER_WARPS], [LOADER_REGS])
