@@ -2,7 +2,7 @@
 
     python scripts/plot_benchmarks.py [--results bench/results] [--out docs/img]
 
-For every bench (decode, runtime, bundle, hostcall) and device it takes the newest result file named
+For every bench (decode, runtime, bundle, hostcall, stream) and device it takes the newest result file named
 `<bench>-<device>-<YYYYMMDD>.json` (probe runs with longer names are left out) and writes
 `<out>/<bench>-<device>.png`, which BENCHMARKS.md shows. 100% is the floor the same run measured
 (bandwidth, a raw driver call, a bare ring); a bar's label carries the measured value. Run it again
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = re.compile(r"^(decode|runtime|bundle|hostcall)-([a-z0-9]+)-(\d{8})\.json$")
+NAME = re.compile(r"^(decode|runtime|bundle|hostcall|stream)-([a-z0-9]+)-(\d{8})\.json$")
 
 # bench -> figures: (title, unit, key path of the floor, {system: key path of its value}). Every value is a
 # time (lower is better), so % of floor = floor / value. Paths are dotted keys into the result JSON.
@@ -41,6 +41,10 @@ FIGURES: dict[str, list[tuple[str, str, str, dict[str, str]]]] = {
          {"warploop bundle, no torch": "cold_start_s", "warploop bundle, torch": "cold_start_torch_s",
           "Triton JIT": "triton_cold_start_s"}),
     ],
+    "stream": [
+        ("weight stream ms (floor: weights / copy bandwidth)", "ms", "floor_ms",
+         {"warploop streaming executor": "configs.0.ms", "torch ops, CUDA graph": "peer_torch_graph_ms"}),
+    ],
     "hostcall": [
         ("GPU -> host call, p50 (floor: bare pinned-memory ring)", "us", "raw_roundtrip_us",
          {"warploop call": "call_p50_us"}),
@@ -53,6 +57,9 @@ def lookup(data: dict, path: str) -> float | None:
     path, _, divisor = path.partition("/")
     value = data
     for key in path.split("."):
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+            continue
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
@@ -74,7 +81,7 @@ def newest_results(results: Path) -> dict[tuple[str, str], Path]:
 def panels_of(bench: str, data: dict) -> list[tuple[tuple, dict]]:
     """(figure, the data its paths read) for each panel: a decode run with `models` has a panel per
     model (the figure's title names it); an older run (no `models`) one panel."""
-    if bench == "decode" and isinstance(data.get("models"), dict):
+    if bench in ("decode", "stream") and isinstance(data.get("models"), dict):
         return [((f"{name}: {f[0]}", *f[1:]), entry) for name, entry in data["models"].items()
                 for f in FIGURES[bench]]
     return [(f, data) for f in FIGURES[bench]]
