@@ -199,3 +199,30 @@ def test_program_refuses_bad_input_naming_it(call, message):
 def test_config_refuses_bad_shapes(kw, message):
     with pytest.raises(ValueError, match=message):
         StreamConfig(**kw)
+
+
+def test_attention_refuses_what_does_not_fit_naming_it():
+    chain = layer_chain(SHAPES["llama_gqa"], 5)
+    p, r = chain.program, chain.regions
+    args = (r["qkv"], r["attn"], r["step"], r["cos"], r["sin"])
+    kw = dict(heads=4, kv_heads=2, layer=0, scale=0.25)
+    with pytest.raises(ValueError, match="layer 7 is outside"):
+        p.attention(*args, **(kw | dict(layer=7)))
+    with pytest.raises(ValueError, match="do not match the cache's 2 KV heads"):
+        p.attention(*args, **(kw | dict(kv_heads=1)))
+    with pytest.raises(ValueError, match="part region"):
+        p.attention(*args, **kw, splits=3)
+    q = StreamProgram(dataclasses.replace(CFG, head_dim=32))
+    q.kv_cache(p.kv)
+    with pytest.raises(ValueError, match="head_dim=16"):
+        q.attention(*args, **kw)
+    with pytest.raises(ValueError, match="needs the KV cache"):
+        StreamProgram(CFG).attention(*args, **kw)
+    with pytest.raises(ValueError, match="contiguous bfloat16"):
+        StreamProgram(CFG).kv_cache(torch.zeros(2, 2, 4, 4, 2, 16))
+
+
+def test_executor_refuses_a_device_without_the_kernel():
+    from warploop.runtime.stream.executor import StreamExecutor
+    with pytest.raises(RuntimeError, match="Hopper GPU"):
+        StreamExecutor(layer_chain().program, device="cpu")
