@@ -142,52 +142,21 @@ def test_norm_weights_read_early_match_per_op_backend():
         mk.close()
 
 
-@pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
-def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
-    """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the
-    width (64 columns: 4 chunks of 16; gate_up 2 of gate and 2 of up over 32), its partial sums
-    added by the slice that counts last, and each RMSNorm's rstd from the row blocks' sums of
-    squares; Llama-like gate_up, down (72 wide: a masked tail) and Qwen3-like o_proj (128) run
-    two slices. The batch-1 graph keeps its row tiles. Tokens and logits equal the per-op
-    backend's at batches 1, 2 and 3, over steps that reuse the counters."""
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16)
-    try:
-        p = mk.plan.split_constexprs()
-        assert (p["PN"], p["PKD"], p["PCD"], p["PKS"], p["PCS"]) == (16, 16, 4, 16, 2)
-        one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
-        assert "qkv_split" not in one and "qkv" not in more
-        assert more["gate_up_split"] == cfg.num_layers * -(-cfg.intermediate_size // 16) * 2
-        slices = {"down_split": -(-cfg.intermediate_size // 64), "o_proj_split": -(-cfg.q_size // 64)}
-        for kind, ps in slices.items():
-            assert more[kind] == cfg.num_layers * -(-cfg.hidden_size // 16) * ps, kind
-        assert max(slices.values()) == 2
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=3, seed=2))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
-        assert int(mk.graphs[4].buffers.cnt.abs().sum()) == 0      # every counter back to 0
-    finally:
-        mk.close()
-    with pytest.raises(ValueError, match="Plan.split_rows must be 0 or a power of two >= 16"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
-    with pytest.raises(ValueError, match="cuts GEMV tiles, and this plan has none"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=64)
-
-
 def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():
     """batch1_kernel: the batch-1 graph runs on a resident kernel compiled for it alone (Plan.one_row:
-    row tiles without a batch path), the others on a second kernel with split-K tiles; a step on one
+    row tiles without a batch path), the others on a second kernel (with it); a step on one
     runtime after a step on the other gives the per-op backend's tokens, both ways, and each graph
     belongs to its own runtime. A one-row plan refuses the graph of more rows."""
     cfg = LLAMA_TAIL
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16, batch1_kernel=True)
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch1_kernel=True)
     try:
-        assert mk.plan.one_row == 1 and mk.plan.split_rows == 0 and mk.plan.split_constexprs()["PN"] == -1
-        assert mk.plan_many.split_rows == 16 and not mk.plan_many.one_row
+        assert mk.plan.one_row == 1 and mk.plan.constexprs()["ONE"] == 1
+        assert not mk.plan_many.one_row and mk.plan_many.constexprs()["ONE"] == 0
+        assert mk.plan_many == dataclasses.replace(mk.plan, one_row=0)
         assert mk.rt is not mk.rt_many and mk.runtimes == [mk.rt, mk.rt_many]
         assert mk.graphs[1].graph.runtime is mk.rt and mk.graphs[2].graph.runtime is mk.rt_many
-        assert "qkv" in mk.graphs[1].kinds and "qkv_split" in mk.graphs[2].kinds
+        assert "qkv" in mk.graphs[1].kinds and "qkv" in mk.graphs[2].kinds
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=1))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
         check(run_steps(ref, mk, [[8, 8, 2, 7]], steps=1, seed=3))

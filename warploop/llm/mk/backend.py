@@ -13,7 +13,7 @@ filters reach past the candidates) is sampled on the host path from the same log
 
 On a GPU two resident kernels serve the graphs (`batch1_kernel`): one compiled for the batch-1
 graph alone (Plan.one_row: its GEMV tiles carry no batch path, so fewer registers and no shared
-memory for tl.dot blocks) and one for the graphs of more rows (with split-K tiles, Plan.split_rows).
+memory for tl.dot blocks) and one for the graphs of more rows.
 One kernel holds every SM slot, so the backend parks the other before it runs a graph.
 """
 from __future__ import annotations

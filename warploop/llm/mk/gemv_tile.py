@@ -87,12 +87,13 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 @triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr, PS: tl.constexpr,
               NE: tl.constexpr, BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
     graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
-    take gemv.batch_blocks whatever the live rows.
+    take gemv.batch_blocks whatever the live rows. ONE (Plan.one_row): a batch-1 kernel's tile, whose
+    batch path is compiled out.
 
     Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
     then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
@@ -171,6 +172,6 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         bo = tl.arange(0, 1)
         epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
                  BACKEND)
-    elif PN == 0:       # with split-K tiles (PN rows) or in a batch-1 kernel (PN -1) no graph of more rows reaches here
+    elif not ONE:       # a batch-1 kernel runs no graph of more rows
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
                      PS, BACKEND)
