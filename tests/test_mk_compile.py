@@ -132,7 +132,7 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
 
 
-def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0, one_row: int = 0):
+def _gemv_kernel(norm_early: int = 0, one_row: int = 0):
     """The Llama-3.2-1B-shaped qkv task alone in a resident kernel (tiles plan), compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -143,7 +143,7 @@ def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0, one_row: int = 0):
     from warploop.runtime.tasks import lookup
 
     plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192, tile_kb=64,
-                batch_stages=batch_stages, norm_early=norm_early, one_row=one_row)
+                norm_early=norm_early, one_row=one_row)
     module = codegen.build([lookup(tasks_for(plan).qkv)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
@@ -156,19 +156,6 @@ def test_norm_early_keeps_its_extra_loads():
     pytest.importorskip("triton")
     count = {ne: _gemv_kernel(norm_early=ne).asm["ptx"].count("ld.global") for ne in (0, 1)}
     assert count[1] > count[0], count
-
-
-def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
-    """Plan.batch_stages=1: the batch path's tl.dot k-loop is not software-pipelined, so its x and
-    weight chunks are not double-buffered in shared memory (42 KB -> 8 KB with Triton 3.6 and 3.9),
-    which leaves the kernel's shared memory to the attention task (16 KB). The plan names it."""
-    pytest.importorskip("triton")
-    default, single = _gemv_kernel(0).metadata.shared, _gemv_kernel(1).metadata.shared
-    assert single <= 16384 < default, (single, default)
-    assert Plan("bf16", 32, 8, 64, 16, batch_stages=1).key.endswith("-p1")
-    assert "-p" not in Plan("bf16", 32, 8, 64, 16).key
-    with pytest.raises(ValueError, match="Plan.batch_stages must be 0"):
-        Plan("bf16", 32, 8, 64, 16, batch_stages=7)
 
 
 def test_a_batch_1_kernel_carries_no_batch_path():

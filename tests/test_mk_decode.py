@@ -116,19 +116,6 @@ def test_batch_graphs_give_each_gemv_node_several_tiles():
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
 
 
-def test_batch_path_without_pipelining_matches_per_op_backend():
-    """Plan.batch_stages=1 (the batch path's k-loop through tl.range(num_stages=1), as the GPU kernel
-    with less shared memory compiles it): tokens and logits equal the per-op backend's at batch 2."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch_stages=1)
-    try:
-        assert mk.plan.constexprs()["PS"] == 1
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20))], steps=2, seed=4))
-    finally:
-        mk.close()
-
-
 def test_norm_weights_read_early_match_per_op_backend():
     """Plan.norm_early=1 (a normed tile reads its norm weights in the 1/rms pass, folded in as 0 * w):
     tokens and logits equal the per-op backend's at batch 1, with a masked tail chunk (LLAMA_TAIL)."""

@@ -130,7 +130,7 @@ def lead_chunk(w, i, row0, end, f, EPI: tl.constexpr, K: tl.constexpr, BN: tl.co
 @triton.jit
 def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
                 EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DEPTH: tl.constexpr, PS: tl.constexpr, BACKEND: tl.constexpr):
+                DEPTH: tl.constexpr, BACKEND: tl.constexpr):
     """gemv_node for a compile-time width K (the model's hidden, q or intermediate size). One live
     row: the node's weights as one stream of chunks (gemv_stream), the first DEPTH issued before
     `wl.wait`. More rows: tl.dot blocks over a constant-bound chunk loop, which Triton's pipeliner
@@ -158,4 +158,4 @@ def gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, h
                     has_bias, NORM, EPI, True, K, R, BN, BK, DEPTH, BACKEND)
     else:
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
-                     PS, BACKEND)
+                     BACKEND)

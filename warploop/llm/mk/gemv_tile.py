@@ -87,8 +87,8 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 @triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr, PS: tl.constexpr,
-              NE: tl.constexpr, BACKEND: tl.constexpr):
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr, NE: tl.constexpr,
+              BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
     graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
@@ -174,4 +174,4 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
                  BACKEND)
     elif not ONE:       # a batch-1 kernel runs no graph of more rows
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
-                     PS, BACKEND)
+                     BACKEND)

@@ -245,10 +245,6 @@ class Plan:
     depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
     tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
     #                         0: one span of rows per worker, streamed (the chunk stream)
-    batch_stages: int = 0   # software-pipelining stages of the tl.dot k-loop of GEMV nodes for more than one
-    #                         row (gemv.rows_product): 0 Triton's default (x and weight chunks double-buffered
-    #                         in shared memory: 42 KB for Llama-1B), 1 none (8 KB: the kernel's shared memory
-    #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
     norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
     #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
     one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
@@ -266,9 +262,6 @@ class Plan:
                              "or both 0 (run-time widths)")
         if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
             raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
-        if self.batch_stages not in (0, 1, 2, 3, 4):
-            raise ValueError(f"Plan.batch_stages must be 0 (Triton's default) or 1-4 pipelining stages, got "
-                             f"{self.batch_stages}")
         if self.one_row not in (0, 1):
             raise ValueError(f"Plan.one_row must be 0 or 1, got {self.one_row}")
         if self.one_row and not self.tile_kb:
@@ -291,7 +284,7 @@ class Plan:
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
                 + (f"-T{self.tile_kb}" if self.tile_kb else "")
-                + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else "")
+                + ("-e" if self.norm_early else "")
                 + ("-1" if self.one_row else ""))
 
     @property
@@ -317,7 +310,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PS": self.batch_stages, "NE": self.norm_early, "ONE": self.one_row, **self.tile_constexprs()}
+                "NE": self.norm_early, "ONE": self.one_row, **self.tile_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
         """Each GEMV's tile (TN*, TK*; 0 without tiles): D over the hidden width (qkv, lm_head), S the
