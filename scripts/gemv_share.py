@@ -169,7 +169,7 @@ def mk_stage(ctx, inp, w, x, norm_w, out, cnt64, s, pid, P, N_OUT: tl.constexpr,
         tl.store(p64(ctx + RL.X_WAIT_TARGET), P.to(tl.int64))
         tl.debug_barrier()
         gemv_tile(ctx, inp, w, w, x, norm_w, out, N_OUT, F, t * TN, TN, 1e-5, 0, NORM, EPI, K, TN, TK, 8, R, BN,
-                  BK, ONE, 0, "cuda")
+                  BK, ONE, "cuda")
         first = pid < 0
     if first & (s > 0):
         stage_wait64(cnt64, s - 1, P)

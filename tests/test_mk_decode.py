@@ -116,19 +116,6 @@ def test_batch_graphs_give_each_gemv_node_several_tiles():
         MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
 
 
-def test_norm_weights_read_early_match_per_op_backend():
-    """Plan.norm_early=1 (a normed tile reads its norm weights in the 1/rms pass, folded in as 0 * w):
-    tokens and logits equal the per-op backend's at batch 1, with a masked tail chunk (LLAMA_TAIL)."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=1, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, norm_early=1)
-    try:
-        assert mk.plan.constexprs()["NE"] == 1 and mk.plan.key.endswith("-e")
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-    finally:
-        mk.close()
-
-
 def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():
     """batch1_kernel: the batch-1 graph runs on a resident kernel compiled for it alone (Plan.one_row:
     row tiles without a batch path), the others on a second kernel (with it); a step on one

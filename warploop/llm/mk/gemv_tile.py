@@ -30,21 +30,15 @@ def tile_chunk(w, i, row0, n_out, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.c
 
 
 @triton.jit
-def tile_rstd(x, norm_w, eps, K: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr, NE: tl.constexpr):
-    """1 / rms of x's first row over K columns: a float32 scalar (one reduction at the end). NE: the
-    norm weights are read in the same pass (into L1, with x: the wait's acquire emptied it), so the
-    tile's products find both there instead of going to L2 again after this reduction."""
+def tile_rstd(x, eps, K: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr):
+    """1 / rms of x's first row over K columns: a float32 scalar (one reduction at the end)."""
     ss = tl.zeros([TK], tl.float32)
     for c in tl.static_range(NC):
         cols = c * TK + tl.arange(0, TK)
         if (c + 1) * TK > K:
             v = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
-            if NE:
-                v += 0.0 * tl.load(norm_w + cols, mask=cols < K, other=0.0).to(tl.float32)
         else:
             v = tl.load(x + cols).to(tl.float32)       # unmasked: 16-byte loads
-            if NE:      # 0 * w is kept (no fast math), and with it the load; the weights are finite
-                v += 0.0 * tl.load(norm_w + cols).to(tl.float32)
         ss += v * v
     return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
@@ -87,7 +81,7 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 @triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr, NE: tl.constexpr,
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr,
               BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
@@ -151,7 +145,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         cols = tl.arange(0, TK)
         rstd = 1.0
         if NORM:
-            rstd = tile_rstd(x, norm_w, eps, K, TK, NC, NE)
+            rstd = tile_rstd(x, eps, K, TK, NC)
         acc = tl.zeros([TN, TK], tl.float32)
         gate = tl.zeros([TN, TK], tl.float32)
         for i in tl.static_range(NCH):

@@ -245,8 +245,6 @@ class Plan:
     depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
     tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
     #                         0: one span of rows per worker, streamed (the chunk stream)
-    norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
-    #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
     one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
     #                         registers, no shared memory for tl.dot blocks); batches run on another kernel
 
@@ -266,8 +264,6 @@ class Plan:
             raise ValueError(f"Plan.one_row must be 0 or 1, got {self.one_row}")
         if self.one_row and not self.tile_kb:
             raise ValueError("Plan.one_row (a batch-1 kernel) needs GEMV tiles (tile_kb set, the GPU plan)")
-        if self.norm_early not in (0, 1):
-            raise ValueError(f"Plan.norm_early must be 0 or 1, got {self.norm_early}")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -284,7 +280,6 @@ class Plan:
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
                 + (f"-T{self.tile_kb}" if self.tile_kb else "")
-                + ("-e" if self.norm_early else "")
                 + ("-1" if self.one_row else ""))
 
     @property
@@ -310,7 +305,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "NE": self.norm_early, "ONE": self.one_row, **self.tile_constexprs()}
+                "ONE": self.one_row, **self.tile_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
         """Each GEMV's tile (TN*, TK*; 0 without tiles): D over the hidden width (qkv, lm_head), S the

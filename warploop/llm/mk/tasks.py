@@ -33,13 +33,13 @@ from warploop.llm.mk.tokens import embed_node
 def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
          DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, ONE: tl.constexpr,
-         NE: tl.constexpr, BACKEND: tl.constexpr):
+         BACKEND: tl.constexpr):
     """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile; ONE: of a batch-1 kernel),
     else a span of rows over the compile-time width K when the plan has one (gemv_node_k), else over
     the run-time width k (gemv_node)."""
     if TN != 0:
         gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
-                  R, BN, BK, ONE, NE, BACKEND)
+                  R, BN, BK, ONE, BACKEND)
     elif K != 0:
         gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
                     DEPTH, BACKEND)
@@ -54,44 +54,44 @@ def mk_embed(inp, table, res, d, BK: tl.constexpr):
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr,
-           TKD: tl.constexpr, ONE: tl.constexpr, NE: tl.constexpr,
+           TKD: tl.constexpr, ONE: tl.constexpr,
            BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
-         DEPTH, TND, TKD, ONE, NE, BACKEND)
+         DEPTH, TND, TKD, ONE, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TNS: tl.constexpr,
-               TKS: tl.constexpr, ONE: tl.constexpr, NE: tl.constexpr,
+               TKS: tl.constexpr, ONE: tl.constexpr,
                BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
-         DEPTH, TNS, TKS, ONE, NE, BACKEND)
+         DEPTH, TNS, TKS, ONE, BACKEND)
 
 
 # o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
 # tasks, because a task's constexprs are bound by parameter name
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, TNQ: tl.constexpr, TKQ: tl.constexpr,
-              ONE: tl.constexpr, NE: tl.constexpr,
+              ONE: tl.constexpr,
               BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
-         TNQ, TKQ, ONE, NE, BACKEND)
+         TNQ, TKQ, ONE, BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
             BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, TNF: tl.constexpr, TKF: tl.constexpr,
-            ONE: tl.constexpr, NE: tl.constexpr,
+            ONE: tl.constexpr,
             BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
-         TNF, TKF, ONE, NE, BACKEND)
+         TNF, TKF, ONE, BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr, TKD: tl.constexpr,
-               ONE: tl.constexpr, NE: tl.constexpr,
+               ONE: tl.constexpr,
                BACKEND: tl.constexpr):
     gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
-         TND, TKD, ONE, NE, BACKEND)
+         TND, TKD, ONE, BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
