@@ -9,7 +9,7 @@ from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
 from warploop.llm.backend import ModelBatch
 from warploop.llm.mk.backend import MegakernelBackend
-from warploop.llm.mk.graph import build_decode_graph
+from warploop.llm.mk.graph import BATCH_TILES, build_decode_graph
 from warploop.llm.mk.layout import Plan
 
 LLAMA_TAIL = dataclasses.replace(LLAMA_GQA, intermediate_size=72)
@@ -93,27 +93,29 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
 
 
 def test_batch_graphs_give_each_gemv_node_several_tiles():
-    """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
-    through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row
-    tiles: 3 nodes of 24, the last cut at 64; intermediate 72: gate_up tiles past the end); the
-    batch-1 graph keeps one tile a node. Tokens equal the per-op backend's at batches 1, 2 and 3."""
+    """In the graphs of more than one row a GEMV node owns BATCH_TILES (2) tiles (its rows through
+    tl.dot blocks), also where that does not divide the rows (intermediate 72 in 8-row gate_up tiles:
+    9 tiles, the last node's second tile past the end); the batch-1 graph keeps one tile a node.
+    Tokens equal the per-op backend's at batches 1, 2 and 3. batch_tiles is no option any more."""
     cfg = LLAMA_TAIL
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch_tiles=3)
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
     try:
+        assert BATCH_TILES == 2
         t = mk.plan.tile_constexprs()
         one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
         assert one["down"] == cfg.num_layers * cfg.hidden_size // t["TNF"]
+        assert cfg.intermediate_size // t["TNS"] % 2 == 1
         for kind, tn, rows in (("down", "TNF", cfg.hidden_size), ("gate_up", "TNS", cfg.intermediate_size),
                                ("qkv", "TND", cfg.q_size + 2 * cfg.kv_size)):
-            assert more[kind] == mk.graphs[4].kinds[kind] == cfg.num_layers * -(-rows // (3 * t[tn])), kind
+            assert more[kind] == mk.graphs[4].kinds[kind] == cfg.num_layers * -(-rows // (2 * t[tn])), kind
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
     finally:
         mk.close()
-    with pytest.raises(ValueError, match="batch_tiles=0"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
+    with pytest.raises(TypeError, match="batch_tiles"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=2)
 
 
 def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():

@@ -85,7 +85,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
               BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
-    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
+    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, BATCH_TILES): those
     take gemv.batch_blocks whatever the live rows. ONE (Plan.one_row): a batch-1 kernel's tile, whose
     batch path is compiled out.
 

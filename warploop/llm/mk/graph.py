@@ -30,6 +30,11 @@ from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
 from warploop.llm.mk.tasks import MkTasks
 
 ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
+# GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
+# through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
+# Measured on an H100 (BENCHMARKS.md, Decode, sessions 8 and 10): 2 ran bs8 1.39x and bs32 1.34x
+# faster than 1; 4 was 1-3% slower than 2, 8 and 16 much slower (a node's blocks are one chain of loads).
+BATCH_TILES = 2
 
 
 @dataclasses.dataclass
@@ -115,20 +120,20 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
+                       fused: bool | None = None) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
     cos, sin: float32 RoPE tables [positions, head_dim // 2]; gemv_nodes: most nodes per GEMV;
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
-    instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
-    batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
+    instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1).
+    In a graph of more than one row a GEMV node owns BATCH_TILES tiles (their rows go through tl.dot
     blocks, not held in registers: fewer, longer nodes).
     """
     if plan.one_row and batch > 1:
         raise ValueError(f"a batch-1 kernel's plan (Plan.one_row) runs the graph of one row, not {batch}: record "
                          "batch graphs on a runtime of a plan without one_row")
-    per = batch_tiles if batch > 1 else 1
+    per = BATCH_TILES if batch > 1 else 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     # the step inputs at a fixed address, as every other buffer: a graph parameter would cost each

@@ -24,7 +24,7 @@ CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the 
 GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256, "depth": 8}
 TILE_KB = ((16 << 20, 64), (0, 32))     # (a layer's weight bytes at least, tile_kb), first match
 BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
-                   "batch_tiles", "batch1_kernel", "graph_rows")
+                   "batch1_kernel", "graph_rows")
 
 
 def env_options() -> dict:
