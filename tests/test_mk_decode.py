@@ -52,37 +52,21 @@ def test_one_split_runs_each_groups_attention_as_one_node():
         mk.close()
 
 
-@pytest.mark.parametrize("bk, depth", [(32, 4), (64, 8)], ids=["whole_chunks_depth4", "tail_chunk_depth8"])
-def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk, depth):
-    """The GPU's batch-1 GEMVs (Plan.hidden / inter set: unrolled chunks, the next block's lead
-    chunks in flight, gate and up rows in one stream) on the interpreter: widths 64 and 96 in
-    chunks of 32 (whole) and of 64 (the last chunk masked, or the second one empty), nodes of several BN blocks."""
-    cfg = LLAMA_GQA
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=bk, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, depth=depth, workers=2)
-    try:
-        assert mk.plan.constexprs()["KD"] == 64 and mk.plan.constexprs()["KF"] == 96
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))   # batch 2: the tl.dot path
-    finally:
-        mk.close()
-
-
-@pytest.mark.parametrize("cfg, tiles", [
-    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}),
-    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16})],
-    ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
-def test_gemv_tiles_match_per_op_backend(cfg, tiles):
+@pytest.mark.parametrize("cfg, tiles, depth", [
+    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}, 4),
+    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16}, 8)],
+    ids=["llama_gqa_tail_chunk_depth4", "qwen3_qknorm_bias_depth8"])
+def test_gemv_tiles_match_per_op_backend(cfg, tiles, depth):
     """The GPU's GEMV tiles (Plan.tile_kb: one node per tile of rows, at most 8 chunks in
-    straight-line code, the first four before the wait) on the interpreter, 4 KB tiles of fp32:
+    straight-line code, the first `depth` before the wait) on the interpreter, 4 KB tiles of fp32:
     [16, 16] chunks. Llama-like with intermediate size 72: down's 5 chunks end in a masked tail.
-    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8. Batch 2 takes the tl.dot blocks
-    inside each tile."""
+    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8, all 8 issued before the wait (depth
+    8, the GPU default). Batch 2 takes the tl.dot blocks inside each tile."""
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
+                       inter=cfg.intermediate_size, tile_kb=4, depth=depth, workers=3)
     try:
         got = mk.plan.tile_constexprs()
-        assert {k: got[k] for k in tiles} == tiles
+        assert {k: got[k] for k in tiles} == tiles and mk.plan.constexprs()["DEPTH"] == depth
         nodes = mk.graphs[1].kinds
         assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
         assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])

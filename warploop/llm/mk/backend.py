@@ -94,7 +94,7 @@ class MegakernelBackend(Backend):
         self.tasks = tasks_for(self.plan)
         self.tasks_many = tasks_for(self.plan_many)
         self.width = -(max_context // -layout.block_size)
-        if workers is None and self.device.type == "cuda" and self.plan.tile_kb:
+        if workers is None and self.device.type == "cuda":
             workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
         self.park_after_us, self.max_registers = park_after_us, max_registers

@@ -1,9 +1,8 @@
 """GEMV tile bodies of the decode graph: out[b, rows] = epilogue(prologue(x[b]) @ w[rows]^T).
 
 Here: the pieces every GEMV node shares (the norm prologue, the epilogues, tl.dot blocks for
-batches), and `gemv_node` over a run-time width (the CPU plan). Over a compile-time width the
-batch-1 path is gemv_stream.py (the default GPU plan) or gemv_tile.py (Plan.tile_kb); tasks.py's
-`gemv` picks one.
+batches), and `gemv_node` over a run-time width (the CPU plan). Over a compile-time width (the GPU
+plan) a node is a tile (gemv_tile.py); tasks.py's `gemv` picks one.
 
 A run-time-width node owns `count` weight rows (a multiple of BN) and every live batch row. Its first weight
 chunk is issued before `wl.wait` (it needs no predecessor), so HBM streams while the node waits

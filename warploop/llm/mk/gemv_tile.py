@@ -96,7 +96,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
     per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
     elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
-    gemv_node_k."""
+    gemv.batch_blocks."""
     NC: tl.constexpr = (K + TK - 1) // TK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     NCH: tl.constexpr = SUB * NC

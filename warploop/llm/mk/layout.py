@@ -241,10 +241,9 @@ class Plan:
     tile: int = 64          # context tokens per attention step
     candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
     hidden: int = 0         # the model's hidden and intermediate sizes as GEMV widths (KD, KQ, KF): with
-    inter: int = 0          # them the batch-1 GEMVs stream chunks over constant widths; 0: run-time widths
-    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
-    tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
-    #                         0: one span of rows per worker, streamed (the chunk stream)
+    inter: int = 0          # them the GEMVs are tiles over constant widths (the GPU plan); 0: run-time widths
+    depth: int = 4          # a GEMV tile's weight chunks issued before its wait (4 or 8)
+    tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads)
     one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
     #                         registers, no shared memory for tl.dot blocks); batches run on another kernel
 
@@ -258,8 +257,11 @@ class Plan:
         if self.hidden < 0 or self.inter < 0 or bool(self.hidden) != bool(self.inter):
             raise ValueError(f"Plan: hidden ({self.hidden}) and inter ({self.inter}) are both the model's widths "
                              "or both 0 (run-time widths)")
-        if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
-            raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
+        if bool(self.tile_kb) != bool(self.hidden) or self.tile_kb and (self.tile_kb < 4 or
+                                                                          self.tile_kb & (self.tile_kb - 1)):
+            raise ValueError(f"Plan.tile_kb must be a power of two >= 4 with the widths set (the GPU plan's GEMV "
+                             f"tiles) and 0 without them (the CPU plan's run-time widths), got {self.tile_kb} "
+                             f"with hidden {self.hidden}")
         if self.one_row not in (0, 1):
             raise ValueError(f"Plan.one_row must be 0 or 1, got {self.one_row}")
         if self.one_row and not self.tile_kb:

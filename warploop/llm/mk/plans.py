@@ -29,11 +29,12 @@ BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", 
 
 def env_options() -> dict:
     """WARPLOOP_MK_PLAN's options for the megakernel backend: Plan fields (tile sizes) and
-    MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here."""
+    MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here. The model's
+    shapes and widths (hidden, inter) are no options: plan_for takes them from the model."""
     from warploop import config
     opts = config.get().mk_plan
     known = {f.name for f in dataclasses.fields(Plan)} - {"dtype", "heads", "kv_heads", "head_dim", "block_size",
-                                                           "one_row"}
+                                                           "hidden", "inter", "one_row"}
     unknown = sorted(set(opts) - known - set(BACKEND_OPTIONS))
     if unknown:
         raise ValueError(f"WARPLOOP_MK_PLAN: unknown option(s) {', '.join(unknown)}; use any of "
@@ -70,7 +71,7 @@ def kernel_plans(config: ModelConfig, dtype, block_size: int, device_type: str, 
     if not batch1_kernel:
         return plan, plan, False
     if not plan.tile_kb:
-        raise ValueError("batch1_kernel: a batch-1 kernel needs GEMV tiles (tile_kb set, the GPU plan's default); "
+        raise ValueError("batch1_kernel: a batch-1 kernel needs GEMV tiles (tile_kb set: the GPU plan); "
                          "this plan has none: set batch1_kernel 0 or tile_kb")
     return plan_for(config, dtype, block_size, device_type, **overrides, one_row=1), plan, True
 

@@ -21,7 +21,6 @@ import triton.language as tl
 import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_attn_node, rope_kv_node
 from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
-from warploop.llm.mk.gemv_stream import gemv_node_k
 from warploop.llm.mk.gemv_tile import gemv_tile
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.loop import advance_node
@@ -34,15 +33,12 @@ def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_b
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
          DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, ONE: tl.constexpr,
          BACKEND: tl.constexpr):
-    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile; ONE: of a batch-1 kernel),
-    else a span of rows over the compile-time width K when the plan has one (gemv_node_k), else over
-    the run-time width k (gemv_node)."""
+    """A GEMV node: a tile of TN rows over the compile-time width K when the plan has tiles (the GPU
+    plan: gemv_tile; ONE: of a batch-1 kernel), else a span of rows over the run-time width k (the CPU
+    plan: gemv_node)."""
     if TN != 0:
         gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
                   R, BN, BK, ONE, BACKEND)
-    elif K != 0:
-        gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
-                    DEPTH, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
                   BACKEND)
