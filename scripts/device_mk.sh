@@ -72,7 +72,7 @@ for name, e in r['models'].items():
       # compiled there (minutes of device time: compile it here with scripts/mk_cache.py)
       # and each model of $PROBE_MODELS (comma-separated, default llama-3.2-1b), models outer
       # PROBE_AB=1: every plan of a model in one process, timed in turn (mk_probe's p0_, p1_, ... keys):
-      # backend options (batch_tiles, fused_upto, ...) share one kernel and the turns see the same
+      # backend options (fused_upto, graph_rows, ...) share one kernel and the turns see the same
       # weights; a plan of another kernel loads its own from the cache (since 9fcaf6c; before, Triton
       # 3.6 keyed the second kernel of a process differently and compiled it again)
       IFS=';' read -ra plans <<< "${PLANS:-${WARPLOOP_MK_PLAN:-{\}}}"

@@ -88,7 +88,7 @@ def mk_body_kernel(ctx, inp, w, x, norm_w, out, N, f, P, NORM: tl.constexpr, EPI
     pid = tl.program_id(0)
     for t in range(pid, tl.cdiv(N, TN), P):
         gemv_tile(ctx, inp, w, w, x, norm_w, out, N, f, t * TN, TN, 1e-5, 0, NORM, EPI, K, TN, TK, 8, R, BN, BK,
-                  "cuda")
+                  0, "cuda")
 
 
 def rotating_us(fn, ws, before=(), after=(), **kw) -> float:

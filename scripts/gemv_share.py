@@ -156,9 +156,9 @@ def dot_stage(w, x, y, cnt, s, pid, P, err, N: tl.constexpr, K: tl.constexpr, TN
 @triton.jit
 def mk_stage(ctx, inp, w, x, norm_w, out, cnt64, s, pid, P, N_OUT: tl.constexpr, F: tl.constexpr,
              NORM: tl.constexpr, EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr,
-             R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PN: tl.constexpr):
+             R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr):
     """The megakernel's own tile body (gemv_tile: norm, SiLU or residual epilogue, the batch path
-    unless PN), waiting through the runtime's wl.wait on int64 counters as a graph node does: the
+    unless ONE), waiting through the runtime's wl.wait on int64 counters as a graph node does: the
     first tile of a stage waits for every program's signal of the stage before, the rest skip it
     (the runtime's stage runs), and the share signals once at its end."""
     first = pid >= 0
@@ -169,7 +169,7 @@ def mk_stage(ctx, inp, w, x, norm_w, out, cnt64, s, pid, P, N_OUT: tl.constexpr,
         tl.store(p64(ctx + RL.X_WAIT_TARGET), P.to(tl.int64))
         tl.debug_barrier()
         gemv_tile(ctx, inp, w, w, x, norm_w, out, N_OUT, F, t * TN, TN, 1e-5, 0, NORM, EPI, K, TN, TK, 8, R, BN,
-                  BK, PN, 0, 0, "cuda")
+                  BK, ONE, "cuda")
         first = pid < 0
     if first & (s > 0):
         stage_wait64(cnt64, s - 1, P)
@@ -187,7 +187,7 @@ def stage_wait64(cnt64, s, P):
 @triton.jit
 def mk_layers_kernel(arena, inp, wa, wb, nw, resid, act, cnt64, P, L: tl.constexpr, KA: tl.constexpr,
                      FF: tl.constexpr, TNA: tl.constexpr, TKA: tl.constexpr, TNB: tl.constexpr, TKB: tl.constexpr,
-                     R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PN: tl.constexpr):
+                     R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr):
     """L layers of gate_up (RMSNorm fused, SiLU) and down (residual add) through gemv_tile."""
     pid = tl.program_id(0)
     ctx = arena + RL.CTX_BASE + pid * RL.CTX_WORDS
@@ -197,9 +197,9 @@ def mk_layers_kernel(arena, inp, wa, wb, nw, resid, act, cnt64, P, L: tl.constex
         w1 = wa + layer.to(tl.int64) * 2 * FF * KA
         w2 = wb + layer.to(tl.int64) * FF * KA
         mk_stage(ctx, inp, w1, resid, nw + layer * KA, act + layer * FF, cnt64, 2 * layer, pid, P, FF, FF, True,
-                 EPI_SILU, KA, TNA, TKA, R, BN, BK, PN)
+                 EPI_SILU, KA, TNA, TKA, R, BN, BK, ONE)
         mk_stage(ctx, inp, w2, act + layer * FF, nw, resid, cnt64, 2 * layer + 1, pid, P, KA, KA, False, EPI_RES,
-                 FF, TNB, TKB, R, BN, BK, PN)
+                 FF, TNB, TKB, R, BN, BK, ONE)
 
 
 @triton.jit
@@ -272,7 +272,7 @@ def mk_forms(args, dev, sms, bw, L, forms) -> dict:
             P = sms * per
             arena = torch.zeros(RL.CTX_BASE + (P + 1) * RL.CTX_WORDS, device=dev, dtype=torch.int32)
             consts = dict(L=L, KA=KA, FF=FF, TNA=tna, TKA=tka, TNB=tnb, TKB=tkb, R=plan.rows, BN=plan.bn,
-                          BK=plan.bk, PN=64 if form == "mk-nobatch" else 0)
+                          BK=plan.bk, ONE=1 if form == "mk-nobatch" else 0)
             key = f"{form}-{per}ps"
 
             def reset():

@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python scripts/mk_probe.py --model llama-3.2-1b --batch 1 8 --trace OUT_DIR [--plan '{"bn": 16}']
     # A/B in one process: several plans, timed in turn (list one twice to see the drift)
-    PYTHONPATH=$PWD python scripts/mk_probe.py --plan '{"batch_tiles":1}' '{}' '{"batch_tiles":1}' '{}'
+    PYTHONPATH=$PWD python scripts/mk_probe.py --plan '{"fused_upto":0}' '{}' '{"fused_upto":0}' '{}'
 
 Per batch: the device time of one step (a graph replayed `--repeat` times, the runtime's own
 clock), the host's full `decode()` (step inputs, copy, run, wait, logits), and the host-only

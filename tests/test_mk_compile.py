@@ -1,5 +1,7 @@
-"""The decode megakernel compiles for the GPUs with no GPU present (sm_90 PTX, gfx942), and its
-step-input layout and plan refuse bad values with a message naming the field."""
+"""The decode megakernel compiles for the GPUs with no GPU present (sm_80 and sm_90 PTX, gfx942), and
+its step-input layout, its plan and WARPLOOP_MK_PLAN refuse bad values with a message naming the field."""
+import json
+
 import pytest
 
 from warploop.llm.mk.layout import Plan, RowSampling, StepInputs
@@ -59,17 +61,21 @@ def test_plan_refuses_tiles_tl_dot_cannot_take():
 
 
 def _compile_resident(target: tuple) -> tuple[str, str]:
-    """(status, assembly or reason) of the Llama-3.2-1B-shaped resident kernel compiled for `target`
-    (run in a process of its own: the two targets compile at once, minutes each)."""
+    """(status, assembly or reason) of the resident kernel a GPU backend starts for Llama-3.2-1B shapes
+    (the default GPU plan's batch-1 kernel: 64 KB GEMV tiles, Plan.one_row) compiled for `target`
+    (run in a process of its own: the targets compile at once, minutes each)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from warploop.bench.decode_models import LLAMA_3_2_1B
+    from warploop.llm.mk.plans import kernel_plans
     from warploop.llm.mk.tasks import tasks_for
     from warploop.runtime import codegen
     from warploop.runtime.tasks import lookup
 
-    plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192)   # Llama-3.2-1B shapes
+    plan = kernel_plans(LLAMA_3_2_1B, "bfloat16", 16, "cuda")[0]
+    assert plan.one_row and plan.tile_kb == 64
     module = codegen.build([lookup(t) for t in tasks_for(plan).all])
     backend = "cuda" if target[0] == "cuda" else "hip"
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
@@ -84,19 +90,20 @@ def _compile_resident(target: tuple) -> tuple[str, str]:
 
 
 def test_resident_decode_kernel_compiles_without_a_gpu():
-    """sm_90 PTX and gfx942 code of the whole decode kernel, both targets compiled at once."""
+    """sm_80 and sm_90 PTX and gfx942 code of the whole decode kernel, the targets compiled at once."""
     import concurrent.futures
     import multiprocessing
 
     pytest.importorskip("triton")
-    targets = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    targets = {"sm_80": ("cuda", 80, 32), "sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+    with concurrent.futures.ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = {name: pool.submit(_compile_resident, t) for name, t in targets.items()}
         results = {name: f.result() for name, f in done.items()}
-    status, ptx = results["sm_90"]
-    assert status == "ok" and ".target sm_90" in ptx
-    assert "ld.global.L1::evict_first" in ptx             # weight loads streamed, not cached in L1
-    assert "prefetch.global.L1" in ptx                    # instruction words read after each body
+    for arch in ("sm_80", "sm_90"):
+        status, ptx = results[arch]
+        assert status == "ok" and f".target {arch}" in ptx
+        assert "ld.global.L1::evict_first" in ptx             # weight loads streamed, not cached in L1
+        assert "prefetch.global.L1" in ptx                    # instruction words read after each body
     status, amdgcn = results["gfx942"]
     if status == "skip":
         pytest.skip(amdgcn)
@@ -132,7 +139,7 @@ def test_sampling_tasks_compile_without_a_gpu(target):
         assert "v_mul_hi_u32" in kernel.asm["amdgcn"]
 
 
-def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0, one_row: int = 0):
+def _gemv_kernel(one_row: int = 0):
     """The Llama-3.2-1B-shaped qkv task alone in a resident kernel (tiles plan), compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -143,32 +150,11 @@ def _gemv_kernel(batch_stages: int = 0, norm_early: int = 0, one_row: int = 0):
     from warploop.runtime.tasks import lookup
 
     plan = Plan("bf16", 32, 8, 64, 16, splits=4, bn=16, bk=256, hidden=2048, inter=8192, tile_kb=64,
-                batch_stages=batch_stages, norm_early=norm_early, one_row=one_row)
+                one_row=one_row)
     module = codegen.build([lookup(tasks_for(plan).qkv)])
     src = ASTSource(fn=module.resident, signature={"arena": "*i32"},
                     constexprs={"INLINE": False, "TRACE": False, "BACKEND": "cuda"})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-
-
-def test_norm_early_keeps_its_extra_loads():
-    """Plan.norm_early=1 folds the norm weights into the 1/rms pass as 0 * w: the compiler must keep
-    those loads (no fast math folds 0 * w away), so the compiled tile has more global loads."""
-    pytest.importorskip("triton")
-    count = {ne: _gemv_kernel(norm_early=ne).asm["ptx"].count("ld.global") for ne in (0, 1)}
-    assert count[1] > count[0], count
-
-
-def test_batch_stages_one_keeps_the_batch_path_out_of_shared_memory():
-    """Plan.batch_stages=1: the batch path's tl.dot k-loop is not software-pipelined, so its x and
-    weight chunks are not double-buffered in shared memory (42 KB -> 8 KB with Triton 3.6 and 3.9),
-    which leaves the kernel's shared memory to the attention task (16 KB). The plan names it."""
-    pytest.importorskip("triton")
-    default, single = _gemv_kernel(0).metadata.shared, _gemv_kernel(1).metadata.shared
-    assert single <= 16384 < default, (single, default)
-    assert Plan("bf16", 32, 8, 64, 16, batch_stages=1).key.endswith("-p1")
-    assert "-p" not in Plan("bf16", 32, 8, 64, 16).key
-    with pytest.raises(ValueError, match="Plan.batch_stages must be 0"):
-        Plan("bf16", 32, 8, 64, 16, batch_stages=7)
 
 
 def test_a_batch_1_kernel_carries_no_batch_path():
@@ -204,6 +190,42 @@ def test_megakernel_options_from_the_environment_are_checked_by_name(monkeypatch
     config.reload()
 
 
+# Every WARPLOOP_MK_PLAN key, and where its effect is tested (tests/test_mk_decode.py unless named):
+# Plan fields: splits (test_one_split_runs_each_groups_attention_as_one_node), bn and bk (every tiles
+# test), rows and tile (at their defaults only: the batch graphs' tl.dot blocks, the 130-token
+# contexts over 64-token attention tiles), candidates (tests/test_mk_sample.py), depth
+# (test_gemv_tiles_match_per_op_backend, 4 and 8), tile_kb (below and the tiles tests); backend
+# options: workers (every backend test), worker_warps (tests/test_runtime_submit.py), max_registers
+# (tests/test_runtime_dynamic.py), park_after_us (tests/test_runtime_gpu.py, GPU only), timeout,
+# fused_upto, batch1_kernel, graph_rows (their test_mk_decode tests).
+MK_PLAN_KEYS = {"splits", "bn", "bk", "rows", "tile", "candidates", "depth", "tile_kb", "workers", "worker_warps",
+                "max_registers", "park_after_us", "timeout", "fused_upto", "batch1_kernel", "graph_rows"}
+
+
+def test_megakernel_plan_keys_are_these_and_removed_ones_are_refused_by_name(monkeypatch):
+    """The options measured and removed (issue 31: norm_early, batch_stages, batch_tiles, split_rows),
+    the model's own widths (hidden, inter) and the batch-1 kernel's one_row are refused, each by name."""
+    from warploop import config
+    from warploop.llm.mk.plans import env_options
+
+    monkeypatch.setenv("WARPLOOP_MK_PLAN", json.dumps({key: 1 for key in MK_PLAN_KEYS}))
+    config.reload()
+    assert set(env_options()) == MK_PLAN_KEYS
+    with pytest.raises(ValueError) as refused:
+        monkeypatch.setenv("WARPLOOP_MK_PLAN", '{"workers": 3, "nope": 1}')
+        config.reload()
+        env_options()
+    assert str(refused.value).startswith("WARPLOOP_MK_PLAN: unknown option(s) nope; use any of ")
+    assert set(str(refused.value).split("use any of ")[1].split(", ")) == MK_PLAN_KEYS
+    for key in ("norm_early", "batch_stages", "batch_tiles", "split_rows", "hidden", "inter", "one_row"):
+        monkeypatch.setenv("WARPLOOP_MK_PLAN", json.dumps({key: 1, "tile_kb": 64}))
+        config.reload()
+        with pytest.raises(ValueError, match=f"WARPLOOP_MK_PLAN: unknown option.s. {key}; use any of"):
+            env_options()
+    monkeypatch.delenv("WARPLOOP_MK_PLAN")
+    config.reload()
+
+
 def test_plan_tiles_hold_at_most_eight_chunks_and_refuse_bad_sizes():
     # Llama-3.2-1B widths: 64 KB tiles of 8 chunks (gate_up: 8 gate rows and 8 up rows)
     t = Plan("bf16", 32, 8, 64, 16, hidden=2048, inter=8192, tile_kb=64).tile_constexprs()
@@ -211,16 +233,19 @@ def test_plan_tiles_hold_at_most_eight_chunks_and_refuse_bad_sizes():
     # SmolLM2's 576: [32, 128] chunks, 5 a row, the last one masked
     t = Plan("bf16", 9, 3, 64, 16, hidden=576, inter=1536, tile_kb=64).tile_constexprs()
     assert (t["TND"], t["TKD"], -(-576 // t["TKD"])) == (32, 128, 5)
-    with pytest.raises(ValueError, match="Plan.tile_kb must be 0 or a power of two >= 4 with the widths set"):
+    with pytest.raises(ValueError, match="Plan.tile_kb must be a power of two >= 4 with the widths set"):
         Plan("bf16", 4, 2, 64, 16, tile_kb=64)
     with pytest.raises(ValueError, match="Plan.tile_kb"):
         Plan("bf16", 4, 2, 64, 16, hidden=64, inter=96, tile_kb=48)
+    # widths without tiles was the chunk stream (removed): the GPU plan's GEMVs are tiles
+    with pytest.raises(ValueError, match="got 0 with hidden 64"):
+        Plan("bf16", 4, 2, 64, 16, hidden=64, inter=96)
 
 
 def test_gpu_plan_is_tiles_sized_by_the_layer():
     """On a GPU the default plan is GEMV tiles (depth 8): 64 KB for Llama-1B and Qwen3-0.6B layers
     (16 MB or more of projection weights), 32 KB for SmolLM2-135M's; the CPU plan has none, and
-    WARPLOOP_MK_PLAN-style overrides win."""
+    WARPLOOP_MK_PLAN-style overrides win, but none turns the tiles off."""
     from warploop.bench.decode_models import LLAMA_3_2_1B, QWEN3_0_6B, SMOLLM2_135M
     from warploop.llm.mk.plans import layer_bytes, plan_for
     assert layer_bytes(LLAMA_3_2_1B, 2) == 2 * (2048 * (2048 + 2 * 512) + 2048 * 2048 + 3 * 2048 * 8192)
@@ -228,4 +253,6 @@ def test_gpu_plan_is_tiles_sized_by_the_layer():
         plan = plan_for(cfg, "bfloat16", 16, "cuda")
         assert (plan.tile_kb, plan.depth, plan.hidden) == (kb, 8, cfg.hidden_size)
     assert plan_for(SMOLLM2_135M, "bfloat16", 16, "cpu").tile_kb == 0
-    assert plan_for(LLAMA_3_2_1B, "bfloat16", 16, "cuda", tile_kb=0, depth=4).tile_kb == 0
+    assert plan_for(LLAMA_3_2_1B, "bfloat16", 16, "cuda", tile_kb=32, depth=4).tile_kb == 32
+    with pytest.raises(ValueError, match="Plan.tile_kb"):
+        plan_for(LLAMA_3_2_1B, "bfloat16", 16, "cuda", tile_kb=0)

@@ -9,7 +9,7 @@ from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
 from warploop.llm.backend import ModelBatch
 from warploop.llm.mk.backend import MegakernelBackend
-from warploop.llm.mk.graph import build_decode_graph
+from warploop.llm.mk.graph import BATCH_TILES, build_decode_graph
 from warploop.llm.mk.layout import Plan
 
 LLAMA_TAIL = dataclasses.replace(LLAMA_GQA, intermediate_size=72)
@@ -52,37 +52,21 @@ def test_one_split_runs_each_groups_attention_as_one_node():
         mk.close()
 
 
-@pytest.mark.parametrize("bk, depth", [(32, 4), (64, 8)], ids=["whole_chunks_depth4", "tail_chunk_depth8"])
-def test_streamed_gemvs_over_compile_time_widths_match_per_op_backend(bk, depth):
-    """The GPU's batch-1 GEMVs (Plan.hidden / inter set: unrolled chunks, the next block's lead
-    chunks in flight, gate and up rows in one stream) on the interpreter: widths 64 and 96 in
-    chunks of 32 (whole) and of 64 (the last chunk masked, or the second one empty), nodes of several BN blocks."""
-    cfg = LLAMA_GQA
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=bk, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, depth=depth, workers=2)
-    try:
-        assert mk.plan.constexprs()["KD"] == 64 and mk.plan.constexprs()["KF"] == 96
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))   # batch 2: the tl.dot path
-    finally:
-        mk.close()
-
-
-@pytest.mark.parametrize("cfg, tiles", [
-    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}),
-    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16})],
-    ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
-def test_gemv_tiles_match_per_op_backend(cfg, tiles):
+@pytest.mark.parametrize("cfg, tiles, depth", [
+    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}, 4),
+    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16}, 8)],
+    ids=["llama_gqa_tail_chunk_depth4", "qwen3_qknorm_bias_depth8"])
+def test_gemv_tiles_match_per_op_backend(cfg, tiles, depth):
     """The GPU's GEMV tiles (Plan.tile_kb: one node per tile of rows, at most 8 chunks in
-    straight-line code, the first four before the wait) on the interpreter, 4 KB tiles of fp32:
+    straight-line code, the first `depth` before the wait) on the interpreter, 4 KB tiles of fp32:
     [16, 16] chunks. Llama-like with intermediate size 72: down's 5 chunks end in a masked tail.
-    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8. Batch 2 takes the tl.dot blocks
-    inside each tile."""
+    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8, all 8 issued before the wait (depth
+    8, the GPU default). Batch 2 takes the tl.dot blocks inside each tile."""
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
+                       inter=cfg.intermediate_size, tile_kb=4, depth=depth, workers=3)
     try:
         got = mk.plan.tile_constexprs()
-        assert {k: got[k] for k in tiles} == tiles
+        assert {k: got[k] for k in tiles} == tiles and mk.plan.constexprs()["DEPTH"] == depth
         nodes = mk.graphs[1].kinds
         assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
         assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])
@@ -93,101 +77,46 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles):
 
 
 def test_batch_graphs_give_each_gemv_node_several_tiles():
-    """batch_tiles: in the graphs of more than one row a GEMV node owns that many tiles (its rows
-    through tl.dot blocks), 3 here over row counts it does not divide (down's 64 rows in 8-row
-    tiles: 3 nodes of 24, the last cut at 64; intermediate 72: gate_up tiles past the end); the
-    batch-1 graph keeps one tile a node. Tokens equal the per-op backend's at batches 1, 2 and 3."""
+    """In the graphs of more than one row a GEMV node owns BATCH_TILES (2) tiles (its rows through
+    tl.dot blocks), also where that does not divide the rows (intermediate 72 in 8-row gate_up tiles:
+    9 tiles, the last node's second tile past the end); the batch-1 graph keeps one tile a node.
+    Tokens equal the per-op backend's at batches 1, 2 and 3. batch_tiles is no option any more."""
     cfg = LLAMA_TAIL
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch_tiles=3)
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
     try:
+        assert BATCH_TILES == 2
         t = mk.plan.tile_constexprs()
         one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
         assert one["down"] == cfg.num_layers * cfg.hidden_size // t["TNF"]
+        assert cfg.intermediate_size // t["TNS"] % 2 == 1
         for kind, tn, rows in (("down", "TNF", cfg.hidden_size), ("gate_up", "TNS", cfg.intermediate_size),
                                ("qkv", "TND", cfg.q_size + 2 * cfg.kv_size)):
-            assert more[kind] == mk.graphs[4].kinds[kind] == cfg.num_layers * -(-rows // (3 * t[tn])), kind
+            assert more[kind] == mk.graphs[4].kinds[kind] == cfg.num_layers * -(-rows // (2 * t[tn])), kind
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
     finally:
         mk.close()
-    with pytest.raises(ValueError, match="batch_tiles=0"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=0)
-
-
-def test_batch_path_without_pipelining_matches_per_op_backend():
-    """Plan.batch_stages=1 (the batch path's k-loop through tl.range(num_stages=1), as the GPU kernel
-    with less shared memory compiles it): tokens and logits equal the per-op backend's at batch 2."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch_stages=1)
-    try:
-        assert mk.plan.constexprs()["PS"] == 1
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20))], steps=2, seed=4))
-    finally:
-        mk.close()
-
-
-def test_norm_weights_read_early_match_per_op_backend():
-    """Plan.norm_early=1 (a normed tile reads its norm weights in the 1/rms pass, folded in as 0 * w):
-    tokens and logits equal the per-op backend's at batch 1, with a masked tail chunk (LLAMA_TAIL)."""
-    cfg = LLAMA_TAIL
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=1, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, norm_early=1)
-    try:
-        assert mk.plan.constexprs()["NE"] == 1 and mk.plan.key.endswith("-e")
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
-    finally:
-        mk.close()
-
-
-@pytest.mark.parametrize("cfg", [LLAMA_TAIL, QWEN3_LIKE], ids=["llama_gqa_tail_chunk", "qwen3_qknorm_bias"])
-def test_split_k_tiles_of_the_batch_graphs_match_per_op_backend(cfg):
-    """split_rows: in the graphs of more than one row each GEMV node is 16 rows over a slice of the
-    width (64 columns: 4 chunks of 16; gate_up 2 of gate and 2 of up over 32), its partial sums
-    added by the slice that counts last, and each RMSNorm's rstd from the row blocks' sums of
-    squares; Llama-like gate_up, down (72 wide: a masked tail) and Qwen3-like o_proj (128) run
-    two slices. The batch-1 graph keeps its row tiles. Tokens and logits equal the per-op
-    backend's at batches 1, 2 and 3, over steps that reuse the counters."""
-    ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16)
-    try:
-        p = mk.plan.split_constexprs()
-        assert (p["PN"], p["PKD"], p["PCD"], p["PKS"], p["PCS"]) == (16, 16, 4, 16, 2)
-        one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
-        assert "qkv_split" not in one and "qkv" not in more
-        assert more["gate_up_split"] == cfg.num_layers * -(-cfg.intermediate_size // 16) * 2
-        slices = {"down_split": -(-cfg.intermediate_size // 64), "o_proj_split": -(-cfg.q_size // 64)}
-        for kind, ps in slices.items():
-            assert more[kind] == cfg.num_layers * -(-cfg.hidden_size // 16) * ps, kind
-        assert max(slices.values()) == 2
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=3, seed=2))
-        check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 20)), [9] * 11], steps=2, seed=3))
-        assert int(mk.graphs[4].buffers.cnt.abs().sum()) == 0      # every counter back to 0
-    finally:
-        mk.close()
-    with pytest.raises(ValueError, match="Plan.split_rows must be 0 or a power of two >= 16"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=24)
-    with pytest.raises(ValueError, match="cuts GEMV tiles, and this plan has none"):
-        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, split_rows=64)
+    with pytest.raises(TypeError, match="batch_tiles"):
+        MegakernelBackend(cfg, model_weights(cfg), ref.layout, "cpu", 64, batch_tiles=2)
 
 
 def test_batch_1_on_a_kernel_of_its_own_matches_per_op_backend():
     """batch1_kernel: the batch-1 graph runs on a resident kernel compiled for it alone (Plan.one_row:
-    row tiles without a batch path), the others on a second kernel with split-K tiles; a step on one
+    row tiles without a batch path), the others on a second kernel (with it); a step on one
     runtime after a step on the other gives the per-op backend's tokens, both ways, and each graph
     belongs to its own runtime. A one-row plan refuses the graph of more rows."""
     cfg = LLAMA_TAIL
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3, split_rows=16, batch1_kernel=True)
+                       inter=cfg.intermediate_size, tile_kb=4, workers=3, batch1_kernel=True)
     try:
-        assert mk.plan.one_row == 1 and mk.plan.split_rows == 0 and mk.plan.split_constexprs()["PN"] == -1
-        assert mk.plan_many.split_rows == 16 and not mk.plan_many.one_row
+        assert mk.plan.one_row == 1 and mk.plan.constexprs()["ONE"] == 1
+        assert not mk.plan_many.one_row and mk.plan_many.constexprs()["ONE"] == 0
+        assert mk.plan_many == dataclasses.replace(mk.plan, one_row=0)
         assert mk.rt is not mk.rt_many and mk.runtimes == [mk.rt, mk.rt_many]
         assert mk.graphs[1].graph.runtime is mk.rt and mk.graphs[2].graph.runtime is mk.rt_many
-        assert "qkv" in mk.graphs[1].kinds and "qkv_split" in mk.graphs[2].kinds
+        assert "qkv" in mk.graphs[1].kinds and "qkv" in mk.graphs[2].kinds
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=1))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
         check(run_steps(ref, mk, [[8, 8, 2, 7]], steps=1, seed=3))

@@ -5,8 +5,7 @@ runtime (warploop/runtime). docs/megakernel.md describes the graph.
     numerics.py   rounding and dots made the same in the Triton interpreter as on the GPU
     tokens.py     embedding gather (token ids in)
     gemv.py       GEMV pieces: fused RMSNorm prologue, batch rows, residual / SiLU epilogues; run-time widths
-    gemv_stream.py  batch 1 over compile-time widths: a span of rows per worker as one chunk stream
-    gemv_tile.py  batch 1 over compile-time widths: fixed tiles of rows, all chunks in flight (Plan.tile_kb)
+    gemv_tile.py  the GPU plan's GEMVs over compile-time widths: fixed tiles of rows, all chunks in flight
     attention.py  RoPE + paged KV write, split paged decode attention with GQA, the split combine
     sample.py     sampling per row (greedy, temperature, top-k/p, min-p, penalty, seeds): token ids out
     tasks.py      the task registrations, one set per plan (dtype and model shapes as constexprs)

@@ -13,7 +13,7 @@ filters reach past the candidates) is sampled on the host path from the same log
 
 On a GPU two resident kernels serve the graphs (`batch1_kernel`): one compiled for the batch-1
 graph alone (Plan.one_row: its GEMV tiles carry no batch path, so fewer registers and no shared
-memory for tl.dot blocks) and one for the graphs of more rows (with split-K tiles, Plan.split_rows).
+memory for tl.dot blocks) and one for the graphs of more rows.
 One kernel holds every SM slot, so the backend parks the other before it runs a graph.
 """
 from __future__ import annotations
@@ -50,9 +50,6 @@ PARK_AFTER_US = 5000.0
 # graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
 # each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
 FUSED_UPTO = 128
-# GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
-# through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
-BATCH_TILES = 2
 # On a GPU, decode batches of more sequences than this run per op (through CUDA graphs), not on the
 # graph: measured on an H100 the per-op path is faster from 2 rows on (BENCHMARKS.md, Decode, session 18).
 GPU_GRAPH_ROWS = 1
@@ -76,7 +73,7 @@ class MegakernelBackend(Backend):
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  workers: int | None = None, timeout: float = 60.0, trace: bool = False,
                  worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 batch_tiles: int = BATCH_TILES, max_registers: int | None = None, batch1_kernel: bool | None = None,
+                 max_registers: int | None = None, batch1_kernel: bool | None = None,
                  graph_rows: int | None = None, use_cuda_graphs: bool = True, **plan_overrides) -> None:
         super().__init__(config, layout, torch.device(device))
         dtype, bs, where = weights.embed.dtype, layout.block_size, self.device.type
@@ -97,7 +94,7 @@ class MegakernelBackend(Backend):
         self.tasks = tasks_for(self.plan)
         self.tasks_many = tasks_for(self.plan_many)
         self.width = -(max_context // -layout.block_size)
-        if workers is None and self.device.type == "cuda" and self.plan.tile_kb:
+        if workers is None and self.device.type == "cuda":
             workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
         self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
         self.park_after_us, self.max_registers = park_after_us, max_registers
@@ -108,9 +105,6 @@ class MegakernelBackend(Backend):
                              f"attention over Plan.splits nodes)")
         # with one split every graph is the fused one; else buckets get a fused graph too when asked
         self.fused_upto = fused_upto if self.plan.splits > 1 else 0
-        if not isinstance(batch_tiles, int) or not 1 <= batch_tiles <= 64:
-            raise ValueError(f"batch_tiles={batch_tiles!r}: use 1 to 64 GEMV tiles per node of a batch graph")
-        self.batch_tiles = batch_tiles
         self.rt = None              # the runtime of the batch-1 graph
         self.rt_many = None         # ... of the others: self.rt unless batch 1 has a kernel of its own
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
@@ -174,11 +168,10 @@ class MegakernelBackend(Backend):
             nodes = rt.workers
             buffers = StepBuffers.allocate(self.config, plan, b, self.width, dtype, self.device, nodes)
             self.graphs[b] = build_decode_graph(rt, tasks, plan, self.config, self.w, self.kv, self.cos, self.sin,
-                                                buffers, b, self.width, nodes, batch_tiles=self.batch_tiles)
+                                                buffers, b, self.width, nodes)
             if self.fused_upto:     # the same buffers: a bucket's graphs never run at once
                 self.fused[b] = build_decode_graph(rt, tasks, plan, self.config, self.w, self.kv, self.cos, self.sin,
-                                                   buffers, b, self.width, nodes, fused=True,
-                                                   batch_tiles=self.batch_tiles)
+                                                   buffers, b, self.width, nodes, fused=True)
         # Placed and uploaded now, not on its first step: a single request (`warploop generate`) would
         # otherwise pay the placement of thousands of nodes inside its first decode step (0.45 s
         # for the tiny model on an H100: 3.8 instead of 1.0 ms/token over 64 tokens). Larger

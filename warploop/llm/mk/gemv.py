@@ -1,9 +1,8 @@
 """GEMV tile bodies of the decode graph: out[b, rows] = epilogue(prologue(x[b]) @ w[rows]^T).
 
 Here: the pieces every GEMV node shares (the norm prologue, the epilogues, tl.dot blocks for
-batches), and `gemv_node` over a run-time width (the CPU plan). Over a compile-time width the
-batch-1 path is gemv_stream.py (the default GPU plan) or gemv_tile.py (Plan.tile_kb); tasks.py's
-`gemv` picks one.
+batches), and `gemv_node` over a run-time width (the CPU plan). Over a compile-time width (the GPU
+plan) a node is a tile (gemv_tile.py); tasks.py's `gemv` picks one.
 
 A run-time-width node owns `count` weight rows (a multiple of BN) and every live batch row. Its first weight
 chunk is issued before `wl.wait` (it needs no predecessor), so HBM streams while the node waits
@@ -81,10 +80,8 @@ def rows_chunk(acc, tile, wmask, k0, cols, k, x, xs, brow, bmask, norm_w, rstd, 
 @triton.jit
 def rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM: tl.constexpr,
                  HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, PS: tl.constexpr, BACKEND: tl.constexpr):
-    """float32 [1, BN] (SINGLE: batch row b0 only) or [R, BN] (rows b0 .. b0 + R) of x @ w[rows]^T.
-    PS (Plan.batch_stages): the k-loop's software-pipelining stages, 0 for Triton's default (x and
-    weight chunks double-buffered in shared memory ahead of the tl.dot), 1 for none."""
+                 BK: tl.constexpr, BACKEND: tl.constexpr):
+    """float32 [1, BN] (SINGLE: batch row b0 only) or [R, BN] (rows b0 .. b0 + R) of x @ w[rows]^T."""
     cols = tl.arange(0, BK)
     tile = w + rows.to(tl.int64)[:, None] * k + cols[None, :]
     wmask = rmask[:, None]
@@ -102,12 +99,8 @@ def rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM: tl
         acc = wv.to(tl.float32) * xv.to(tl.float32)
     else:
         acc = mma(xv, tl.trans(wv), BACKEND)
-    if PS == 0:
-        for k0 in range(BK, k, BK):
-            acc = rows_chunk(acc, tile, wmask, k0, cols, k, x, xs, brow, bmask, norm_w, rstd, NORM, SINGLE, BACKEND)
-    else:
-        for k0 in tl.range(BK, k, BK, num_stages=PS):
-            acc = rows_chunk(acc, tile, wmask, k0, cols, k, x, xs, brow, bmask, norm_w, rstd, NORM, SINGLE, BACKEND)
+    for k0 in range(BK, k, BK):
+        acc = rows_chunk(acc, tile, wmask, k0, cols, k, x, xs, brow, bmask, norm_w, rstd, NORM, SINGLE, BACKEND)
     if SINGLE:
         out = tl.sum(acc, axis=1)[None, :]
     else:
@@ -148,13 +141,13 @@ def epilogue(acc, up_acc, bias, out, rows, rmask, bo, bmask, n_out, f, has_bias,
 @triton.jit
 def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM: tl.constexpr,
           EPI: tl.constexpr, HAS_FIRST: tl.constexpr, SINGLE: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, PS: tl.constexpr, BACKEND: tl.constexpr):
+          BK: tl.constexpr, BACKEND: tl.constexpr):
     """One BN-row weight block for one batch block: products, then the epilogue's stores."""
     dt = w.dtype.element_ty
     rows = r + tl.arange(0, BN)
     rmask = rows < end
     acc = rows_product(w, k, rows, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, HAS_FIRST, SINGLE, R, BN, BK,
-                       PS, BACKEND)
+                       BACKEND)
     if SINGLE:
         bo = b0 + tl.arange(0, 1)
     else:
@@ -162,14 +155,13 @@ def block(w, bias, x, xs, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first,
     up_acc = acc
     if EPI == EPI_SILU:
         up_acc = rows_product(w, k, rows + f, rmask, x, xs, b0, nb, norm_w, rstd, first, NORM, False, SINGLE, R,
-                              BN, BK, PS, BACKEND)
+                              BN, BK, BACKEND)
     epilogue(acc, up_acc, bias, out, rows, rmask, bo, bo < nb, n_out, f, has_bias, dt, EPI, BACKEND)
 
 
 @triton.jit
 def batch_blocks(w, bias, x, norm_w, out, k, n_out, f, row0, end, nb, eps, first, has_bias, NORM: tl.constexpr,
-                 EPI: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PS: tl.constexpr,
-                 BACKEND: tl.constexpr):
+                 EPI: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     """Weight rows [row0, end) for nb > 1 live rows, through tl.dot: batch blocks of R rows outer,
     so each block's rstd is computed once; the node's weights are re-read per block (from L2 for
     a node's tens of KB), once per step for batches up to R. x rows have stride k."""
@@ -180,13 +172,12 @@ def batch_blocks(w, bias, x, norm_w, out, k, n_out, f, row0, end, nb, eps, first
             rstd = row_rstd(x, k, brow, brow < nb, k, eps, BK)
         for r in range(row0, end, BN):
             block(w, bias, x, k, norm_w, out, k, n_out, f, r, end, b0, nb, rstd, first, has_bias, NORM, EPI, False,
-                  False, R, BN, BK, PS, BACKEND)
+                  False, R, BN, BK, BACKEND)
 
 
 @triton.jit
 def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
-              EPI: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PS: tl.constexpr,
-              BACKEND: tl.constexpr):
+              EPI: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BACKEND: tl.constexpr):
     """Weight rows [row0, row0 + count) of a GEMV over k columns; x rows have stride k.
 
     out is the output (EPI_OUT, EPI_SILU: row stride n_out / f) or the residual (EPI_RES, stride
@@ -205,10 +196,10 @@ def gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, 
         if NORM:
             rstd = row_rstd(x, k, one, one < 1, k, eps, BK)
         block(w, bias, x, k, norm_w, out, k, n_out, f, row0, end, 0, 1, rstd, first, has_bias, NORM, EPI, True,
-              True, R, BN, BK, PS, BACKEND)
+              True, R, BN, BK, BACKEND)
         for r in range(row0 + BN, end, BN):
             block(w, bias, x, k, norm_w, out, k, n_out, f, r, end, 0, 1, rstd, first, has_bias, NORM, EPI, False,
-                  True, R, BN, BK, PS, BACKEND)
+                  True, R, BN, BK, BACKEND)
     else:
         batch_blocks(w, bias, x, norm_w, out, k, n_out, f, row0, end, nb, eps, first, has_bias, NORM, EPI, R, BN, BK,
-                     PS, BACKEND)
+                     BACKEND)

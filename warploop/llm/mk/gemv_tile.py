@@ -30,21 +30,15 @@ def tile_chunk(w, i, row0, n_out, f, K: tl.constexpr, TN: tl.constexpr, TK: tl.c
 
 
 @triton.jit
-def tile_rstd(x, norm_w, eps, K: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr, NE: tl.constexpr):
-    """1 / rms of x's first row over K columns: a float32 scalar (one reduction at the end). NE: the
-    norm weights are read in the same pass (into L1, with x: the wait's acquire emptied it), so the
-    tile's products find both there instead of going to L2 again after this reduction."""
+def tile_rstd(x, eps, K: tl.constexpr, TK: tl.constexpr, NC: tl.constexpr):
+    """1 / rms of x's first row over K columns: a float32 scalar (one reduction at the end)."""
     ss = tl.zeros([TK], tl.float32)
     for c in tl.static_range(NC):
         cols = c * TK + tl.arange(0, TK)
         if (c + 1) * TK > K:
             v = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
-            if NE:
-                v += 0.0 * tl.load(norm_w + cols, mask=cols < K, other=0.0).to(tl.float32)
         else:
             v = tl.load(x + cols).to(tl.float32)       # unmasked: 16-byte loads
-            if NE:      # 0 * w is kept (no fast math), and with it the load; the weights are finite
-                v += 0.0 * tl.load(norm_w + cols).to(tl.float32)
         ss += v * v
     return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
@@ -87,12 +81,13 @@ def pick(i, a0, a1, a2, a3, a4, a5, a6, a7):
 @triton.jit
 def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
               EPI: tl.constexpr, K: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, AHEAD: tl.constexpr,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
-              NE: tl.constexpr, BACKEND: tl.constexpr):
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE: tl.constexpr,
+              BACKEND: tl.constexpr):
     """One tile: weight rows [row0, row0 + TN) (EPI_SILU: and the up rows f further down) over the
     compile-time width K, in straight-line code (Plan.tile_kb: tens of KB a node). A node of a
-    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, batch_tiles): those
-    take gemv.batch_blocks whatever the live rows.
+    graph for more rows may own `count` rows, several tiles (graph.gemv_spans, BATCH_TILES): those
+    take gemv.batch_blocks whatever the live rows. ONE (Plan.one_row): a batch-1 kernel's tile, whose
+    batch path is compiled out.
 
     Batch 1: the tile is at most 8 chunks of [TN, TK] (layout.TILE_CHUNKS; EPI_SILU: gate chunks,
     then up chunks), all issued before anything waits on memory: the first AHEAD before `wl.wait`,
@@ -101,7 +96,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
     scalar from one pass over x, then each chunk normalised as layers.rms_norm rounds it) is read
     per chunk through a row-stride-0 block in the tile's own layout, from L2. Products accumulate
     elementwise into [TN, TK] float32 and are reduced once. More rows: the tl.dot blocks of
-    gemv_node_k."""
+    gemv.batch_blocks."""
     NC: tl.constexpr = (K + TK - 1) // TK
     SUB: tl.constexpr = 2 if EPI == EPI_SILU else 1
     NCH: tl.constexpr = SUB * NC
@@ -150,7 +145,7 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         cols = tl.arange(0, TK)
         rstd = 1.0
         if NORM:
-            rstd = tile_rstd(x, norm_w, eps, K, TK, NC, NE)
+            rstd = tile_rstd(x, eps, K, TK, NC)
         acc = tl.zeros([TN, TK], tl.float32)
         gate = tl.zeros([TN, TK], tl.float32)
         for i in tl.static_range(NCH):
@@ -171,6 +166,6 @@ def gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has
         bo = tl.arange(0, 1)
         epilogue(first, total, bias, out, rows, rows < end, bo, bo < 1, n_out, f, has_bias, w.dtype.element_ty, EPI,
                  BACKEND)
-    elif PN == 0:       # with split-K tiles (PN rows) or in a batch-1 kernel (PN -1) no graph of more rows reaches here
+    elif not ONE:       # a batch-1 kernel runs no graph of more rows
         batch_blocks(w, bias, x, norm_w, out, K, n_out, f, row0, end, nb, eps, a0, has_bias, NORM, EPI, R, BN, BK,
-                     PS, BACKEND)
+                     BACKEND)

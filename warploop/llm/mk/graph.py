@@ -30,6 +30,11 @@ from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
 from warploop.llm.mk.tasks import MkTasks
 
 ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
+# GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
+# through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
+# Measured on an H100 (BENCHMARKS.md, Decode, sessions 8 and 10): 2 ran bs8 1.39x and bs32 1.34x
+# faster than 1; 4 was 1-3% slower than 2, 8 and 16 much slower (a node's blocks are one chain of loads).
+BATCH_TILES = 2
 
 
 @dataclasses.dataclass
@@ -49,8 +54,6 @@ class StepBuffers:
     istat: object        # int32 [batch, sample tiles, 2 + KC]: its argmax, race winner, candidates
     loop: object         # int32 [LoopBlock(batch, free).words]: the decode loop's state (loop.py)
     mail: object         # int32 [Mailbox(batch, MAX_STEPS).words], pinned host memory on a GPU
-    work: object         # float32: the residual's sums of squares, then split-K partial sums (gemv_split.py)
-    cnt: object          # int32 [row blocks of the largest split GEMV]: slices counted, 0 between GEMVs
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, plan: Plan, batch: int, width: int, dtype, device,
@@ -61,7 +64,6 @@ class StepBuffers:
             return torch.zeros(shape, dtype=dt, device=device)
 
         tiles = len(sample_spans(plan, cfg.vocab_size, gemv_nodes))
-        work, cnt = split_scratch(cfg, plan, batch)
         mail = torch.zeros(Mailbox(batch, MAX_STEPS).words, dtype=torch.int32,
                            pin_memory=torch.device(device).type == "cuda")
         return cls(inp=z(StepInputs.words(batch, width, width * plan.block_size), dt=torch.int32),
@@ -73,27 +75,7 @@ class StepBuffers:
                    logits=z(batch, cfg.vocab_size, dt=torch.float32), tokens=z(batch, dt=torch.int32),
                    fstat=z(batch, tiles, 3, dt=torch.float32),
                    istat=z(batch, tiles, 2 + plan.candidates, dt=torch.int32),
-                   loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail,
-                   work=z(work, dt=torch.float32), cnt=z(cnt, dt=torch.int32))
-
-
-def split_gemvs(cfg: ModelConfig, plan: Plan) -> dict[str, tuple[int, int, int]]:
-    """Per GEMV kind of a split-K graph: (output rows, partial rows a slice stores, slices)."""
-    q, f, d = cfg.q_size, cfg.intermediate_size, cfg.hidden_size
-    return {"qkv": (q + 2 * cfg.kv_size, q + 2 * cfg.kv_size, plan.split_tile(d)[2]),
-            "o_proj": (d, d, plan.split_tile(q)[2]), "gate_up": (f, 2 * f, plan.split_tile(d, 2)[2]),
-            "down": (d, d, plan.split_tile(f)[2]), "lm_head": (cfg.vocab_size, cfg.vocab_size, plan.split_tile(d)[2])}
-
-
-def split_scratch(cfg: ModelConfig, plan: Plan, batch: int) -> tuple[int, int]:
-    """(floats of `work`, counters of `cnt`) for a graph of `batch` rows (gemv_split.py's layout)."""
-    if not plan.split_rows:
-        return 1, 1
-    pr = cdiv(cfg.hidden_size, plan.split_rows)
-    sums = cdiv(batch * pr, 64) * 64
-    gemvs = split_gemvs(cfg, plan).values()
-    return (sums + batch * max(nt * ps for _, nt, ps in gemvs),
-            max(cdiv(n, plan.split_rows) for n, _, _ in gemvs))
+                   loop=z(loop_block(batch, plan.block_size).words, dt=torch.int32), mail=mail)
 
 
 def loop_block(batch: int, block_size: int) -> LoopBlock:
@@ -138,21 +120,20 @@ class DecodeGraph:
 
 def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights, kv, cos, sin,
                        buffers: StepBuffers, batch: int, width: int, gemv_nodes: int,
-                       fused: bool | None = None, batch_tiles: int = 1) -> DecodeGraph:
+                       fused: bool | None = None) -> DecodeGraph:
     """Record the step graph for `batch` rows on runtime `rt` (compiled on its first run).
 
     weights: ModelWeights; kv: the cache [layers, 2, blocks, block_size, kv_heads, head_dim];
     cos, sin: float32 RoPE tables [positions, head_dim // 2]; gemv_nodes: most nodes per GEMV;
     fused: attention as one rope_attn node per (row, group) (short contexts: one stage a layer)
-    instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1);
-    batch_tiles: GEMV tiles per node in a graph of more than one row (their rows go through tl.dot
+    instead of rope_kv, plan.splits attn splits and a combine (default: when plan.splits is 1).
+    In a graph of more than one row a GEMV node owns BATCH_TILES tiles (their rows go through tl.dot
     blocks, not held in registers: fewer, longer nodes).
     """
     if plan.one_row and batch > 1:
         raise ValueError(f"a batch-1 kernel's plan (Plan.one_row) runs the graph of one row, not {batch}: record "
                          "batch graphs on a runtime of a plan without one_row")
-    per = batch_tiles if batch > 1 else 1
-    split = bool(plan.split_rows) and batch > 1
+    per = BATCH_TILES if batch > 1 else 1
     fused = plan.splits == 1 if fused is None else fused
     g = rt.graph()
     # the step inputs at a fixed address, as every other buffer: a graph parameter would cost each
@@ -172,22 +153,13 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     def opt(t):
         return (t, 1) if t is not None else (0, 0)
 
-    slices = {kind: ps for kind, (_, _, ps) in split_gemvs(cfg, plan).items()} if split else {}
-
     def gemv(kind, n, k, rows_per_tile, head, tail, after, sub=1):
         """The nodes of one GEMV of n output rows over width k, as (span of output rows, node): the
-        arguments are head, then (work, cnt, n, tile) for split-K tiles (every slice of each row
-        block) or (k, n, row0, count) for row tiles, then tail."""
-        if split:
-            pn, ps = plan.split_rows, slices[kind]
-            task = getattr(tasks, kind + "_split")
-            return [((rb * pn, pn), add(kind + "_split", task, *head, b.work, b.cnt, n, rb * ps + s, *tail, after=after,
-                                        cost=sub * pn * k / ps))
-                    for rb in range(cdiv(n, pn)) for s in range(ps)]
+        arguments are head, then (k, n, row0, count), then tail."""
         return [(sp, add(kind, getattr(tasks, kind), *head, k, n, *sp, *tail, after=after, cost=sub * sp[1] * k))
                 for sp in gemv_spans(plan, n, rows_per_tile, gemv_nodes, per)]
 
-    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, b.work, d, cost=batch * d)]
+    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, d, cost=batch * d)]
     for i, lw in enumerate(weights.layers):
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)

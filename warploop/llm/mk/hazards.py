@@ -54,67 +54,8 @@ def address(value) -> int:
     return value.data_ptr() if hasattr(value, "data_ptr") else int(value)
 
 
-# A split-K GEMV (gemv_split.py): its width, its `sub` row blocks, and where its x, output and
-# n_out are in the node's arguments
-SPLIT_KINDS = {"qkv_split": ("hidden", 1, 3, 5, 8), "gate_up_split": ("hidden", 2, 3, 5, 8),
-               "o_proj_split": ("q", 1, 3, 4, 7), "down_split": ("inter", 1, 3, 4, 7),
-               "lm_head_split": ("hidden", 1, 2, 4, 7)}
-
-
-def split_position(plan: Plan, kind: str, args: tuple) -> tuple[int, int, int]:
-    """(row block, slice, slices) of a split-K node."""
-    width, sub, *_ = SPLIT_KINDS[kind]
-    k = {"hidden": plan.hidden, "q": plan.heads * plan.head_dim, "inter": plan.inter}[width]
-    ps = plan.split_tile(k, sub)[2]
-    tile = args[SPLIT_KINDS[kind][4] + 1]
-    return tile // ps, tile % ps, ps
-
-
-def split_footprint(plan: Plan, kind: str, args: tuple, batch: int, last: bool) -> list[Access]:
-    """A split-K node's accesses. `work` and `cnt` are flat (one row, columns = elements). Every
-    slice reads its slice of x (and with a norm, every row block's sums of squares), stores its
-    partial sums and counts itself; what the slice that counts last then does (read every slice's
-    partial sums, the epilogue, a residual's sums of squares, the counter's reset) is declared on
-    the last one recorded: the counter orders it after the others (hazards adds those edges)."""
-    width, sub, xi, oi, ni = SPLIT_KINDS[kind]
-    k = {"hidden": plan.hidden, "q": plan.heads * plan.head_dim, "inter": plan.inter}[width]
-    pk, pc, _ = plan.split_tile(k, sub)
-    rb, s, ps = split_position(plan, kind, args)
-    x, out, work, cnt, n = args[xi], args[oi], args[oi + 1], args[oi + 2], args[ni]
-    pn, pr = plan.split_rows, -(-plan.hidden // plan.split_rows)
-    row0, end = rb * pn, min(rb * pn + pn, n)
-    k0 = s * pc * pk
-    parts, nt = -(-batch * pr // 64) * 64, n * sub
-
-    def acc(buf, lo, hi, write=False):
-        return Access(address(buf), int(lo), int(hi), write)
-
-    def partial(slice_):
-        return [acc(work, parts + (slice_ * batch + b) * nt + row0 + j * n, parts + (slice_ * batch + b) * nt + end
-                    + j * n, True) for b in range(batch) for j in range(sub)]
-
-    # the count is an atomic add (no conflict between slices): a read here, of the 0 the last
-    # GEMV's last slice stored back, which is the one plain write
-    out_acc = [acc(x, k0, min(k0 + pc * pk, k)), acc(cnt, rb, rb + 1)]
-    if kind in ("qkv_split", "gate_up_split", "lm_head_split"):
-        out_acc.append(acc(work, 0, batch * pr))
-    if ps > 1:
-        out_acc += partial(s)
-    if last:
-        out_acc.append(acc(cnt, rb, rb + 1, True))
-        if ps > 1:
-            out_acc += [Access(a.buffer, a.lo, a.hi, False) for sl in range(ps) for a in partial(sl)]
-        if kind in ("o_proj_split", "down_split"):
-            out_acc += [acc(out, row0, end), acc(out, row0, end, True)]
-            out_acc += [acc(work, b * pr + rb, b * pr + rb + 1, True) for b in range(batch)]
-        else:
-            out_acc.append(acc(out, row0, end, True))
-    return out_acc
-
-
-def footprint(plan: Plan, kind: str, args: tuple, batch: int = 1, last: bool = True) -> list[Access]:
-    """The accesses of one node of `kind` with these graph arguments (see the table above); for a
-    split-K node, in a graph of `batch` rows, `last`: the last slice of its row block recorded."""
+def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
+    """The accesses of one node of `kind` with these graph arguments (see the table above)."""
     G, H, KVH, HD, S = plan.group, plan.heads, plan.kv_heads, plan.head_dim, plan.splits
 
     row = -1
@@ -122,12 +63,9 @@ def footprint(plan: Plan, kind: str, args: tuple, batch: int = 1, last: bool = T
     def acc(buf, lo, hi, write=False):
         return Access(address(buf), int(lo), int(hi), write, row)
 
-    if kind in SPLIT_KINDS:
-        return split_footprint(plan, kind, args, batch, last)
     if kind == "embed":
-        _, _, res, work, d = args
-        sums = [acc(work, 0, batch * -(-d // plan.split_rows), True)] if plan.split_rows else []
-        return [acc(res, 0, d, True)] + sums
+        _, _, res, d = args
+        return [acc(res, 0, d, True)]
     if kind in ("qkv", "gate_up"):
         _, _, _, res, _, out, k, n, row0, count, _, _ = args
         return [acc(res, 0, k), acc(out, row0, min(row0 + count, n), True)]
@@ -296,43 +234,16 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
     return sorted(found.values(), key=lambda h: (h.second, h.first))
 
 
-def split_groups(dg, plan: Plan) -> list[list[int]]:
-    """The nodes of each split-K row block (one GEMV's slices of it), in recording order."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (kind, node) in enumerate(zip(dg.labels, dg.graph.nodes, strict=True)):
-        if kind in SPLIT_KINDS:
-            groups.setdefault((kind, address(node.args[1]), split_position(plan, kind, node.args)[0]), []).append(i)
-    return list(groups.values())
-
-
 def graph_accesses(dg, plan: Plan) -> list[list[Access]]:
-    last = {g[-1] for g in split_groups(dg, plan)}
-    return [footprint(plan, kind, node.args, dg.batch, i in last)
-            for i, (kind, node) in enumerate(zip(dg.labels, dg.graph.nodes, strict=True))]
+    return [footprint(plan, kind, node.args) for kind, node in zip(dg.labels, dg.graph.nodes, strict=True)]
 
 
 def hazards(dg, plan: Plan) -> list[Hazard]:
-    """The unordered conflicting node pairs of decode graph `dg` (graph.DecodeGraph) as placed.
-
-    A split-K row block's last slice holds what the slice that counts last does (split_footprint),
-    ordered after its other slices by the counter: an edge here. That holds only if whatever
-    needs the block's output needs every slice of it (any slice may be the one that counts last),
-    so a node that depends on some but not all of a block's slices is reported too ("SPLIT")."""
+    """The unordered conflicting node pairs of decode graph `dg` (graph.DecodeGraph) as placed."""
     if dg.graph.schedule is None:
         dg.graph.descriptors()          # placement and counters only: nothing is uploaded
     deps = [tuple(n.deps) for n in dg.graph.nodes]
-    found = []
-    groups = split_groups(dg, plan)
-    member = {i: gi for gi, g in enumerate(groups) for i in g}
-    for node, ds in enumerate(deps):
-        needed = {member[d] for d in ds if d in member}
-        for gi in needed:
-            missing = set(groups[gi]) - set(ds)
-            if missing:
-                found.append(Hazard("SPLIT", min(missing), node, 0, (0, 0)))
-    for g in groups:
-        deps[g[-1]] = tuple(sorted(set(deps[g[-1]]) | set(g[:-1])))
-    return found + check(deps, list(dg.graph.schedule.worker_of), graph_accesses(dg, plan))
+    return check(deps, list(dg.graph.schedule.worker_of), graph_accesses(dg, plan))
 
 
 def unrealised_edges(deps: list[tuple[int, ...]], schedule) -> list[tuple[int, int]]:

@@ -241,18 +241,9 @@ class Plan:
     tile: int = 64          # context tokens per attention step
     candidates: int = 32    # KC: top tokens each sampling tile keeps, and the combine merges (top-k/p/min-p)
     hidden: int = 0         # the model's hidden and intermediate sizes as GEMV widths (KD, KQ, KF): with
-    inter: int = 0          # them the batch-1 GEMVs stream chunks over constant widths; 0: run-time widths
-    depth: int = 4          # weight chunks in flight per batch-1 GEMV stream (4 or 8); tiles: chunks before the wait
-    tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads);
-    #                         0: one span of rows per worker, streamed (the chunk stream)
-    split_rows: int = 0     # with tiles: the graphs of more than one row cut each GEMV into tiles of this
-    #                         many rows over a slice of the width (split-K, gemv_split.py); 0: whole rows
-    batch_stages: int = 0   # software-pipelining stages of the tl.dot k-loop of GEMV nodes for more than one
-    #                         row (gemv.rows_product): 0 Triton's default (x and weight chunks double-buffered
-    #                         in shared memory: 42 KB for Llama-1B), 1 none (8 KB: the kernel's shared memory
-    #                         is then its attention task's 16 KB, and batch 1 ran faster with less of it)
-    norm_early: int = 0     # 1: a normed batch-1 tile reads its RMSNorm weights with x in the 1/rms pass (one
-    #                         round trip after its wait instead of two; gemv_tile.tile_rstd)
+    inter: int = 0          # them the GEMVs are tiles over constant widths (the GPU plan); 0: run-time widths
+    depth: int = 4          # a GEMV tile's weight chunks issued before its wait (4 or 8)
+    tile_kb: int = 0        # with widths: KB of weights per GEMV tile (one node each, TILE_CHUNKS loads)
     one_row: int = 0        # 1: a kernel for the batch-1 graph only: its GEMV tiles carry no batch path (fewer
     #                         registers, no shared memory for tl.dot blocks); batches run on another kernel
 
@@ -266,25 +257,15 @@ class Plan:
         if self.hidden < 0 or self.inter < 0 or bool(self.hidden) != bool(self.inter):
             raise ValueError(f"Plan: hidden ({self.hidden}) and inter ({self.inter}) are both the model's widths "
                              "or both 0 (run-time widths)")
-        if self.tile_kb and (not self.hidden or self.tile_kb < 4 or self.tile_kb & (self.tile_kb - 1)):
-            raise ValueError(f"Plan.tile_kb must be 0 or a power of two >= 4 with the widths set, got {self.tile_kb}")
-        if self.split_rows and (self.split_rows < 16 or self.split_rows & (self.split_rows - 1)):
-            raise ValueError(f"Plan.split_rows must be 0 or a power of two >= 16 (tl.dot's smallest) with tile_kb "
-                             f"set, got {self.split_rows}")
-        if self.split_rows and not self.tile_kb:
-            raise ValueError(f"Plan.split_rows ({self.split_rows}) cuts GEMV tiles, and this plan has none (tile_kb "
-                             "0: the CPU plan or the chunk stream); a GPU plan has them (tile_kb set): leave "
-                             "split_rows out here")
-        if self.batch_stages not in (0, 1, 2, 3, 4):
-            raise ValueError(f"Plan.batch_stages must be 0 (Triton's default) or 1-4 pipelining stages, got "
-                             f"{self.batch_stages}")
+        if bool(self.tile_kb) != bool(self.hidden) or self.tile_kb and (self.tile_kb < 4 or
+                                                                          self.tile_kb & (self.tile_kb - 1)):
+            raise ValueError(f"Plan.tile_kb must be a power of two >= 4 with the widths set (the GPU plan's GEMV "
+                             f"tiles) and 0 without them (the CPU plan's run-time widths), got {self.tile_kb} "
+                             f"with hidden {self.hidden}")
         if self.one_row not in (0, 1):
             raise ValueError(f"Plan.one_row must be 0 or 1, got {self.one_row}")
-        if self.one_row and (not self.tile_kb or self.split_rows):
-            raise ValueError("Plan.one_row (a batch-1 kernel) needs GEMV tiles (tile_kb set, the GPU plan) and no "
-                             f"split-K tiles (split_rows {self.split_rows}: those are the batch graphs')")
-        if self.norm_early not in (0, 1):
-            raise ValueError(f"Plan.norm_early must be 0 or 1, got {self.norm_early}")
+        if self.one_row and not self.tile_kb:
+            raise ValueError("Plan.one_row (a batch-1 kernel) needs GEMV tiles (tile_kb set, the GPU plan)")
         if self.depth not in (4, 8):
             raise ValueError(f"Plan.depth must be 4 or 8 (weight chunks in flight), got {self.depth}")
         if self.splits < 1 or self.heads % self.kv_heads:
@@ -300,8 +281,7 @@ class Plan:
         return (f"{self.dtype}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}-bs{self.block_size}-s{self.splits}"
                 f"-n{self.bn}-k{self.bk}-r{self.rows}-t{self.tile}-c{self.candidates}"
                 + (f"-w{self.hidden}-f{self.inter}-a{self.depth}" if self.hidden else "")
-                + (f"-T{self.tile_kb}" if self.tile_kb else "") + (f"-P{self.split_rows}" if self.split_rows else "")
-                + (f"-p{self.batch_stages}" if self.batch_stages else "") + ("-e" if self.norm_early else "")
+                + (f"-T{self.tile_kb}" if self.tile_kb else "")
                 + ("-1" if self.one_row else ""))
 
     @property
@@ -319,35 +299,6 @@ class Plan:
         tk = max(16, _pow2(-(-k // (TILE_CHUNKS // sub))))
         return tn, tk
 
-    def split_tile(self, k: int, sub: int = 1) -> tuple[int, int, int]:
-        """(chunk width, chunks, slices) of a split-K tile over width k: split_rows rows (`sub` blocks
-        of them, 2 for gate and up) by up to TILE_CHUNKS // sub chunks of that width (a power of two
-        >= 16, no wider than the width needs), about tile_kb KB in all; the width is cut into
-        slices of chunks * width columns, the last one masked where they do not divide k.
-        (0, 0, 0) without split tiles."""
-        if not self.split_rows:
-            return 0, 0, 0
-        budget = (self.tile_kb << 10) // (sub * self.split_rows * self.elem)      # columns of the tile
-        most = TILE_CHUNKS // sub
-        width = max(16, min(_pow2_floor(max(1, budget // most)), _pow2(-(-k // most))))
-        chunks = max(1, min(most, budget // width, -(-k // width)))
-        return width, chunks, -(-k // (chunks * width))
-
-    def split_constexprs(self) -> dict[str, int]:
-        """The split-K tiles of the batch graphs: PN rows, and per GEMV (D, S, Q, F as in
-        tile_constexprs) the chunk width PK* and the chunks PC* of a slice of the width, and PR the
-        residual's row blocks; 0 without. PN -1: a batch-1 kernel (one_row), whose row tiles carry
-        no batch path either."""
-        q = self.heads * self.head_dim
-        # PR: row blocks of the residual stream, whose sums of squares the nodes that write it leave
-        # for the RMSNorm of the nodes that read it (gemv_split.py)
-        out = {"PN": -1 if self.one_row else self.split_rows,
-               "PR": -(-self.hidden // self.split_rows) if self.split_rows else 0}
-        for name, k, sub in (("D", self.hidden, 1), ("S", self.hidden, 2), ("Q", q, 1), ("F", self.inter, 1)):
-            width, chunks, _ = self.split_tile(k, sub)
-            out.update({f"PK{name}": width, f"PC{name}": chunks})
-        return out
-
     def constexprs(self) -> dict[str, int]:
         # HALFP, GP1: operands of rope_attn's tl.dot over half heads (>= 16 each way)
         return {"H": self.heads, "KVH": self.kv_heads, "HD": self.head_dim, "HDP": max(16, _pow2(self.head_dim)),
@@ -356,8 +307,7 @@ class Plan:
                 "BS": self.block_size, "TILE": self.tile, "S": self.splits, "SP": max(2, _pow2(self.splits)),
                 "R": self.rows, "BN": self.bn, "BK": self.bk, "KC": self.candidates, "KD": self.hidden,
                 "KQ": self.heads * self.head_dim if self.hidden else 0, "KF": self.inter, "DEPTH": self.depth,
-                "PS": self.batch_stages, "NE": self.norm_early,
-                **self.tile_constexprs(), **self.split_constexprs()}
+                "ONE": self.one_row, **self.tile_constexprs()}
 
     def tile_constexprs(self) -> dict[str, int]:
         """Each GEMV's tile (TN*, TK*; 0 without tiles): D over the hidden width (qkv, lm_head), S the

@@ -3,7 +3,7 @@
 A Plan (layout.py) is one kernel: the model's shapes and the tile sizes as constexprs. `plan_for`
 makes a model's Plan for a device (the CPU's interpreter plan or the GPU's tiles plan, with
 WARPLOOP_MK_PLAN's overrides); `kernel_plans` decides whether batch 1 gets a kernel of its own
-(`Plan.one_row`) beside the batches' (split-K tiles); `env_options` reads and checks
+(`Plan.one_row`) beside the batches'; `env_options` reads and checks
 WARPLOOP_MK_PLAN. No GPU and no Triton compile here: scripts/mk_cache.py uses it to compile on a
 CPU machine the kernels a GPU backend will start.
 """
@@ -22,22 +22,19 @@ CPU_PLAN = {"splits": 2, "bn": 128, "bk": 256}       # fewer, larger tiles: the 
 # 16 KB 825, 64 KB 834; Qwen3-0.6B (30 MB) 64 KB 1,325, 32 KB 1,596. (Batch 8 prefers the smaller
 # tiles of each pair; batch 1 decides here.)
 GPU_PLAN = {"splits": 8, "bn": 16, "bk": 256, "depth": 8}
-# The kernel of the graphs of more than one row when batch 1 has its own (batch1_kernel): split-K
-# tiles (gemv_split.py), which ran batches 8 and 32 1.18-1.33x faster than row tiles on all three
-# bench models but cost batch 1 4-8% when one kernel held both (BENCHMARKS.md, Decode, session 16).
-GPU_BATCH_PLAN = {"split_rows": 64}
 TILE_KB = ((16 << 20, 64), (0, 32))     # (a layer's weight bytes at least, tile_kb), first match
 BACKEND_OPTIONS = ("workers", "worker_warps", "max_registers", "park_after_us", "timeout", "fused_upto",
-                   "batch_tiles", "batch1_kernel", "graph_rows")
+                   "batch1_kernel", "graph_rows")
 
 
 def env_options() -> dict:
     """WARPLOOP_MK_PLAN's options for the megakernel backend: Plan fields (tile sizes) and
-    MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here."""
+    MegakernelBackend's own (workers, worker_warps, park_after_us), checked by name here. The model's
+    shapes and widths (hidden, inter) are no options: plan_for takes them from the model."""
     from warploop import config
     opts = config.get().mk_plan
     known = {f.name for f in dataclasses.fields(Plan)} - {"dtype", "heads", "kv_heads", "head_dim", "block_size",
-                                                           "one_row"}
+                                                           "hidden", "inter", "one_row"}
     unknown = sorted(set(opts) - known - set(BACKEND_OPTIONS))
     if unknown:
         raise ValueError(f"WARPLOOP_MK_PLAN: unknown option(s) {', '.join(unknown)}; use any of "
@@ -60,8 +57,7 @@ def kernel_plans(config: ModelConfig, dtype, block_size: int, device_type: str, 
                  **overrides) -> tuple[Plan, Plan, bool]:
     """(the batch-1 graph's plan, the other graphs' plan, whether those are two kernels) for Plan
     overrides (WARPLOOP_MK_PLAN's Plan fields). batch1_kernel None: two kernels where the plan has
-    GEMV tiles on a GPU. With two, the batch-1 plan is `one_row` (its tiles carry no batch path)
-    and the batches' takes GPU_BATCH_PLAN (split-K tiles) unless the overrides say otherwise."""
+    GEMV tiles on a GPU. With two, the batch-1 plan is `one_row` (its tiles carry no batch path)."""
     if "one_row" in overrides:
         raise ValueError("one_row is the batch-1 kernel's own plan field: use batch1_kernel=True/False (in "
                          "WARPLOOP_MK_PLAN: \"batch1_kernel\": 1 or 0) to choose whether batch 1 has a kernel "
@@ -75,11 +71,9 @@ def kernel_plans(config: ModelConfig, dtype, block_size: int, device_type: str, 
     if not batch1_kernel:
         return plan, plan, False
     if not plan.tile_kb:
-        raise ValueError("batch1_kernel: a batch-1 kernel needs GEMV tiles (tile_kb set, the GPU plan's default); "
+        raise ValueError("batch1_kernel: a batch-1 kernel needs GEMV tiles (tile_kb set: the GPU plan); "
                          "this plan has none: set batch1_kernel 0 or tile_kb")
-    one = plan_for(config, dtype, block_size, device_type,
-                   **{k: v for k, v in overrides.items() if k != "split_rows"}, one_row=1)
-    return one, plan_for(config, dtype, block_size, device_type, **{**GPU_BATCH_PLAN, **overrides}), True
+    return plan_for(config, dtype, block_size, device_type, **overrides, one_row=1), plan, True
 
 
 def layer_bytes(config: ModelConfig, elem: int) -> int:

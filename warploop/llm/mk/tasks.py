@@ -21,8 +21,6 @@ import triton.language as tl
 import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_attn_node, rope_kv_node
 from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
-from warploop.llm.mk.gemv_split import gemv_split
-from warploop.llm.mk.gemv_stream import gemv_node_k
 from warploop.llm.mk.gemv_tile import gemv_tile
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.loop import advance_node
@@ -33,101 +31,63 @@ from warploop.llm.mk.tokens import embed_node
 @triton.jit
 def gemv(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM: tl.constexpr,
          EPI: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr,
-         NE: tl.constexpr, BACKEND: tl.constexpr):
-    """A GEMV node: a tile of TN rows when the plan has tiles (gemv_tile; with split-K tiles, PN not
-    0, for batch 1 only), else a span of rows over the compile-time width K when the plan has one
-    (gemv_node_k), else over the run-time width k (gemv_node)."""
+         DEPTH: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr, ONE: tl.constexpr,
+         BACKEND: tl.constexpr):
+    """A GEMV node: a tile of TN rows over the compile-time width K when the plan has tiles (the GPU
+    plan: gemv_tile; ONE: of a batch-1 kernel), else a span of rows over the run-time width k (the CPU
+    plan: gemv_node)."""
     if TN != 0:
         gemv_tile(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, TN, TK, DEPTH,
-                  R, BN, BK, PN, PS, NE, BACKEND)
-    elif K != 0:
-        gemv_node_k(ctx, inp, w, bias, x, norm_w, out, n_out, f, row0, count, eps, has_bias, NORM, EPI, K, R, BN, BK,
-                    DEPTH, PS, BACKEND)
+                  R, BN, BK, ONE, BACKEND)
     else:
         gemv_node(ctx, inp, w, bias, x, norm_w, out, k, n_out, f, row0, count, eps, has_bias, NORM, EPI, R, BN, BK,
-                  PS, BACKEND)
+                  BACKEND)
 
 
-def mk_embed(inp, table, res, work, d, BK: tl.constexpr, PN: tl.constexpr, PR: tl.constexpr):
-    embed_node(inp, table, res, work, d, BK, PN, PR)
+def mk_embed(inp, table, res, d, BK: tl.constexpr):
+    embed_node(inp, table, res, d, BK)
 
 
 def mk_qkv(ctx, inp, w, bias, res, norm_w, out, k, n_out, row0, count, eps, has_bias, R: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr,
-           TKD: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr, NE: tl.constexpr,
+           TKD: tl.constexpr, ONE: tl.constexpr,
            BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, n_out, 0, row0, count, eps, has_bias, True, EPI_OUT, KD, R, BN, BK,
-         DEPTH, TND, TKD, PN, PS, NE, BACKEND)
+         DEPTH, TND, TKD, ONE, BACKEND)
 
 
 def mk_gate_up(ctx, inp, w, bias, res, norm_w, out, k, f, row0, count, eps, has_bias, R: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TNS: tl.constexpr,
-               TKS: tl.constexpr, PN: tl.constexpr, PS: tl.constexpr, NE: tl.constexpr,
+               TKS: tl.constexpr, ONE: tl.constexpr,
                BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, res, norm_w, out, k, f, f, row0, count, eps, has_bias, True, EPI_SILU, KD, R, BN, BK,
-         DEPTH, TNS, TKS, PN, PS, NE, BACKEND)
+         DEPTH, TNS, TKS, ONE, BACKEND)
 
 
 # o_proj and down are one body over different widths (KQ: heads x head_dim, KF: intermediate): two
 # tasks, because a task's constexprs are bound by parameter name
 def mk_o_proj(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, KQ: tl.constexpr, DEPTH: tl.constexpr, TNQ: tl.constexpr, TKQ: tl.constexpr,
-              PN: tl.constexpr, PS: tl.constexpr, NE: tl.constexpr,
+              ONE: tl.constexpr,
               BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KQ, R, BN, BK, DEPTH,
-         TNQ, TKQ, PN, PS, NE, BACKEND)
+         TNQ, TKQ, ONE, BACKEND)
 
 
 def mk_down(ctx, inp, w, bias, x, res, k, n_out, row0, count, has_bias, R: tl.constexpr, BN: tl.constexpr,
             BK: tl.constexpr, KF: tl.constexpr, DEPTH: tl.constexpr, TNF: tl.constexpr, TKF: tl.constexpr,
-            PN: tl.constexpr, PS: tl.constexpr, NE: tl.constexpr,
+            ONE: tl.constexpr,
             BACKEND: tl.constexpr):
     gemv(ctx, inp, w, bias, x, x, res, k, n_out, 0, row0, count, 0.0, has_bias, False, EPI_RES, KF, R, BN, BK, DEPTH,
-         TNF, TKF, PN, PS, NE, BACKEND)
+         TNF, TKF, ONE, BACKEND)
 
 
 def mk_lm_head(ctx, inp, w, res, norm_w, logits, k, vocab, row0, count, eps, R: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, KD: tl.constexpr, DEPTH: tl.constexpr, TND: tl.constexpr, TKD: tl.constexpr,
-               PN: tl.constexpr, PS: tl.constexpr, NE: tl.constexpr,
+               ONE: tl.constexpr,
                BACKEND: tl.constexpr):
     gemv(ctx, inp, w, w, res, norm_w, logits, k, vocab, 0, row0, count, eps, 0, True, EPI_OUT, KD, R, BN, BK, DEPTH,
-         TND, TKD, PN, PS, NE, BACKEND)
-
-
-# The split-K tiles of the graphs of more than one row (Plan.split_rows, gemv_split.py): node `tile`
-# is a row block and a slice of the width; work and cnt are the graph's partial sums and counters.
-def mk_qkv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, tile, eps, has_bias, R: tl.constexpr,
-                 KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                 BACKEND: tl.constexpr):
-    gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, n_out, 0, tile, eps, has_bias, True, EPI_OUT, KD, KD,
-               PN, PKD, PCD, PR, R, BACKEND)
-
-
-def mk_gate_up_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, tile, eps, has_bias, R: tl.constexpr,
-                     KD: tl.constexpr, PN: tl.constexpr, PKS: tl.constexpr, PCS: tl.constexpr, PR: tl.constexpr,
-                     BACKEND: tl.constexpr):
-    gemv_split(ctx, inp, w, bias, res, norm_w, out, work, cnt, f, f, tile, eps, has_bias, True, EPI_SILU, KD, KD,
-               PN, PKS, PCS, PR, R, BACKEND)
-
-
-def mk_o_proj_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KQ: tl.constexpr,
-                    PN: tl.constexpr, PKQ: tl.constexpr, PCQ: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KQ, KQ, PN,
-               PKQ, PCQ, PR, R, BACKEND)
-
-
-def mk_down_split(ctx, inp, w, bias, x, res, work, cnt, n_out, tile, has_bias, R: tl.constexpr, KF: tl.constexpr,
-                  PN: tl.constexpr, PKF: tl.constexpr, PCF: tl.constexpr, PR: tl.constexpr, BACKEND: tl.constexpr):
-    gemv_split(ctx, inp, w, bias, x, x, res, work, cnt, n_out, 0, tile, 0.0, has_bias, False, EPI_RES, KF, KF, PN,
-               PKF, PCF, PR, R, BACKEND)
-
-
-def mk_lm_head_split(ctx, inp, w, res, norm_w, logits, work, cnt, vocab, tile, eps, R: tl.constexpr,
-                     KD: tl.constexpr, PN: tl.constexpr, PKD: tl.constexpr, PCD: tl.constexpr, PR: tl.constexpr,
-                     BACKEND: tl.constexpr):
-    gemv_split(ctx, inp, w, w, res, norm_w, logits, work, cnt, vocab, 0, tile, eps, 0, True, EPI_OUT, KD, KD, PN,
-               PKD, PCD, PR, R, BACKEND)
+         TND, TKD, ONE, BACKEND)
 
 
 def mk_rope_kv(inp, qkv, cos, sin, qn, kn, kc, vc, n, eps, has_qk_norm, H: tl.constexpr, KVH: tl.constexpr,
@@ -173,7 +133,7 @@ def _signatures(dt: str) -> dict:
     proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
             "count": "i32", "has_bias": "i32"}
     return {
-        mk_embed: {"inp": "*i32", "table": w, "res": a, "work": "*fp32", "d": "i32"},
+        mk_embed: {"inp": "*i32", "table": w, "res": a, "d": "i32"},
         mk_qkv: {**gemv, "n_out": "i32"},
         mk_gate_up: {**gemv, "f": "i32"},
         mk_o_proj: proj,
@@ -195,25 +155,8 @@ def _signatures(dt: str) -> dict:
     }
 
 
-def _split_signatures(dt: str) -> dict:
-    w, a, p = f"*{dt}:16", f"*{dt}:16", f"*{dt}"
-    scratch = {"work": "*fp32", "cnt": "*i32"}
-    normed = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": a, "out": a, **scratch}
-    proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, **scratch, "n_out": "i32", "tile": "i32",
-            "has_bias": "i32"}
-    return {
-        mk_qkv_split: {**normed, "n_out": "i32", "tile": "i32", "eps": "fp32", "has_bias": "i32"},
-        mk_gate_up_split: {**normed, "f": "i32", "tile": "i32", "eps": "fp32", "has_bias": "i32"},
-        mk_o_proj_split: proj,
-        mk_down_split: proj,
-        mk_lm_head_split: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": "*fp32", **scratch, "vocab": "i32",
-                           "tile": "i32", "eps": "fp32"},
-    }
-
-
 # they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn, mk_qkv_split, mk_gate_up_split,
-                mk_o_proj_split, mk_down_split, mk_lm_head_split)
+WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,11 +174,6 @@ class MkTasks:
     sample_tile: object
     sample_combine: object
     advance: object
-    qkv_split: object = None          # the split-K tiles: only in a plan with split_rows
-    gate_up_split: object = None
-    o_proj_split: object = None
-    down_split: object = None
-    lm_head_split: object = None
 
     @property
     def all(self) -> list:
@@ -247,10 +185,7 @@ def tasks_for(plan: Plan) -> MkTasks:
     """The plan's registered tasks (made once per plan per process)."""
     consts = plan.constexprs()
     made = {}
-    signatures = _signatures(plan.dtype)
-    if plan.split_rows:
-        signatures.update(_split_signatures(plan.dtype))
-    for fn, signature in signatures.items():
+    for fn, signature in _signatures(plan.dtype).items():
         copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
         copy.__qualname__ = f"{fn.__qualname__}[{plan.key}]"
         copy.__module__ = fn.__module__
