@@ -294,7 +294,10 @@ def test_place_takes_a_tiled_decode_step_in_seconds():
             nodes += [NodeSpec(prev, float(cost)) for _ in range(count)]
             prev = tuple(range(start, start + count))
     nodes += [NodeSpec(prev, 32768.0) for _ in range(8016)]
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: the same figure on an idle machine (place is
+    # single-threaded), but not stretched by other processes sharing the cores (CI runs the suite on
+    # both of its cores, beside a test that compiles in two more processes)
+    t0 = time.process_time()
     schedule = place(nodes, 263)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
     assert sum(len(lst) for lst in schedule.lists) >= len(nodes)
