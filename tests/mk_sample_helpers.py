@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from warploop.llm.mk.graph import spans
+from warploop.llm.mk.kinds import KINDS
 from warploop.llm.mk.layout import Plan, RowSampling, StepInputs
 
 PLAN = Plan("fp32", 4, 2, 16, 4, bn=16, candidates=16)   # 16-token spans: several tiles for a small vocab
@@ -25,10 +26,11 @@ class SampleGraph:
         self.inp = torch.zeros(StepInputs.words(batch, 1, history_width), dtype=torch.int32)
         self.graph = rt.graph()
         inp = self.graph.param("inp", "*i32")
-        tiles = [self.graph.add(tasks.sample_tile, inp, self.logits, self.fstat, self.istat, vocab, *s, t, len(vs))
+        stats = dict(inp=inp, logits=self.logits, fstat=self.fstat, istat=self.istat, vocab=vocab, ntiles=len(vs))
+        tile, combine = KINDS["sample_tile"], KINDS["sample_combine"]
+        tiles = [self.graph.add(tasks.sample_tile, *tile.args(dict(stats, row0=s[0], count=s[1], tile=t)))
                  for t, s in enumerate(vs)]
-        self.graph.add(tasks.sample_combine, inp, self.logits, self.fstat, self.istat, self.tokens, vocab, len(vs),
-                       after=tiles)
+        self.graph.add(tasks.sample_combine, *combine.args(dict(stats, tokens=self.tokens)), after=tiles)
 
     def draw(self, logits: torch.Tensor, sampling: list[RowSampling], history=()) -> list[int]:
         """One token id per row of `logits` (-1: the row's filters reach past the candidates)."""

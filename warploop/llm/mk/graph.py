@@ -25,11 +25,11 @@ import dataclasses
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
+from warploop.llm.mk.kinds import KINDS
 from warploop.llm.mk.layout import Plan, StepInputs
 from warploop.llm.mk.loop import MAX_STEPS, LoopBlock, Mailbox
 from warploop.llm.mk.tasks import MkTasks
 
-ATTN_COST_TOKENS = 1024      # the context placement assumes for an attention split's cost
 # GEMV tiles per node in the graphs of more than one row (tiles plans): their rows are multiplied
 # through tl.dot blocks, so a longer node pays its wait, signal and epilogue over more weights.
 # Measured on an H100 (BENCHMARKS.md, Decode, sessions 8 and 10): 2 ran bs8 1.39x and bs32 1.34x
@@ -145,64 +145,67 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     group, eps, b = cfg.num_heads // cfg.num_kv_heads, cfg.rms_norm_eps, buffers
     tn = plan.tile_constexprs()
 
-    def add(kind, task, *args, after=(), cost=1.0):
+    def add(kind, after=(), **fields):
+        """A node of `kind` (kinds.KINDS) from its fields by name: its declaration orders them into
+        the task's arguments and prices it."""
+        declared = KINDS[kind]
         kinds[kind] += 1
         labels.append(kind)
-        return g.add(task, *args, after=after, cost=float(cost))
+        return g.add(getattr(tasks, kind), *declared.args(fields), after=after,
+                     cost=float(declared.cost(fields, plan, batch)))
 
     def opt(t):
         return (t, 1) if t is not None else (0, 0)
 
-    def gemv(kind, n, k, rows_per_tile, head, tail, after, sub=1):
-        """The nodes of one GEMV of n output rows over width k, as (span of output rows, node): the
-        arguments are head, then (k, n, row0, count), then tail."""
-        return [(sp, add(kind, getattr(tasks, kind), *head, k, n, *sp, *tail, after=after, cost=sub * sp[1] * k))
-                for sp in gemv_spans(plan, n, rows_per_tile, gemv_nodes, per)]
+    def gemv(kind, rows_per_tile, after, **fields):
+        """The nodes of one GEMV, as (span of output rows, node): its output rows (the kind's `rows`
+        field) cut into spans, each a node's row0 and count."""
+        return [(sp, add(kind, after=after, row0=sp[0], count=sp[1], **fields))
+                for sp in gemv_spans(plan, fields[KINDS[kind].rows], rows_per_tile, gemv_nodes, per)]
 
-    prev = [add("embed", tasks.embed, inp, weights.embed, b.res, d, cost=batch * d)]
+    prev = [add("embed", inp=inp, table=weights.embed, res=b.res, d=d)]
     for i, lw in enumerate(weights.layers):
         kc, vc = kv[i, 0], kv[i, 1]
         bias, has = opt(lw.qkv_bias)
-        qkv_nodes = gemv("qkv", q + 2 * kvs, d, tn["TND"], (inp, lw.qkv, bias, b.res, lw.input_norm, b.qkv),
-                         (eps, has), prev)
+        qkv_nodes = gemv("qkv", tn["TND"], prev, inp=inp, w=lw.qkv, bias=bias, res=b.res, norm_w=lw.input_norm,
+                         out=b.qkv, k=d, n_out=q + 2 * kvs, eps=eps, has_bias=has)
         qn, kn = (lw.q_norm, lw.k_norm) if lw.q_norm is not None else (0, 0)
+        rope = dict(inp=inp, qkv=b.qkv, cos=cos, sin=sin, qn=qn, kn=kn, kc=kc, vc=vc)
         combines = []
         for n in range(batch * cfg.num_kv_heads):      # one node per KV head group and batch row
             kvh = n % cfg.num_kv_heads
             rows = [(kvh * group * hd, (kvh + 1) * group * hd), (q + kvh * hd, q + (kvh + 1) * hd),
                     (q + kvs + kvh * hd, q + kvs + (kvh + 1) * hd)]
+            qkv_of_group = [m for s, m in qkv_nodes if _overlaps(s, rows)]
             if fused:               # rope, attention and combine of the group in one node
-                combines.append(add("rope_attn", tasks.rope_attn, inp, b.qkv, cos, sin, qn, kn, kc, vc, b.attn, n,
-                                    eps if cfg.qk_norm else -1.0, hd ** -0.5,
-                                    after=[m for s, m in qkv_nodes if _overlaps(s, rows)],
-                                    cost=(group + 2) * hd + 2 * ATTN_COST_TOKENS * hd))
+                combines.append(add("rope_attn", after=qkv_of_group, **rope, out=b.attn, n=n,
+                                    qk_eps=eps if cfg.qk_norm else -1.0, scale=hd ** -0.5))
                 continue
-            rope = add("rope_kv", tasks.rope_kv, inp, b.qkv, cos, sin, qn, kn, kc, vc, n, eps, int(cfg.qk_norm),
-                       after=[m for s, m in qkv_nodes if _overlaps(s, rows)], cost=(group + 2) * hd)
-            splits = [add("attn", tasks.attn, inp, b.qkv, kc, vc, b.parts, b.lse, n, s, hd ** -0.5, after=[rope],
-                          cost=2 * ATTN_COST_TOKENS * hd // plan.splits) for s in range(plan.splits)]
-            combines.append(add("combine", tasks.combine, inp, b.parts, b.lse, b.attn, n, after=splits,
-                                cost=group * plan.splits * hd))
+            roped = add("rope_kv", after=qkv_of_group, **rope, n=n, eps=eps, has_qk_norm=int(cfg.qk_norm))
+            splits = [add("attn", after=[roped], inp=inp, qkv=b.qkv, kc=kc, vc=vc, parts=b.parts, lse=b.lse, n=n,
+                          split=s, scale=hd ** -0.5) for s in range(plan.splits)]
+            combines.append(add("combine", after=splits, inp=inp, parts=b.parts, lse=b.lse, out=b.attn, n=n))
         bias, has = opt(lw.o_bias)
-        o = [n for _, n in gemv("o_proj", d, q, tn["TNQ"], (inp, lw.o, bias, b.attn, b.res), (has,), combines)]
+        o = [n for _, n in gemv("o_proj", tn["TNQ"], combines, inp=inp, w=lw.o, bias=bias, x=b.attn, res=b.res,
+                                k=q, n_out=d, has_bias=has)]
         bias, has = opt(lw.gate_up_bias)
-        gate_up = [n for _, n in gemv("gate_up", f, d, tn["TNS"], (inp, lw.gate_up, bias, b.res, lw.post_norm, b.act),
-                                      (eps, has), o, sub=2)]
+        gate_up = [n for _, n in gemv("gate_up", tn["TNS"], o, inp=inp, w=lw.gate_up, bias=bias, res=b.res,
+                                      norm_w=lw.post_norm, out=b.act, k=d, f=f, eps=eps, has_bias=has)]
         bias, has = opt(lw.down_bias)
-        prev = [n for _, n in gemv("down", d, f, tn["TNF"], (inp, lw.down, bias, b.act, b.res), (has,), gate_up)]
-    heads = gemv("lm_head", cfg.vocab_size, d, tn["TND"], (inp, weights.lm_head, b.res, weights.norm, b.logits),
-                 (eps,), prev)
+        prev = [n for _, n in gemv("down", tn["TNF"], gate_up, inp=inp, w=lw.down, bias=bias, x=b.act, res=b.res,
+                                   k=f, n_out=d, has_bias=has)]
+    heads = gemv("lm_head", tn["TND"], prev, inp=inp, w=weights.lm_head, res=b.res, norm_w=weights.norm,
+                 logits=b.logits, k=d, vocab=cfg.vocab_size, eps=eps)
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
-    tiles = [add("sample_tile", tasks.sample_tile, inp, b.logits, b.fstat, b.istat, cfg.vocab_size, *s, t,
-                 len(vocab_spans), after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])],
-                 cost=batch * s[1])
+    tiles = [add("sample_tile", after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])], inp=inp,
+                 logits=b.logits, fstat=b.fstat, istat=b.istat, vocab=cfg.vocab_size, row0=s[0], count=s[1], tile=t,
+                 ntiles=len(vocab_spans))
              for t, s in enumerate(vocab_spans)]
-    chosen = add("sample_combine", tasks.sample_combine, inp, b.logits, b.fstat, b.istat, b.tokens, cfg.vocab_size,
-                 len(vocab_spans), after=tiles, cost=batch * len(vocab_spans) * plan.candidates)
+    chosen = add("sample_combine", after=tiles, inp=inp, logits=b.logits, fstat=b.fstat, istat=b.istat,
+                 tokens=b.tokens, vocab=cfg.vocab_size, ntiles=len(vocab_spans))
     # the decode loop (loop.py): a no-op unless a loop request set the loop block on
     mail = b.mail.data_ptr() if hasattr(b.mail, "data_ptr") else b.mail     # pinned host memory: by address
-    add("advance", tasks.advance, inp, b.tokens, b.loop, mail, g.halt_address(), after=[chosen],
-        cost=batch)
+    add("advance", after=[chosen], inp=inp, tokens=b.tokens, loop=b.loop, mail=mail, halt=g.halt_address())
     return DecodeGraph(g, buffers, batch, width, width * plan.block_size, kinds, labels)
 
 

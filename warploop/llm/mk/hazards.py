@@ -5,117 +5,18 @@ The CPU executor runs a graph's nodes one at a time in one fixed legal order, so
 dependency edge never shows there; on a GPU the two nodes run at once on different workers and
 race. `hazards(dg)` finds such pairs without running anything.
 
-Footprints are declared per task kind from the node's arguments (the same positions as in
-graph.py's `add` calls), in columns of the buffer seen as [rows, columns]:
-
-| kind | reads | writes |
-|---|---|---|
-| embed | - | res[:, 0:d] |
-| qkv, gate_up, lm_head | res[:, 0:k] | out[:, row0:end] |
-| o_proj, down | x[:, 0:k], res[:, row0:end] | res[:, row0:end] |
-| rope_kv[b, g] | qkv: g's q heads, k head, v head | qkv: g's q heads and k head; k and v cache: head g |
-| attn[b, g, s] | qkv: g's q heads; k and v cache: head g | parts and lse: g's heads, split s |
-| combine[b, g] | parts and lse: g's heads, every split | attn: g's heads |
-| rope_attn[b, g] (fused) | as rope_kv[b, g], and k and v cache: head g | k and v cache: head g; attn: g's heads |
-| sample_tile[t] | logits[:, row0:end] | logits[:, row0:end] (penalty), fstat and istat: tile t |
-| sample_combine | logits[:, 0:vocab], fstat and istat: every tile | tokens |
-| advance | tokens, the loop block | the loop block (and the step inputs, the mailbox: loop.py) |
-
-Rows: a GEMV, sample or embedding node covers every live batch row (it owns columns), an
-attention node (rope_kv, attn, combine, rope_attn; node index n) only row b = n // KVH of each
-step buffer, and of the KV cache only row b's sequence: the slot it writes is its own (the block
-manager never shares a sequence's partial block), and the shared prefix blocks it reads are
-never written. So an access is columns of every row, or of one row. Weights, norms and the RoPE
-tables are never written by a graph and are left out; so are the step inputs and the mailbox,
-which only the advance node writes, and it is the graph's sink: every other node is its ancestor,
-and the next run starts after it. tests/test_mk_hazards.py
-checks these declarations against the loads and stores the interpreter really makes.
+Footprints (the columns of each buffer a node reads and writes, of every batch row or of one) are
+declared per node kind in kinds.py, as functions of the node's fields by name.
+tests/test_mk_hazards.py checks these declarations against the loads and stores the interpreter
+really makes.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
 
+from warploop.llm.mk.kinds import KINDS, Access
 from warploop.llm.mk.layout import Plan
-
-WHOLE = 2 ** 31 - 1      # the columns of a buffer read or written as a whole (one row)
-
-
-@dataclasses.dataclass(frozen=True)
-class Access:
-    buffer: int          # the buffer's address
-    lo: int              # columns [lo, hi) of each row
-    hi: int
-    write: bool
-    row: int = -1        # one batch row's (attention nodes), or -1: every row's
-
-
-def address(value) -> int:
-    return value.data_ptr() if hasattr(value, "data_ptr") else int(value)
-
-
-def footprint(plan: Plan, kind: str, args: tuple) -> list[Access]:
-    """The accesses of one node of `kind` with these graph arguments (see the table above)."""
-    G, H, KVH, HD, S = plan.group, plan.heads, plan.kv_heads, plan.head_dim, plan.splits
-
-    row = -1
-
-    def acc(buf, lo, hi, write=False):
-        return Access(address(buf), int(lo), int(hi), write, row)
-
-    if kind == "embed":
-        _, _, res, d = args
-        return [acc(res, 0, d, True)]
-    if kind in ("qkv", "gate_up"):
-        _, _, _, res, _, out, k, n, row0, count, _, _ = args
-        return [acc(res, 0, k), acc(out, row0, min(row0 + count, n), True)]
-    if kind == "lm_head":
-        _, _, res, _, logits, k, vocab, row0, count, _ = args
-        return [acc(res, 0, k), acc(logits, row0, min(row0 + count, vocab), True)]
-    if kind in ("o_proj", "down"):
-        _, _, _, x, res, k, n, row0, count, _ = args
-        end = min(row0 + count, n)
-        return [acc(x, 0, k), acc(res, row0, end), acc(res, row0, end, True)]
-    if kind in ("rope_kv", "attn", "combine", "rope_attn"):
-        n = args[{"rope_kv": 8, "attn": 6, "combine": 4, "rope_attn": 9}[kind]]
-        g, row = n % KVH, n // KVH
-    if kind == "rope_kv":
-        _, qkv, _, _, _, _, kc, vc, _, _, _ = args
-        q = (g * G * HD, (g + 1) * G * HD)
-        k = ((H + g) * HD, (H + g + 1) * HD)
-        v = ((H + KVH + g) * HD, (H + KVH + g + 1) * HD)
-        return [acc(qkv, *q), acc(qkv, *k), acc(qkv, *v), acc(qkv, *q, True), acc(qkv, *k, True),
-                acc(kc, g * HD, (g + 1) * HD, True), acc(vc, g * HD, (g + 1) * HD, True)]
-    if kind == "rope_attn":     # rope_kv's reads and cache writes (its q and k stay in registers)
-        _, qkv, _, _, _, _, kc, vc, out, _, _, _ = args
-        rope = [a for a in footprint(plan, "rope_kv", (None, qkv, None, None, None, None, kc, vc, n, None, None))
-                if not (a.write and a.buffer == address(qkv))]
-        return rope + [acc(kc, g * HD, (g + 1) * HD), acc(vc, g * HD, (g + 1) * HD),
-                       acc(out, g * G * HD, (g + 1) * G * HD, True)]
-    if kind == "attn":
-        _, qkv, kc, vc, parts, lse, _, split, _ = args
-        heads = range(g * G, (g + 1) * G)
-        return ([acc(qkv, g * G * HD, (g + 1) * G * HD), acc(kc, g * HD, (g + 1) * HD),
-                 acc(vc, g * HD, (g + 1) * HD)]
-                + [acc(parts, (h * S + split) * HD, (h * S + split + 1) * HD, True) for h in heads]
-                + [acc(lse, h * S + split, h * S + split + 1, True) for h in heads])
-    if kind == "combine":
-        _, parts, lse, out, _ = args
-        return [acc(parts, g * G * S * HD, (g + 1) * G * S * HD), acc(lse, g * G * S, (g + 1) * G * S),
-                acc(out, g * G * HD, (g + 1) * G * HD, True)]
-    if kind == "sample_tile":
-        _, logits, fstat, istat, vocab, row0, count, tile, _ = args
-        end, per = min(row0 + count, vocab), 2 + plan.candidates
-        return [acc(logits, row0, end), acc(logits, row0, end, True), acc(fstat, 3 * tile, 3 * tile + 3, True),
-                acc(istat, per * tile, per * tile + per, True)]
-    if kind == "sample_combine":
-        _, logits, fstat, istat, tokens, vocab, ntiles = args
-        return [acc(logits, 0, vocab), acc(fstat, 0, 3 * ntiles), acc(istat, 0, (2 + plan.candidates) * ntiles),
-                acc(tokens, 0, 1, True)]
-    if kind == "advance":
-        _, tokens, loop, _, _ = args
-        return [acc(tokens, 0, 1), acc(loop, 0, WHOLE), acc(loop, 0, WHOLE, True)]
-    raise ValueError(f"no footprint declared for node kind {kind!r}: add it to hazards.footprint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +136,9 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
 
 
 def graph_accesses(dg, plan: Plan) -> list[list[Access]]:
-    return [footprint(plan, kind, node.args) for kind, node in zip(dg.labels, dg.graph.nodes, strict=True)]
+    """Each node's footprint, from its kind's declaration over its fields by name."""
+    return [KINDS[kind].footprint(KINDS[kind].named(node.args), plan)
+            for kind, node in zip(dg.labels, dg.graph.nodes, strict=True)]
 
 
 def hazards(dg, plan: Plan) -> list[Hazard]:

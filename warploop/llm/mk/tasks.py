@@ -1,13 +1,15 @@
 """The decode graph's tasks, registered once per Plan (model dtype and shapes as constexprs).
 
-The functions below are plain Python; `tasks_for(plan)` makes a Triton function of each (a copy
-named after the plan, so each plan's tasks get their own opcodes) and registers it with the
-plan's pointer types and constexprs. A Runtime started with `tasks_for(plan).all` is then a
-resident kernel compiled for that one model shape: no run-time shape arguments in the hot loops.
+The functions below are plain Python, one per node kind (kinds.py declares each kind's fields,
+their types and its constexprs); `tasks_for(plan)` makes a Triton function of each (a copy named
+after the plan, so each plan's tasks get their own opcodes) and registers it with its kind's
+pointer types for the plan's dtype and the plan's constexprs. A Runtime started with
+`tasks_for(plan).all` is then a resident kernel compiled for that one model shape: no run-time
+shape arguments in the hot loops.
 
 Pointer hints: weight matrices and the graph's own buffers are `:16` (16-byte aligned, so loads
-are wide on the GPU); RMSNorm vectors too (the backend aligns them: backend.aligned_norms); biases and KV-cache
-layers are not promised.
+are wide on the GPU); RMSNorm vectors too (the backend aligns them: backend.aligned_norms); biases
+and KV-cache layers are not promised (kinds.py: ALIGNED, PLAIN).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import warploop
 from warploop.llm.mk.attention import attn_node, combine_node, rope_attn_node, rope_kv_node
 from warploop.llm.mk.gemv import EPI_OUT, EPI_RES, EPI_SILU, gemv_node
 from warploop.llm.mk.gemv_tile import gemv_tile
+from warploop.llm.mk.kinds import KINDS
 from warploop.llm.mk.layout import Plan
 from warploop.llm.mk.loop import advance_node
 from warploop.llm.mk.sample import sample_combine_node, sample_tile_node
@@ -125,38 +128,10 @@ def mk_advance(inp, tokens, loop, mail, halt, BS: tl.constexpr, BACKEND: tl.cons
     advance_node(inp, tokens, loop, mail, halt, BS, BACKEND)
 
 
-def _signatures(dt: str) -> dict:
-    w, a, p, f32 = f"*{dt}:16", f"*{dt}:16", f"*{dt}", "*fp32"
-    # norms are 16-byte aligned by the backend (backend.aligned_norms)
-    gemv = {"inp": "*i32", "w": w, "bias": p, "res": a, "norm_w": a, "out": a, "k": "i32", "row0": "i32",
-            "count": "i32", "eps": "fp32", "has_bias": "i32"}
-    proj = {"inp": "*i32", "w": w, "bias": p, "x": a, "res": a, "k": "i32", "n_out": "i32", "row0": "i32",
-            "count": "i32", "has_bias": "i32"}
-    return {
-        mk_embed: {"inp": "*i32", "table": w, "res": a, "d": "i32"},
-        mk_qkv: {**gemv, "n_out": "i32"},
-        mk_gate_up: {**gemv, "f": "i32"},
-        mk_o_proj: proj,
-        mk_down: proj,
-        mk_lm_head: {"inp": "*i32", "w": w, "res": a, "norm_w": a, "logits": f32, "k": "i32", "vocab": "i32",
-                     "row0": "i32", "count": "i32", "eps": "fp32"},
-        mk_rope_kv: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "n": "i32",
-                     "eps": "fp32", "has_qk_norm": "i32"},
-        mk_attn: {"inp": "*i32", "qkv": a, "kc": p, "vc": p, "parts": f32, "lse": f32, "n": "i32", "split": "i32",
-                  "scale": "fp32"},
-        mk_combine: {"inp": "*i32", "parts": f32, "lse": f32, "out": a, "n": "i32"},
-        mk_rope_attn: {"inp": "*i32", "qkv": a, "cos": f32, "sin": f32, "qn": p, "kn": p, "kc": p, "vc": p, "out": a,
-                       "n": "i32", "qk_eps": "fp32", "scale": "fp32"},
-        mk_sample_tile: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "vocab": "i32", "row0": "i32",
-                         "count": "i32", "tile": "i32", "ntiles": "i32"},
-        mk_sample_combine: {"inp": "*i32", "logits": f32, "fstat": f32, "istat": "*i32", "tokens": "*i32",
-                            "vocab": "i32", "ntiles": "i32"},
-        mk_advance: {"inp": "*i32", "tokens": "*i32", "loop": "*i32", "mail": "*i32", "halt": "*i32"},
-    }
-
-
-# they issue the loads that need no predecessor (weights; rope_attn: the cached context), then wl.wait
-WAITS_INSIDE = (mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_attn)
+# each kind's task function: mk_<kind>, its parameters the kind's fields and constexprs (kinds.KINDS)
+FUNCTIONS = {fn.__name__.removeprefix("mk_"): fn for fn in (
+    mk_embed, mk_qkv, mk_gate_up, mk_o_proj, mk_down, mk_lm_head, mk_rope_kv, mk_attn, mk_combine, mk_rope_attn,
+    mk_sample_tile, mk_sample_combine, mk_advance)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,12 +160,12 @@ def tasks_for(plan: Plan) -> MkTasks:
     """The plan's registered tasks (made once per plan per process)."""
     consts = plan.constexprs()
     made = {}
-    for fn, signature in _signatures(plan.dtype).items():
+    for name, fn in FUNCTIONS.items():
+        kind = KINDS[name]
         copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
         copy.__qualname__ = f"{fn.__qualname__}[{plan.key}]"
         copy.__module__ = fn.__module__
-        params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
-        mine = {name: value for name, value in consts.items() if name in params}
-        made[fn.__name__.removeprefix("mk_")] = warploop.task(
-            signature=signature, constexprs=mine, waits=fn in WAITS_INSIDE, heavy=True)(triton.jit(copy))
+        made[name] = warploop.task(signature=kind.signature(plan.dtype),
+                                   constexprs={c: consts[c] for c in kind.constexprs}, waits=kind.waits,
+                                   heavy=True)(triton.jit(copy))
     return MkTasks(**made)
