@@ -3,9 +3,8 @@
 Under pytest-xdist (CI runs `-n 2 --dist worksteal` on 2 cores) the tests that take minutes on such a
 machine are collected first, so one worker starts them at once while the other works through the rest
 of the suite, and work stealing evens out what is left. A test that started last would run alone at
-the end instead: the whole decode kernel's compile for two targets, one process each, takes many
-minutes with an empty Triton cache (815 s on a 2-core machine that other jobs shared), most of the
-suite's time. Without xdist the order is pytest's own.
+the end instead: the whole decode kernel's compile takes about two minutes a target on one core with
+an empty Triton cache (three targets, one test each). Without xdist the order is pytest's own.
 """
 from __future__ import annotations
 
