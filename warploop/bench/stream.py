@@ -26,7 +26,7 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
             if len(v) != 3:
                 raise ValueError
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--configs: {c!r} is not RINGxROWSxBK (e.g. 8x32x256)") from None
+            raise argparse.ArgumentTypeError(f"{c!r} is not RINGxROWSxBK (e.g. 8x32x256)") from None
         out.append(v)
     return out
 
