@@ -4,7 +4,8 @@ dependencies and a consumer warpgroup waits only on activations (docs/stream.md)
 
     kinds.py      node kinds and instruction words, declared once as data
     program.py    a program: weight pools, arenas, nodes, placement, the hazard check
-    kernel.py     the Gluon kernel (loader and consumer roles)
+    kernel.py     the Gluon kernel (loader and consumer roles, the GEMV body)
+    attention.py  the attention kinds' bodies the consumer calls
     compiled.py   its compile-time shape (StreamConfig), compiling without a GPU, resources
     executor.py   running a program on the GPU, with bounded waits and a timeout
     reference.py  the CPU executor every GPU run is diffed against

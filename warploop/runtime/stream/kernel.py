@@ -6,7 +6,7 @@ One CTA per SM runs its static instruction list (program.py builds it) with two 
   streamed operand (kinds.Streamed) into a ring of NBUF shared-memory slots of [BR, BK] by TMA.
   It waits only for free slots, never on a dependency, so it runs ahead into later stages;
 - the consumer, one warpgroup, walks the same list: it waits on the node's dependency counters
-  (bounded polls, then one acquire), stages the node's input vector in shared memory, computes from
+  (bounded acquire polls), stages the node's input vector in shared memory, computes from
   the ring chunk by chunk, releases each slot, writes its outputs and publishes its counter with a
   release atomic.
 
@@ -27,7 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.attention import OP_ATTN, OP_COMBINE, attn, combine
+from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
 
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -52,17 +53,6 @@ G_NORM = gl.constexpr(GEMV.word("norm"))
 G_BIAS = gl.constexpr(GEMV.word("bias"))
 G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
-OP_ATTN = gl.constexpr(ATTN.opcode)
-A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
-A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhead"], A["group"]
-A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
-A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
-    A["eps"], A["scale"]
-A_SPLIT, A_SPLITS, A_PART = A["split"], A["splits"], A["part"]
-OP_COMBINE = gl.constexpr(COMBINE.opcode)
-C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
-    gl.constexpr(COMBINE.word("head"))
-C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.word("splits"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
@@ -114,147 +104,12 @@ def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: g
 
 
 @gluon.jit
-def _rope_head(arena, src, d, cs, sn, w, eps, NORM, HD: gl.constexpr):
-    """Rows src[j] (arena offsets of heads, [R] tensor) RMS-normed by w (when NORM) and rotated by
-    the RoPE rows cs, sn ([HD], the half-rows repeated): the halves convention, x * cos + rot(x) * sin
-    with rot(x) = (-x2, x1)."""
-    HALF: gl.constexpr = HD // 2
-    dp = gl.where(d < HALF, d + HALF, d - HALF)
-    sign = gl.where(d < HALF, -1.0, 1.0)
-    x = gl.load(arena + src[:, None] + d[None, :])
-    xp = gl.load(arena + src[:, None] + dp[None, :])
-    if NORM:
-        r = gl.rsqrt(gl.sum(x * x, axis=1) / HD + eps)[:, None]
-        x = x * r * gl.load(arena + w + d)[None, :]
-        xp = xp * r * gl.load(arena + w + dp)[None, :]
-    return x * cs[None, :] + sign[None, :] * xp * sn[None, :]
-
-
-@gluon.jit
-def _attn(arena, ints, kv, base, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
-    """The ATTN kind's body (kinds.ATTN), after its waits. fp32 throughout; k and v rounded to the
-    cache's bf16 once, as stored, and used in that form for the new token too."""
-    HALF: gl.constexpr = HD // 2
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
-    QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
-    KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
-    SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
-    qkv = gl.load(base + A_QKV)
-    out = gl.load(base + A_OUT)
-    head0 = gl.load(base + A_HEAD)
-    g = gl.load(base + A_KVHEAD)
-    grp = gl.load(base + A_GROUP)
-    heads = gl.load(base + A_HEADS)
-    kvh = gl.load(base + A_KVHEADS)
-    step = gl.load(base + A_STEP)
-    cos_t = gl.load(base + A_COS)
-    sin_t = gl.load(base + A_SIN)
-    qn = gl.load(base + A_QN)
-    kn = gl.load(base + A_KN)
-    layer = gl.load(base + A_LAYER)
-    blocks = gl.load(base + A_BLOCKS)
-    bs = gl.load(base + A_BS)
-    eps = gl.load(base + A_EPS).to(gl.float32, bitcast=True)
-    scale = gl.load(base + A_SCALE).to(gl.float32, bitcast=True)
-    split = gl.load(base + A_SPLIT)
-    splits = gl.load(base + A_SPLITS)
-    part = gl.load(base + A_PART)
-    pos = gl.load(ints + step)
-    n_ctx = gl.load(ints + step + 1)
-    slot = gl.load(ints + step + 2)
-    # this split's tokens [lo, hi): whole tiles, the last split takes what is left
-    chunk = ((n_ctx + splits - 1) // splits + TILE - 1) // TILE * TILE
-    lo = gl.minimum(split * chunk, n_ctx)
-    hi = gl.minimum(lo + chunk, n_ctx)
-    row_words = (kvh * HD).to(gl.int64)
-    kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
-    vc = kc + blocks.to(gl.int64) * bs * row_words
-    # q heads of the group, in the scores' row layout
-    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
-    jq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    jq = gl.minimum(jq, grp - 1)                       # padded rows repeat the last head (not stored)
-    csq = gl.load(arena + cos_t + pos * HALF + dq % HALF)
-    snq = gl.load(arena + sin_t + pos * HALF + dq % HALF)
-    q = _rope_head(arena, qkv + (head0 + jq) * HD, dq, csq, snq, qn, eps, qn >= 0, HD)
-    # the new token's k and v, in a tile's layout (row 0 of a [1, HD] tile)
-    dk = gl.arange(0, HD, layout=gl.SliceLayout(0, KL))
-    one = gl.arange(0, 1, layout=gl.SliceLayout(1, KL))
-    csk = gl.load(arena + cos_t + pos * HALF + dk % HALF)
-    snk = gl.load(arena + sin_t + pos * HALF + dk % HALF)
-    knew = _rope_head(arena, qkv + (heads + g) * HD + one, dk, csk, snk, kn, eps, kn >= 0, HD)
-    knew = knew.to(gl.bfloat16)
-    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :]).to(gl.bfloat16)
-    if (slot >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the split holding the new token
-        dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
-        gl.store(kc + dst, knew)
-        gl.store(vc + dst, vnew)
-    knew = knew.to(gl.float32)
-    vnew = vnew.to(gl.float32)
-    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
-    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
-    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-    t0 = lo
-    while t0 < hi:
-        toks = t0 + tk
-        live = toks < hi
-        blk = gl.load(ints + step + 3 + toks // bs, mask=live, other=0)
-        rows = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
-        addr = rows[:, None] + dk[None, :]
-        m2 = live[:, None]
-        kt = gl.load(kc + addr, mask=m2, other=0.0).to(gl.float32)
-        vt = gl.load(vc + addr, mask=m2, other=0.0).to(gl.float32)
-        new = (toks == n_ctx - 1)[:, None]
-        kt = gl.where(new, knew, kt)
-        vt = gl.where(new, vnew, vt)
-        sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-        sc = gl.where((t0 + ts < hi)[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        p = gl.exp(sc - m_new[:, None])
-        alpha = gl.exp(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-        acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
-        m_i = m_new
-        t0 += TILE
-    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    if splits == 1:
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
-    else:
-        pb = arena + part + split * grp * (HD + 2)
-        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
-        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
-        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-
-
-@gluon.jit
-def _combine(arena, base, HD: gl.constexpr, GP: gl.constexpr):
-    """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
-    QL: gl.constexpr = gl.SliceLayout(1, L3)
-    part = gl.load(base + C_PART)
-    out = gl.load(base + C_OUT)
-    head0 = gl.load(base + C_HEAD)
-    grp = gl.load(base + C_GROUP)
-    splits = gl.load(base + C_SPLITS)
-    j = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    jm = gl.minimum(j, grp - 1)
-    d = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
-    stride = grp * (HD + 2)
-    big = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, QL))
-    for s in range(splits):
-        big = gl.maximum(big, gl.load(arena + part + s * stride + grp * HD + jm, cache_modifier=".cg"))
-    num = gl.zeros([GP, HD], gl.float32, layout=QL)
-    den = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, QL))
-    for s in range(splits):
-        pb = arena + part + s * stride
-        w = gl.exp(gl.load(pb + grp * HD + jm, cache_modifier=".cg") - big)
-        den += w * gl.load(pb + grp * HD + grp + jm, cache_modifier=".cg")
-        num += w[:, None] * gl.load(pb + jm[:, None] * HD + d[None, :], cache_modifier=".cg")
-    gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], num / den[:, None], mask=(j < grp)[:, None])
+def _words(base):
+    """The words of the instruction at `base` the consumer reads: the header, then the GEMV fields."""
+    return (gl.load(base + H_OP), gl.load(base + H_WAIT0), gl.load(base + H_NEED0), gl.load(base + H_WAIT1),
+            gl.load(base + H_NEED1), gl.load(base + H_SIGNAL), gl.load(base + H_SIGNALS), gl.load(base + G_K),
+            gl.load(base + G_X), gl.load(base + G_NORM), gl.load(base + G_EPS).to(gl.float32, bitcast=True),
+            gl.load(base + G_ROWS), gl.load(base + G_OUT), gl.load(base + G_BIAS), gl.load(base + G_EPI))
 
 
 @gluon.jit
@@ -304,39 +159,11 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
-    op = gl.load(instr + H_OP)
-    w0 = gl.load(instr + H_WAIT0)
-    n0 = gl.load(instr + H_NEED0)
-    w1 = gl.load(instr + H_WAIT1)
-    n1 = gl.load(instr + H_NEED1)
-    sig = gl.load(instr + H_SIGNAL)
-    sigs = gl.load(instr + H_SIGNALS)
-    k = gl.load(instr + G_K)
-    x = gl.load(instr + G_X)
-    norm = gl.load(instr + G_NORM)
-    eps = gl.load(instr + G_EPS).to(gl.float32, bitcast=True)
-    rows_n = gl.load(instr + G_ROWS)
-    out = gl.load(instr + G_OUT)
-    bias = gl.load(instr + G_BIAS)
-    epi = gl.load(instr + G_EPI)
+    op, w0, n0, w1, n1, sig, sigs, k, x, norm, eps, rows_n, out, bias, epi = _words(instr)
     i = 0
     while i < n:
         nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
-        n_op = gl.load(nb + H_OP)
-        n_w0 = gl.load(nb + H_WAIT0)
-        n_n0 = gl.load(nb + H_NEED0)
-        n_w1 = gl.load(nb + H_WAIT1)
-        n_n1 = gl.load(nb + H_NEED1)
-        n_sig = gl.load(nb + H_SIGNAL)
-        n_sigs = gl.load(nb + H_SIGNALS)
-        n_k = gl.load(nb + G_K)
-        n_x = gl.load(nb + G_X)
-        n_norm = gl.load(nb + G_NORM)
-        n_eps = gl.load(nb + G_EPS).to(gl.float32, bitcast=True)
-        n_rows = gl.load(nb + G_ROWS)
-        n_out = gl.load(nb + G_OUT)
-        n_bias = gl.load(nb + G_BIAS)
-        n_epi = gl.load(nb + G_EPI)
+        n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi = _words(nb)
         restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
         gemv = op == OP_GEMV
         ma = rows < rows_n
@@ -415,10 +242,10 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 staged_x = -1         # this node wrote over the staged input
         if HD != 0:
             if op == OP_ATTN:
-                _attn(arena, ints, kv, instr + i * W, HD, GP, TILE)
+                attn(arena, ints, kv, instr + i * W, CW, HD, GP, TILE)
                 staged_x = -1         # its output may be a later node's input
             if op == OP_COMBINE:
-                _combine(arena, instr + i * W, HD, GP)
+                combine(arena, instr + i * W, CW, HD, GP)
                 staged_x = -1
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
