@@ -166,7 +166,7 @@ def test_hazard_check_finds_a_missing_edge():
     p.build(ctas=4)
     # a second lm_head that writes the residual stream while nothing orders it after the first layer
     q = StreamProgram(CFG)
-    q.pools, q.regions, q.arena_size, q.inits = p.pools, p.regions, p.arena_size, p.inits
+    q.pools, q.floats = p.pools, p.floats
     q.nodes = list(p.nodes)
     q.gemv(0, 0, 16, r["qkv"], r["res"], epi="add")
     with pytest.raises(HazardError, match="neither depends on the other"):

@@ -55,45 +55,65 @@ class HazardError(ValueError):
     pass
 
 
+@dataclasses.dataclass
+class Space:
+    """One arena: named regions of one dtype, each starting at a multiple of ALIGN elements, and the
+    values they start with."""
+    dtype: str
+    what: str                                   # how errors name its regions
+    regions: dict = dataclasses.field(default_factory=dict)
+    inits: dict = dataclasses.field(default_factory=dict)
+    size: int = 0
+
+    def add(self, name: str, size: int, init=None) -> Region:
+        if name in self.regions:
+            raise ValueError(f"{self.what} {name!r} declared twice")
+        if size <= 0:
+            raise ValueError(f"{self.what} {name!r}: size must be positive, got {size}")
+        if init is not None and int(np.prod(np.shape(init))) != size:
+            raise ValueError(f"{self.what} {name!r}: init has {int(np.prod(np.shape(init)))} values, size is {size}")
+        r = self.regions[name] = Region(self.size, size)
+        self.size += -(-size // ALIGN) * ALIGN
+        if init is not None:
+            self.inits[name] = init
+        return r
+
+    def tensor(self, device="cpu"):
+        """Zeros, with every region's init copied in."""
+        import torch
+        dtype = getattr(torch, self.dtype)
+        a = torch.zeros(max(self.size, ALIGN), dtype=dtype, device=device)
+        for name, init in self.inits.items():
+            r = self.regions[name]
+            a[r.offset:r.offset + r.size] = torch.as_tensor(init).reshape(-1).to(device=device, dtype=dtype)
+        return a
+
+
 class StreamProgram:
     def __init__(self, config: StreamConfig | None = None) -> None:
         self.config = config or StreamConfig()
         self.pools: list = []
-        self.regions: dict[str, Region] = {}
-        self.inits: dict[str, object] = {}
-        self.arena_size = 0
-        self.int_regions: dict[str, Region] = {}
-        self.int_inits: dict[str, object] = {}
-        self.int_size = 0
+        self.floats = Space("float32", "buffer")     # the arena: activations, norms, biases, tables
+        self.ints_space = Space("int32", "int buffer")  # the int arena: step words
         self.kv = None                           # the paged bf16 KV cache attention nodes use
         self.nodes: list[Node] = []
 
     # -- memory ----------------------------------------------------------------------------------
     def buffer(self, name: str, size: int, init=None) -> Region:
         """An fp32 arena region of `size` floats (zeros, or `init`'s values)."""
-        if name in self.regions:
-            raise ValueError(f"buffer {name!r} declared twice")
-        if size <= 0:
-            raise ValueError(f"buffer {name!r}: size must be positive, got {size}")
-        if init is not None and int(np.prod(tuple(init.shape))) != size:
-            raise ValueError(f"buffer {name!r}: init has {int(np.prod(tuple(init.shape)))} values, size is {size}")
-        r = self.regions[name] = Region(self.arena_size, size)
-        self.arena_size += -(-size // ALIGN) * ALIGN
-        if init is not None:
-            self.inits[name] = init
-        return r
+        return self.floats.add(name, size, init)
 
     def ints(self, name: str, size: int, init=None) -> Region:
         """An int32 region of the int arena (an attention node's step words: pos, n_ctx, slot, table)."""
-        if name in self.int_regions:
-            raise ValueError(f"int buffer {name!r} declared twice")
-        if size <= 0:
-            raise ValueError(f"int buffer {name!r}: size must be positive, got {size}")
-        r = self.int_regions[name] = Region(self.int_size, size)
-        self.int_size += -(-size // ALIGN) * ALIGN
-        if init is not None:
-            self.int_inits[name] = init
-        return r
+        return self.ints_space.add(name, size, init)
+
+    @property
+    def regions(self) -> dict[str, Region]:
+        return self.floats.regions
+
+    @property
+    def int_regions(self) -> dict[str, Region]:
+        return self.ints_space.regions
 
     def kv_cache(self, cache) -> None:
         """The paged KV cache, bf16 [layers, 2, blocks, block_size, kv_heads, head_dim] (KVCacheLayout)."""
@@ -221,16 +241,11 @@ class StreamProgram:
 
     def int_arena(self, device="cpu"):
         """A fresh int arena: zeros, with every int buffer's init copied in."""
-        return _int_arena(self, device)
+        return self.ints_space.tensor(device)
 
     def arena(self, device="cpu"):
         """A fresh arena: zeros, with every buffer's init copied in."""
-        import torch
-        a = torch.zeros(max(self.arena_size, ALIGN), dtype=torch.float32, device=device)
-        for name, init in self.inits.items():
-            r = self.regions[name]
-            a[r.offset:r.offset + r.size] = init.reshape(-1).to(device=device, dtype=torch.float32)
-        return a
+        return self.floats.tensor(device)
 
 
 def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
@@ -250,15 +265,6 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
                                          signal=out[m].signal if m == j else -1, signals=last if m == j else 1)
         i = j + 1
     return out
-
-
-def _int_arena(program, device):
-    import torch
-    a = torch.zeros(max(program.int_size, ALIGN), dtype=torch.int32, device=device)
-    for name, init in program.int_inits.items():
-        r = program.int_regions[name]
-        a[r.offset:r.offset + r.size] = torch.as_tensor(init).reshape(-1).to(device=device, dtype=torch.int32)
-    return a
 
 
 def interleave_gate_up(gate, up, block_rows: int):
