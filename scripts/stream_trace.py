@@ -16,9 +16,8 @@ import sys
 import torch
 
 from warploop.bench.decode_models import GPU_MODELS
-from warploop.bench.stream import kmax_for
 from warploop.bench.stream_chain import layer_chain
-from warploop.runtime.stream.compiled import StreamConfig
+from warploop.llm.stream_step import attention_splits, stream_config
 from warploop.runtime.stream.executor import StreamExecutor
 
 
@@ -81,17 +80,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
     ap.add_argument("--config", default="8x32x256", help="RINGxROWSxBK")
+    ap.add_argument("--context", type=int, default=0, help="tokens of context (0: the weight stream alone)")
+    ap.add_argument("--splits", type=int, default=0, help="attention shares per KV head (0: as the bench picks)")
     args = ap.parse_args()
     from warploop.bench.stream import parse_configs
     ring, br, bk = parse_configs(args.config)[0]
     m = GPU_MODELS[args.model][1]
-    cfg = StreamConfig(block_rows=br, block_k=bk, ring=ring, trace=True,
-                       kmax=kmax_for((m.hidden_size, m.num_heads * m.head_dim, m.intermediate_size)))
-    chain = layer_chain(m, cfg, device="cuda")
+    cfg = stream_config(m, block_rows=br, block_k=bk, ring=ring, trace=True,
+                        head_dim=m.head_dim if args.context else 0)
+    splits = args.splits or attention_splits(m, cfg, args.context)
+    chain = layer_chain(m, cfg, device="cuda", context=args.context, splits=splits)
     ex = StreamExecutor(chain.program)
     for _ in range(5):
         ex.run()
-    out = {"model": args.model, "config": args.config, "device": torch.cuda.get_device_name()}
+    out = {"model": args.model, "config": args.config, "device": torch.cuda.get_device_name(),
+           "context": args.context, "splits": splits}
     out.update(anatomy(ex, chain))
     print(json.dumps(out, indent=1))
     return 0

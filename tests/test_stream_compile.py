@@ -23,3 +23,8 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     assert r["shared"] >= cfg.shared_bytes
     if r["spill_bytes"] is not None:       # cuobjdump ships with Triton's NVIDIA backend
         assert r["spill_bytes"] == 0, f"the kernel spills {r['spill_bytes']} bytes"
+    if cfg.head_dim:
+        # the loader streams the cached context too: two TMA copies (keys, values) per box of a
+        # chunk, beside the four weight pools' one each
+        boxes = cfg.kv_tokens // cfg.kv_box(16)
+        assert r["ptx"]["cp.async.bulk.tensor"] >= 2 * boxes + 1

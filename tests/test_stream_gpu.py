@@ -8,7 +8,7 @@ import pytest
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 import torch  # noqa: E402
-from test_stream_program import SHAPES  # noqa: E402
+from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
 from test_stream_step import greedy  # noqa: E402
 
@@ -44,15 +44,23 @@ def test_gpu_equals_reference_node_by_node(name, cfg):
     assert first_difference(p, ex.arena, want, rtol=1e-4) is None
 
 
-@pytest.mark.parametrize("context, splits", [(1, 1), (37, 1), (300, 1), (37, 3), (300, 7), (5, 4)])
-@pytest.mark.parametrize("name", SHAPES)
-def test_gpu_attention_layers_equal_reference(name, context, splits):
+# the CPU tests' shapes (head_dim 16), and the bench models' head sizes
+ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(family="qwen3", head_dim=128)}
+
+
+@pytest.mark.parametrize("context, splits, block_size", [(1, 1, 4), (37, 1, 4), (300, 1, 4), (37, 3, 4), (300, 7, 4),
+                                                         (5, 4, 4), (300, 7, 16), (300, 3, 64), (130, 1, 32),
+                                                         (1000, 5, 16)])
+@pytest.mark.parametrize("name", ATTN_SHAPES)
+def test_gpu_attention_layers_equal_reference(name, context, splits, block_size):
     """Whole layers with attention (ATTN nodes: q/k norm, RoPE, the paged KV write, GQA softmax over
-    a shuffled block table) against the reference, node by node, and the KV caches they leave."""
+    a shuffled block table, the context streamed by the loader in TMA boxes of up to a block)
+    against the reference, node by node, and the KV caches they leave."""
     import dataclasses
-    m = SHAPES[name]
+    m = ATTN_SHAPES[name]
     cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
-    chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=4, splits=splits)
+    chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
+                                      splits=splits)
     p = chain.program
     start, kv0 = p.arena("cuda"), p.kv.clone()
     for region in ("qkv", "act", "logits", "attn") + (("part",) if splits > 1 else ()):

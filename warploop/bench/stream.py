@@ -133,18 +133,13 @@ def measure_model(name, model, configs, runs, rate) -> dict:
 def measure_attention(model, contexts, runs, rate) -> dict:
     """The step with attention at each context (the first config's kernel shape, 8x32x256x4)."""
     from warploop.bench.stream_chain import layer_chain
-    from warploop.runtime.stream.compiled import StreamConfig
+    from warploop.llm.stream_step import attention_splits, stream_config
     from warploop.runtime.stream.executor import StreamExecutor
     from warploop.runtime.stream.reference import first_difference, reference
-    widths = (model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size)
-    group = 1
-    while group < model.num_heads // model.num_kv_heads:
-        group *= 2
-    cfg = StreamConfig(kmax=kmax_for(widths), head_dim=model.head_dim, attn_group=group)
+    cfg = stream_config(model)
     out = {}
     for ctx in contexts:
-        # splits: about one attention node per SM, each at least a tile of tokens
-        splits = max(1, min(132 // model.num_kv_heads, -(-ctx // cfg.attn_tile)))
+        splits = attention_splits(model, cfg, ctx)
         chain = layer_chain(model, cfg, device="cuda", context=ctx, splits=splits)
         ex = StreamExecutor(chain.program)
         start, kv0 = chain.program.arena("cuda"), chain.program.kv.clone()

@@ -125,11 +125,13 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         stages.append((f"qkv{i}", a))
         x_o = Region(r["qkv"].offset, q)
         if context:
+            first = len(p.nodes)
             at_n = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=model.num_heads,
                                kv_heads=model.num_kv_heads, layer=i, scale=model.head_dim ** -0.5,
                                qn=r.get(f"qn{i}"), kn=r.get(f"kn{i}"), eps=eps, ctx=context, splits=splits,
                                part=r["part"], after=a)
-            stages.append((f"attn{i}", at_n))
+            shares = [j for j in range(first, len(p.nodes)) if j not in set(at_n)]
+            stages += [(f"attn{i}", shares or at_n)] + ([(f"combine{i}", at_n)] if shares else [])
             a, x_o = at_n, r["attn"]
         b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a)
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",

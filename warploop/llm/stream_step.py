@@ -33,16 +33,24 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
 
 
+def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132) -> int:
+    """Shares of the context per KV head: about one attention node per SM, each at least a ring
+    chunk of tokens."""
+    return max(1, min(ctas // cfg.num_kv_heads, -(-context // config.kv_tokens)))
+
+
 class StreamDecoder:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
-                 block_size: int = 16, splits: int = 1, config: StreamConfig | None = None) -> None:
+                 block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None) -> None:
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
-        if max_context < 1 or block_size < 1 or splits < 1:
+        if max_context < 1 or block_size < 1 or (splits is not None and splits < 1):
             raise ValueError("max_context, block_size and splits must be positive")
         self.cfg, self.device = cfg, torch.device(device)
         self.config = config or stream_config(cfg)
+        splits = splits or attention_splits(cfg, self.config, max_context)
+        self.splits = splits
         p = self.program = StreamProgram(self.config)
         bf = lambda t: t.detach().to(device=self.device, dtype=torch.bfloat16)
         f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)

@@ -1,16 +1,24 @@
 """The attention node kinds' bodies for the streaming kernel (kinds.ATTN, kinds.COMBINE), in Gluon.
 
-kernel.py's consumer calls them after the node's waits, with its warp count CW. A KV head's q heads,
-its new k and v and a tile of cached keys share one 3-D layout [GP, TILE, HD]: scores are products
-summed over HD, the output products summed over TILE, fp32 throughout; k and v are rounded to the
-cache's bf16 once, as stored.
+An ATTN node's cached context is its streamed operand (kinds.StreamedKV): the loader walks the
+node's share of the context in ring chunks of KVT tokens, each chunk the keys then the values of
+one KV head, as TMA boxes of KVB tokens (one box never crosses a cache block), with no wait on any
+dependency. The consumer reads the words, the step's words, the RoPE rows and the q/k norm weights
+before its waits; after them it rotates q and the new k, stores the new k and v, and runs an
+online softmax over the chunks as they land.
+
+A KV head's q heads, its new k and v and a tile of cached keys share one 3-D layout [GP, TILE, HD]:
+scores are products summed over HD, the output products summed over TILE, fp32 throughout; k and v
+are rounded to the cache's bf16 once, as stored.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from warploop.runtime.stream.kinds import ATTN, COMBINE
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
 
 OP_ATTN = gl.constexpr(ATTN.opcode)
 A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
@@ -23,34 +31,85 @@ OP_COMBINE = gl.constexpr(COMBINE.opcode)
 C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
     gl.constexpr(COMBINE.word("head"))
 C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.word("splits"))
+SB = gl.constexpr(8)            # splits a COMBINE merges per round: their loads are issued together
 
 
 @gluon.jit
-def _rope_head(arena, src, d, cs, sn, w, eps, NORM, HD: gl.constexpr):
-    """Rows src[j] (arena offsets of heads, [R] tensor) RMS-normed by w (when NORM) and rotated by
-    the RoPE rows cs, sn ([HD], the half-rows repeated): the halves convention, x * cos + rot(x) * sin
-    with rot(x) = (-x2, x1)."""
-    HALF: gl.constexpr = HD // 2
-    dp = gl.where(d < HALF, d + HALF, d - HALF)
-    sign = gl.where(d < HALF, -1.0, 1.0)
-    x = gl.load(arena + src[:, None] + d[None, :])
-    xp = gl.load(arena + src[:, None] + dp[None, :])
+def share(n_ctx, split, splits, KVT: gl.constexpr):
+    """Tokens [lo, hi) of split `split` of `splits`: whole ring chunks, the last split what is left."""
+    chunk = ((n_ctx + splits - 1) // splits + KVT - 1) // KVT * KVT
+    lo = gl.minimum(split * chunk, n_ctx)
+    return lo, gl.minimum(lo + chunk, n_ctx)
+
+
+@gluon.jit
+def stream_kv(dkv, bufs, full, empty, base, ints, it, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
+    """The loader's part of an ATTN node: its share of the cached context into the ring. A box past
+    the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
+    carries its whole byte count (an mbarrier's expected bytes are a compile-time constant)."""
+    KVB: gl.constexpr = dkv.block_type.shape[0]
+    NSUB: gl.constexpr = KVT // KVB
+    layer = gl.load(base + A_LAYER)
+    blocks = gl.load(base + A_BLOCKS)
+    bs = gl.load(base + A_BS)
+    col = gl.load(base + A_KVHEAD) * HD
+    step = gl.load(base + A_STEP)
+    split = gl.load(base + A_SPLIT)
+    splits = gl.load(base + A_SPLITS)
+    lo, hi = share(gl.load(ints + step + 1), split, splits, KVT)
+    krow = layer * 2 * blocks * bs          # the cache's rows: [layers, 2, blocks, bs] flattened
+    vrow = krow + blocks * bs
+    # the block ids of a chunk's boxes come in one load, each box's picked out by a lane reduction
+    IL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    jb = gl.arange(0, NSUB, layout=IL)
+    t0 = lo
+    while t0 < hi:
+        tb = t0 + jb * KVB
+        ids = gl.load(ints + step + 3 + tb // bs, mask=tb < hi, other=0)
+        slot = it % NBUF
+        mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+        bar = full.index(slot)
+        mbarrier.expect(bar, 2 * KVT * HD * 2)
+        if PUBLIC_REINTERPRET:
+            view = bufs.index(slot).reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
+        else:
+            view = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
+        for j in gl.static_range(NSUB):
+            t = t0 + j * KVB
+            ok = t < hi
+            r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
+            tma_load(dkv, [gl.where(ok, krow + r, -KVB), col], bar, view.index(j))
+            tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
+        it += 1
+        t0 += KVT
+    return it
+
+
+@gluon.jit
+def _rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
+    """Heads x ([R, HD]; xp: the same rows with the halves swapped) RMS-normed by w (when NORM; wp
+    its halves swapped) and rotated by the RoPE rows cs, sn ([HD], the half-rows repeated): the
+    halves convention, x * cos + rot(x) * sin with rot(x) = (-x2, x1)."""
+    sign = gl.where(d < HD // 2, -1.0, 1.0)
     if NORM:
         r = gl.rsqrt(gl.sum(x * x, axis=1) / HD + eps)[:, None]
-        x = x * r * gl.load(arena + w + d)[None, :]
-        xp = xp * r * gl.load(arena + w + dp)[None, :]
+        x = x * r * w[None, :]
+        xp = xp * r * wp[None, :]
     return x * cs[None, :] + sign[None, :] * xp * sn[None, :]
 
 
 @gluon.jit
-def attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
-    """The ATTN kind's body (kinds.ATTN), after its waits. fp32 throughout; k and v rounded to the
-    cache's bf16 once, as stored, and used in that form for the new token too."""
+def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
+         NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
+    """The ATTN kind's body, its waits included. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = HD // 2
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
+    # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
+    # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
     out = gl.load(base + A_OUT)
     head0 = gl.load(base + A_HEAD)
@@ -74,62 +133,79 @@ def attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.const
     pos = gl.load(ints + step)
     n_ctx = gl.load(ints + step + 1)
     slot = gl.load(ints + step + 2)
-    # this split's tokens [lo, hi): whole tiles, the last split takes what is left
-    chunk = ((n_ctx + splits - 1) // splits + TILE - 1) // TILE * TILE
-    lo = gl.minimum(split * chunk, n_ctx)
-    hi = gl.minimum(lo + chunk, n_ctx)
-    row_words = (kvh * HD).to(gl.int64)
-    kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
-    vc = kc + blocks.to(gl.int64) * bs * row_words
-    # q heads of the group, in the scores' row layout
+    lo, hi = share(n_ctx, split, splits, KVT)
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
-    jq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    jq = gl.minimum(jq, grp - 1)                       # padded rows repeat the last head (not stored)
+    dqp = gl.where(dq < HALF, dq + HALF, dq - HALF)
+    jq = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
     csq = gl.load(arena + cos_t + pos * HALF + dq % HALF)
     snq = gl.load(arena + sin_t + pos * HALF + dq % HALF)
-    q = _rope_head(arena, qkv + (head0 + jq) * HD, dq, csq, snq, qn, eps, qn >= 0, HD)
-    # the new token's k and v, in a tile's layout (row 0 of a [1, HD] tile)
+    wq = gl.load(arena + qn + dq, mask=qn >= 0, other=0.0)
+    wqp = gl.load(arena + qn + dqp, mask=qn >= 0, other=0.0)
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, KL))
+    dkp = gl.where(dk < HALF, dk + HALF, dk - HALF)
     one = gl.arange(0, 1, layout=gl.SliceLayout(1, KL))
     csk = gl.load(arena + cos_t + pos * HALF + dk % HALF)
     snk = gl.load(arena + sin_t + pos * HALF + dk % HALF)
-    knew = _rope_head(arena, qkv + (heads + g) * HD + one, dk, csk, snk, kn, eps, kn >= 0, HD)
-    knew = knew.to(gl.bfloat16)
-    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :]).to(gl.bfloat16)
+    wk = gl.load(arena + kn + dk, mask=kn >= 0, other=0.0)
+    wkp = gl.load(arena + kn + dkp, mask=kn >= 0, other=0.0)
+    failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+    # q heads of the group in the scores' row layout; the new k and v as row 0 of a [1, HD] tile.
+    # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line
+    src = qkv + (head0 + jq) * HD
+    q = _rope(gl.load(arena + src[:, None] + dq[None, :], cache_modifier=".cg"),
+              gl.load(arena + src[:, None] + dqp[None, :], cache_modifier=".cg"), wq, wqp, csq, snq, eps, qn >= 0,
+              HD, dq)
+    ksrc = qkv + (heads + g) * HD + one
+    knew = _rope(gl.load(arena + ksrc[:, None] + dk[None, :], cache_modifier=".cg"),
+                 gl.load(arena + ksrc[:, None] + dkp[None, :], cache_modifier=".cg"), wk, wkp, csk, snk, eps, kn >= 0,
+                 HD, dk).to(gl.bfloat16)
+    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :],
+                   cache_modifier=".cg").to(gl.bfloat16)
     if (slot >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the split holding the new token
+        row_words = (kvh * HD).to(gl.int64)
+        kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
-        gl.store(vc + dst, vnew)
+        gl.store(kc + blocks.to(gl.int64) * bs * row_words + dst, vnew)
     knew = knew.to(gl.float32)
     vnew = vnew.to(gl.float32)
     tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
     m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
     l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, HD], gl.float32, layout=QL)
-    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
     t0 = lo
-    while t0 < hi:
-        toks = t0 + tk
-        live = toks < hi
-        blk = gl.load(ints + step + 3 + toks // bs, mask=live, other=0)
-        rows = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
-        addr = rows[:, None] + dk[None, :]
-        m2 = live[:, None]
-        kt = gl.load(kc + addr, mask=m2, other=0.0).to(gl.float32)
-        vt = gl.load(vc + addr, mask=m2, other=0.0).to(gl.float32)
-        new = (toks == n_ctx - 1)[:, None]
-        kt = gl.where(new, knew, kt)
-        vt = gl.where(new, vnew, vt)
-        sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-        sc = gl.where((t0 + ts < hi)[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        p = gl.exp(sc - m_new[:, None])
-        alpha = gl.exp(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-        acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
-        m_i = m_new
-        t0 += TILE
+    while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
+        s = it % NBUF
+        mbarrier.wait(full.index(s), (it // NBUF) & 1)
+        if TRACE:
+            if t0 == lo:
+                gl.store(trace + i * TRACE_WORDS + 2, now())
+        if PUBLIC_REINTERPRET:
+            chunk = bufs.index(s).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+        else:
+            chunk = bufs.index(s)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+        for sub in gl.static_range(KVT // TILE):
+            toks = t0 + sub * TILE + tk
+            live = (toks < hi)[:, None]
+            new = (toks == n_ctx - 1)[:, None]
+            # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+            kt = gl.where(new, knew, gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            vt = gl.where(new, vnew, gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+            p = gl.exp(sc - m_new[:, None])
+            alpha = gl.exp(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+            acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            m_i = m_new
+        barrier()                   # every warp is done with the slot before one thread frees it
+        fence_async_shared()
+        mbarrier.arrive(empty.index(s))
+        it += 1
+        t0 += KVT
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     if splits == 1:
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
@@ -140,30 +216,47 @@ def attn(arena, ints, kv, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.const
         js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
         gl.store(pb + grp * HD + js, m_i, mask=js < grp)
         gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+    return it, failed
 
 
 @gluon.jit
 def combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
-    """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
-    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
+    SB splits a round (one round trip for all their partials), the running M rescaling the sums."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [CW, 1, 1], [2, 1, 0])
+    ML: gl.constexpr = gl.SliceLayout(2, L3)          # [SB, GP]: running max and sum per split and head
+    OL: gl.constexpr = gl.SliceLayout(0, L3)          # [GP, HD]: the output
     part = gl.load(base + C_PART)
     out = gl.load(base + C_OUT)
     head0 = gl.load(base + C_HEAD)
     grp = gl.load(base + C_GROUP)
     splits = gl.load(base + C_SPLITS)
-    j = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    jm = gl.minimum(j, grp - 1)
-    d = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
     stride = grp * (HD + 2)
-    big = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, QL))
-    for s in range(splits):
-        big = gl.maximum(big, gl.load(arena + part + s * stride + grp * HD + jm, cache_modifier=".cg"))
-    num = gl.zeros([GP, HD], gl.float32, layout=QL)
-    den = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, QL))
-    for s in range(splits):
-        pb = arena + part + s * stride
-        w = gl.exp(gl.load(pb + grp * HD + jm, cache_modifier=".cg") - big)
-        den += w * gl.load(pb + grp * HD + grp + jm, cache_modifier=".cg")
-        num += w[:, None] * gl.load(pb + jm[:, None] * HD + d[None, :], cache_modifier=".cg")
-    gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], num / den[:, None], mask=(j < grp)[:, None])
+    s1 = gl.arange(0, SB, layout=gl.SliceLayout(1, ML))
+    jm = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(0, ML)), grp - 1)   # padded rows repeat the last head
+    d = gl.arange(0, HD, layout=gl.SliceLayout(0, OL))
+    d3 = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
+    big = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, ML))
+    den = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(0, ML))
+    num = gl.zeros([GP, HD], gl.float32, layout=OL)
+    s0 = 0
+    while s0 < splits:
+        sp = s0 + s1
+        ok = (sp < splits)[:, None]
+        at = part + sp[:, None] * stride + grp * HD + jm[None, :]            # [SB, GP]
+        m = gl.load(arena + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        ls = gl.load(arena + at + grp, mask=ok, other=0.0, cache_modifier=".cg")
+        rows = part + sp[:, None] * stride + jm[None, :] * HD               # [SB, GP]
+        acc = gl.load(arena + rows[:, :, None] + d3, mask=ok[:, :, None], other=0.0,
+                      cache_modifier=".cg")
+        big_new = gl.maximum(big, gl.max(m, axis=0))   # finite: split 0 always holds a token
+        r = gl.exp(big - big_new)
+        w = gl.exp(m - big_new[None, :])
+        den = den * r + gl.sum(w * ls, axis=0)
+        r_o = gl.convert_layout(r, gl.SliceLayout(1, OL))
+        num = num * r_o[:, None] + gl.sum(w[:, :, None] * acc, axis=0)
+        big = big_new
+        s0 += SB
+    j = gl.arange(0, GP, layout=gl.SliceLayout(1, OL))
+    o = num / gl.convert_layout(den, gl.SliceLayout(1, OL))[:, None]
+    gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], o, mask=(j < grp)[:, None])

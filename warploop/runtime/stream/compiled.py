@@ -29,7 +29,7 @@ class StreamConfig:
     spin: int = 1 << 24
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
-    attn_tile: int = 32           # context tokens per attention step
+    attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -52,13 +52,26 @@ class StreamConfig:
                              f"({self.kmax} floats) need {self.shared_bytes} bytes of shared memory, over 220 KB")
 
     @property
+    def kv_tokens(self) -> int:
+        """Context tokens per ring chunk of an attention node (their keys, then their values): a
+        slot's [BR, BK] bf16 holds 2 x kv_tokens rows of head_dim, at most 128 tokens."""
+        return min(128, self.block_rows * self.block_k // (2 * self.head_dim)) if self.head_dim else 0
+
+    def kv_box(self, block_size: int) -> int:
+        """The TMA box's token rows for a cache of `block_size`: a box never crosses a block."""
+        if block_size < 1 or block_size & (block_size - 1):
+            raise ValueError(f"the streaming executor needs a power-of-two KV block size, not {block_size}")
+        return min(block_size, self.kv_tokens)
+
+    @property
     def shared_bytes(self) -> int:
         return self.ring * self.block_rows * self.block_k * 2 + self.kmax * 4
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
-                    TILE=self.attn_tile)
+                    TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
+                    KVT=self.kv_tokens)
 
 
 def smem_layout():
@@ -66,8 +79,9 @@ def smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
 
 
-def compile_for(cfg: StreamConfig, arch: int = 90):
-    """The compiled kernel for sm_`arch`, built without a GPU."""
+def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
+    """The compiled kernel for sm_`arch`, built without a GPU (attention for a KV cache of
+    `block_size`-token blocks)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -83,12 +97,16 @@ def compile_for(cfg: StreamConfig, arch: int = 90):
     binder = create_function_from_signature(stream_kernel.signature, stream_kernel.params, backend)
     w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
     d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
+    dkv = d
+    if cfg.head_dim:                  # a cache of 16-token blocks, 2 KV heads
+        cache = torch.zeros(64, 2 * cfg.head_dim, dtype=torch.bfloat16)
+        dkv = TensorDescriptor.from_tensor(cache, [cfg.kv_box(block_size), cfg.head_dim], smem_layout())
     i32 = torch.zeros(64, dtype=torch.int32)
     from warploop.runtime.stream.kernel import CW
     kw = dict(cfg.constexprs(), num_warps=CW.value)
     i64 = torch.zeros(64, dtype=torch.int64)
     bf16 = torch.zeros(64, dtype=torch.bfloat16)
-    bound, spec, opts = binder(d, d, d, d, i32, i32, torch.zeros(64), i32, bf16, i32, i32, 0, i64, **kw)
+    bound, spec, opts = binder(d, d, d, d, dkv, i32, i32, torch.zeros(64), i32, bf16, i32, i32, 0, i64, **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
                           options=opts.__dict__)

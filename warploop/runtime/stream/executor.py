@@ -51,6 +51,13 @@ class StreamExecutor:
         self._pools = pools                         # the descriptors point into these
         descs = [TensorDescriptor.from_tensor(p, [cfg.block_rows, cfg.block_k], smem_layout()) for p in pools]
         self.descs = (descs + descs[:1] * 4)[:4]
+        self.kv_desc = descs[0]                     # a stand-in where no attention runs
+        if program.kv is not None and cfg.head_dim:
+            # the cache as [layers * 2 * blocks * block_size, kv_heads * head_dim] rows: one box is
+            # kv_box tokens of one KV head (the loader streams a context chunk as boxes of it)
+            layers, _, blocks, bs, kvh, hd = self.kv.shape
+            self.kv_desc = TensorDescriptor.from_tensor(self.kv.view(-1, kvh * hd), [cfg.kv_box(bs), hd],
+                                                        smem_layout())
         self.epoch = 0
 
     def launch(self) -> None:
@@ -59,7 +66,7 @@ class StreamExecutor:
         if self.epoch == RESET_EPOCH:
             self.counters.zero_()
             self.epoch = 0
-        stream_kernel[(self.ctas,)](*self.descs, self.words, self.table, self.arena, self.ints, self.kv,
+        stream_kernel[(self.ctas,)](*self.descs, self.kv_desc, self.words, self.table, self.arena, self.ints, self.kv,
                                     self.counters, self.err,
                                     self.epoch, self.trace, **self.program.config.constexprs(),
                                     num_warps=CW.value)

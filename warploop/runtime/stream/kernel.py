@@ -17,22 +17,19 @@ parity 1, so the loader's first pass over the ring does not block.
 
 Counters only grow: run `epoch` (0-based) of a wait on (counter, need) is met at need * (epoch + 1).
 A wait that polls SPIN times in vain records (1, counter, CTA, instruction) in err and stops
-waiting from then on, so the kernel always ends and the host raises with those words.
-
-Triton 3.6 and 3.9 name two builtins differently; the aliases below take whichever exists.
+waiting from then on, so the kernel always ends and the host raises with those words (sync.py).
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from warploop.runtime.stream.attention import OP_ATTN, OP_COMBINE, attn, combine
+from warploop.runtime.stream.attention import OP_ATTN, OP_COMBINE, attn, combine, stream_kv
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
-
-_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))   # 3.6: _reinterpret
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
+from warploop.runtime.stream.sync import barrier as _barrier
+from warploop.runtime.stream.sync import tma_load as _tma_load
 
 W = gl.constexpr(WORDS)
 H_OP = gl.constexpr(header_word("op"))
@@ -55,20 +52,14 @@ G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
-TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
-def _now():
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr):
+def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.constexpr, BK: gl.constexpr,
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
     it = 0
     op = gl.load(instr + H_OP)
     pool = gl.load(instr + G_POOL)
@@ -99,6 +90,9 @@ def _loader(d0, d1, d2, d3, bufs, full, empty, instr, n, BR: gl.constexpr, BK: g
                     _tma_load(d3, [row, kk], bar, dst)
                 it += 1
                 kk += BK
+        if HD != 0:
+            if op == OP_ATTN:
+                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, NBUF, HD, KVT)
         op, pool, row, k = n_op, n_pool, n_row, n_k
         i += 1
 
@@ -113,29 +107,9 @@ def _words(base):
 
 
 @gluon.jit
-def _wait(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
-    """Poll counter c with acquire loads until it reaches target (at most SPIN polls; none once a
-    wait has failed): the load that sees the target also orders what follows. Returns `failed`."""
-    cptr = counters + c
-    limit = SPIN * (1 - failed)
-    polls = 0
-    cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
-    while (cnt < target) & (polls < limit):
-        cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
-        polls += 1
-    if cnt < target:
-        failed = 1
-        gl.store(err + 1, c)
-        gl.store(err + 2, cta)
-        gl.store(err + 3, i)
-        gl.store(err + 0, 1)
-    return failed
-
-
-@gluon.jit
 def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, epoch, cta, trace, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -164,24 +138,16 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
     while i < n:
         nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
         n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi = _words(nb)
-        restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
-        gemv = op == OP_GEMV
-        ma = rows < rows_n
-        mb = rows + HALF < rows_n
-        # what no predecessor writes is read before the wait: the norm weights and the bias
-        nw = gl.load(arena + norm + xidx, mask=(xidx < k) & (norm >= 0) & restage & gemv, other=0.0)
-        has_bias = (bias >= 0) & gemv & (epi != EPI_SILU)
-        ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
-        bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
-        if TRACE:
-            gl.store(trace + i * TRACE_WORDS, _now())
-        if w0 >= 0:
-            failed = _wait(counters, err, w0, n0 * (epoch + 1), failed, cta, i, SPIN)
-        if w1 >= 0:
-            failed = _wait(counters, err, w1, n1 * (epoch + 1), failed, cta, i, SPIN)
-        if TRACE:
-            gl.store(trace + i * TRACE_WORDS + 1, _now())
-        if gemv:
+        if op == OP_GEMV:
+            restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
+            ma = rows < rows_n
+            mb = rows + HALF < rows_n
+            # what no predecessor writes is read before the wait: the norm weights and the bias
+            nw = gl.load(arena + norm + xidx, mask=(xidx < k) & (norm >= 0) & restage, other=0.0)
+            has_bias = (bias >= 0) & (epi != EPI_SILU)
+            ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
+            bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
+            failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
             # the accumulator's old value is a predecessor's output: read it right after the wait,
             # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
             add = epi == EPI_ADD
@@ -213,7 +179,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 mbarrier.wait(full.index(slot), (it // NBUF) & 1)
                 if TRACE:
                     if c == 0:
-                        gl.store(trace + i * TRACE_WORDS + 2, _now())
+                        gl.store(trace + i * TRACE_WORDS + 2, now())
                 buf = bufs.index(slot)
                 wa = buf.slice(0, HALF).load(layout)
                 wb = buf.slice(HALF, HALF).load(layout)
@@ -240,27 +206,36 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 gl.store(arena + out + HALF + rows, acc_b, mask=mb)
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
-        if HD != 0:
-            if op == OP_ATTN:
-                attn(arena, ints, kv, instr + i * W, CW, HD, GP, TILE)
-                staged_x = -1         # its output may be a later node's input
-            if op == OP_COMBINE:
-                combine(arena, instr + i * W, CW, HD, GP)
-                staged_x = -1
+        else:
+            if HD != 0:
+                if op == OP_ATTN:
+                    it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch,
+                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
+                else:
+                    failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+                    if TRACE:
+                        gl.store(trace + i * TRACE_WORDS + 2, now())
+                    if op == OP_COMBINE:
+                        combine(arena, instr + i * W, CW, HD, GP)
+                staged_x = -1         # an attention node's output may be a later node's input
+            else:
+                failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+                if TRACE:
+                    gl.store(trace + i * TRACE_WORDS + 2, now())
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
             gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
         if TRACE:
-            gl.store(trace + i * TRACE_WORDS + 3, _now())
+            gl.store(trace + i * TRACE_WORDS + 3, now())
         op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
         k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
         i += 1
 
 
 @gluon.jit(do_not_specialize=["epoch"])
-def stream_kernel(d0, d1, d2, d3, instr, table, arena, ints, kv, counters, err, epoch, trace, BR: gl.constexpr,
+def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, counters, err, epoch, trace, BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
-                  TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr):
+                  TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -275,6 +250,6 @@ def stream_kernel(d0, d1, d2, d3, instr, table, arena, ints, kv, counters, err, 
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, arena, ints, kv, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE)),
-        (_loader, (d0, d1, d2, d3, bufs, full, empty, mine, n, BR, BK, NBUF)),
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT)),
+        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, ints, BR, BK, NBUF, HD, KVT)),
     ], [LOADER_WARPS], [LOADER_REGS])

@@ -7,9 +7,10 @@ and the hazard check all read a field by name (`GEMV.word("k")`), never by posit
 
 A kind declares:
 - its fields and their types ("i32", or "f32" carried as its bits);
-- its streamed operand: the fields naming a weight pool, the first row and the width. What no
-  predecessor writes is streamed: the loader reads these three words and fills the shared-memory
-  ring with [tile rows, BK] chunks of those rows, whatever the consumer is waiting on;
+- its streamed operand, what no predecessor writes: for a GEMV the fields naming a weight pool, the
+  first row and the width (`Streamed`); for attention the fields locating a KV head's cached context
+  in the paged cache (`StreamedKV`). The loader reads those words and fills the shared-memory ring
+  with the operand's chunks, whatever the consumer is waiting on;
 - its cost (bytes it streams, for placement) and its footprint (the arena ranges it reads and
   writes, for the hazard check), as functions of its fields.
 
@@ -53,11 +54,26 @@ class Streamed:
 
 
 @dataclasses.dataclass(frozen=True)
+class StreamedKV:
+    """Which fields locate a node's cached context: KV head `kvhead` of layer `layer` in the paged
+    cache ([layers, 2, blocks, bs, kv heads, hd]), the tokens of share `split` of `splits` of the
+    n_ctx tokens that int-arena words at `step` give (pos, n_ctx, slot, then the block table). The
+    loader streams them as ring chunks of kv_tokens tokens, each chunk the keys then the values."""
+    layer: str
+    kvhead: str
+    step: str
+    split: str
+    splits: str
+    blocks: str
+    bs: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeKind:
     name: str
     opcode: int
     fields: tuple[Field, ...]
-    streamed: Streamed | None = None
+    streamed: Streamed | StreamedKV | None = None
     cost: Callable[[dict, int], float] = lambda f, br: 1.0
     # (fields, tile rows) -> (reads, writes): lists of (arena offset, length)
     footprint: Callable[[dict, int], tuple[list, list]] = lambda f, br: ([], [])
@@ -69,7 +85,7 @@ class NodeKind:
         if len(HEADER) + len(self.fields) > WORDS:
             raise ValueError(f"kind {self.name}: {len(self.fields)} fields exceed the {WORDS}-word instruction")
         if self.streamed is not None:
-            missing = {self.streamed.pool, self.streamed.row, self.streamed.width} - set(names)
+            missing = set(dataclasses.astuple(self.streamed)) - set(names)
             if missing:
                 raise ValueError(f"kind {self.name}: streamed operand names unknown fields {sorted(missing)}")
 
@@ -164,6 +180,7 @@ ATTN = NodeKind(
             Field("kvheads"), Field("hd"), Field("step"), Field("cos"), Field("sin"), Field("qn"), Field("kn"),
             Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx"),
             Field("split"), Field("splits"), Field("part")),
+    streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
 # Merge a KV head's attention splits (their partials at `part`) into its q heads' rows of out.
 COMBINE = NodeKind(

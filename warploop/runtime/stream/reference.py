@@ -47,7 +47,7 @@ def run_attention(program, arena, ints, kv, f) -> None:
         out = f["out"] + f["head"] * hd
         arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
         return
-    tile = program.config.attn_tile
+    tile = program.config.kv_tokens
     cdiv = lambda a, b: -(-a // b)
     chunk = cdiv(cdiv(n_ctx, f["splits"]), tile) * tile          # the kernel's shares: whole tiles
     lo = min(f["split"] * chunk, n_ctx)
