@@ -69,10 +69,21 @@ def anatomy(ex, chain) -> dict:
         acc[0] += max(s[j, 3] for j in js) - min(s[j, 1] for j in js)   # from the first met wait
         acc[1] += nbytes
     med = lambda v: round(statistics.median(v), 3)
+    # per stage kind, each instruction's phases (µs): waiting, met wait to first chunk, first chunk
+    # to published; the median and the slowest
+    phases = {}
+    for j, node in enumerate(nodes):
+        if node >= 0:
+            ph = phases.setdefault(kind.get(node, "?"), {"wait": [], "to_first": [], "to_published": []})
+            ph["wait"].append(s[j, 1] - s[j, 0])
+            ph["to_first"].append(s[j, 2] - s[j, 1])
+            ph["to_published"].append(s[j, 3] - s[j, 2])
     return {"span_us": round(span, 1), "per_cta_us": {k: round(v, 1) for k, v in per_cta.items()},
             "stages": {k: {"waits": len(seen[k]), "publish_to_seen_us": med(seen[k]),
                            "seen_to_first_chunk_us": med(first_chunk[k])} for k in seen},
             "stage_spans": {k: {"us": round(v[0], 1), "GBps": round(v[1] / v[0] / 1e3, 1)} for k, v in spans.items()},
+            "phases": {k: {p: {"median": med(v), "max": round(max(v), 3)} for p, v in ph.items()}
+                       for k, ph in phases.items()},
             "instructions": len(built.instructions), "ctas": ex.ctas, "cta_of_first": cta_of[0]}
 
 

@@ -16,7 +16,7 @@ CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
 
 
 def test_instruction_round_trips_every_field_by_name():
-    fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5)
+    fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5, narrow=1)
     inst = Instruction(GEMV, waits=((3, 64), (7, 1)), signal=5, fields=fields)
     words = inst.serialize()
     assert len(words) == WORDS and words[0] == GEMV.opcode and words[GEMV.word("k")] == 2048
@@ -37,7 +37,7 @@ def test_kind_declarations_refuse_what_does_not_fit():
         GEMV.encode(dict(pool=0))
     with pytest.raises(ValueError, match="int32"):
         Instruction(GEMV, fields=dict(pool=0, row=2 ** 31, rows=1, k=8, x=0, out=0, norm=-1, bias=-1, epi=0,
-                                      eps=0.0)).serialize()
+                                      eps=0.0, narrow=0)).serialize()
     with pytest.raises(ValueError, match="opcode"):
         Instruction.parse([99] + [0] * (WORDS - 1))
 
@@ -139,6 +139,30 @@ def test_reference_attention_equals_plain_torch(name, context, splits):
     assert first_difference(p, got, got) is None              # an empty split's -inf equals itself
     changed = (kv != p.kv).flatten(4).any(-1)                 # [layers, 2, blocks, bs]
     assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
+
+
+@pytest.mark.parametrize("epi", ["store", "add"])
+def test_narrow_tiles_halve_the_rows_and_compute_the_same(epi):
+    """A narrow GEMV's tiles are BR/2 pool rows (twice as many tiles, each chunk two column blocks),
+    and the reference computes W @ x either way, past a width that is not a multiple of two chunks."""
+    g = torch.Generator().manual_seed(3)
+    k = 3 * CFG.block_k                             # an odd number of chunks: the last pair half zeros
+    w = torch.randn(40, k, generator=g).to(torch.bfloat16)
+    x0 = torch.randn(k, generator=g)
+    outs = {}
+    for narrow in (False, True):
+        p = StreamProgram(CFG)
+        pool = p.pool(w)
+        x, y = p.buffer("x", k, init=x0), p.buffer("y", 40, init=torch.ones(40))
+        tiles = p.gemv(pool, 0, 40, x, y, epi=epi, narrow=narrow)
+        assert len(tiles) == (5 if narrow else 3)         # BR = 16
+        assert all(p.nodes[t].fields["rows"] <= (CFG.block_rows // 2 if narrow else CFG.block_rows) for t in tiles)
+        outs[narrow] = reference(p)[y.offset:y.offset + 40]
+    want = w.float() @ x0 + (1.0 if epi == "add" else 0.0)
+    torch.testing.assert_close(outs[True], want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(outs[False], outs[True])
+    with pytest.raises(ValueError, match="narrow"):
+        p.gemv(pool, 0, 8, x, y, epi="silu_mul", narrow=True)
 
 
 def test_build_places_every_node_and_counts_waits():

@@ -50,12 +50,16 @@ class Chain:
 
 
 def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = None, seed: int = 0,
-                context: int = 0, block_size: int = 16, splits: int = 1) -> Chain:
+                context: int = 0, block_size: int = 16, splits: int = 1, narrow: bool = True) -> Chain:
     """The chain of `model` (a ModelConfig). With `context` > 0 each layer has attention too (one
     ATTN node per KV head, cfg.head_dim set): a decode token at position context - 1 over a random
     paged bf16 KV cache of `context` tokens whose block table is shuffled, each KV head's context in
-    `splits` shares merged by a COMBINE node."""
+    `splits` shares merged by a COMBINE node. narrow: the stages llm.stream_step.narrow picks run
+    as narrow tiles (else every tile is BR rows)."""
     import torch
+
+    from warploop.llm.stream_step import narrow as narrow_for
+    thin = lambda rows: narrow and narrow_for(rows, cfg)
     hidden, q, kv, inter = model.hidden_size, model.num_heads * model.head_dim, \
         model.num_kv_heads * model.head_dim, model.intermediate_size
     layers = layers or model.num_layers
@@ -121,6 +125,7 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
     stages = []
     for i in range(layers):
         a = p.gemv(*at[f"qkv{i}"], q + 2 * kv, r["res"], r["qkv"], norm=r[f"n{2 * i}"], eps=eps,
+                   narrow=thin(q + 2 * kv),
                    bias=r.get(f"bqkv{i}"), after=prev)
         stages.append((f"qkv{i}", a))
         x_o = Region(r["qkv"].offset, q)
@@ -133,10 +138,10 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
             shares = [j for j in range(first, len(p.nodes)) if j not in set(at_n)]
             stages += [(f"attn{i}", shares or at_n)] + ([(f"combine{i}", at_n)] if shares else [])
             a, x_o = at_n, r["attn"]
-        b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a)
+        b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a, narrow=thin(hidden))
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",
                    after=b)
-        prev = p.gemv(*at[f"down{i}"], hidden, r["act"], r["res"], epi="add", after=c)
+        prev = p.gemv(*at[f"down{i}"], hidden, r["act"], r["res"], epi="add", after=c, narrow=thin(hidden))
         stages += [(f"o{i}", b), (f"gu{i}", c), (f"down{i}", prev)]
     stages.append(("head", p.gemv(*at["head"], model.vocab_size, r["res"], r["logits"], norm=r[f"n{2 * layers}"],
                                   eps=eps, after=prev)))

@@ -33,10 +33,16 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
 
 
+def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
+    """Whether a stage of `rows` output rows runs as narrow tiles (BR/2 rows): when even its narrow
+    tiles do not outnumber the SMs, so halving the tiles' rows halves the stage's time."""
+    return 2 * -(-rows // config.block_rows) <= ctas
+
+
 def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132) -> int:
     """Shares of the context per KV head: about one attention node per SM, each at least a ring
     chunk of tokens."""
-    return max(1, min(ctas // cfg.num_kv_heads, -(-context // config.kv_tokens)))
+    return max(1, min(ctas // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
 
 
 class StreamDecoder:
@@ -87,15 +93,18 @@ class StreamDecoder:
         for i, lw in enumerate(weights.layers):
             (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
             a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
+                       narrow=narrow(cfg.q_size + 2 * cfg.kv_size, self.config),
                        norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
             a = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=h, kv_heads=kvh, layer=i,
                             scale=hd ** -0.5, qn=vec(f"qn{i}", lw.q_norm), kn=vec(f"kn{i}", lw.k_norm), eps=eps,
                             ctx=max_context, splits=splits, part=part, after=a)
             b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
+                       narrow=narrow(cfg.hidden_size, self.config),
                        after=a)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
                        eps=eps, epi="silu_mul", after=b)
-            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c)
+            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c,
+                          narrow=narrow(cfg.hidden_size, self.config))
         p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps, after=prev)
         self.embed = f32(weights.embed)
         self.arena = p.arena(self.device)

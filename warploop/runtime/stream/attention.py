@@ -104,7 +104,10 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, fai
          GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     """The ATTN kind's body, its waits included. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = HD // 2
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
+    # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
+    # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
+    WG: gl.constexpr = GP if GP < CW else CW
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [WG, CW // WG, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores

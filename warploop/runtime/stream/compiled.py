@@ -52,6 +52,12 @@ class StreamConfig:
                              f"({self.kmax} floats) need {self.shared_bytes} bytes of shared memory, over 220 KB")
 
     @property
+    def weight_box(self) -> tuple[int, int]:
+        """A weight pool's TMA box: half a slot, so a chunk is a tile's two row halves, or a narrow
+        tile's two column blocks."""
+        return self.block_rows // 2, self.block_k
+
+    @property
     def kv_tokens(self) -> int:
         """Context tokens per ring chunk of an attention node (their keys, then their values): a
         slot's [BR, BK] bf16 holds 2 x kv_tokens rows of head_dim, at most 128 tokens."""
@@ -96,7 +102,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     backend = make_backend(target)
     binder = create_function_from_signature(stream_kernel.signature, stream_kernel.params, backend)
     w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
-    d = TensorDescriptor.from_tensor(w, [cfg.block_rows, cfg.block_k], smem_layout())
+    d = TensorDescriptor.from_tensor(w, list(cfg.weight_box), smem_layout())
     dkv = d
     if cfg.head_dim:                  # a cache of 16-token blocks, 2 KV heads
         cache = torch.zeros(64, 2 * cfg.head_dim, dtype=torch.bfloat16)

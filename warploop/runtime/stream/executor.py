@@ -49,7 +49,7 @@ class StreamExecutor:
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools]
         self._pools = pools                         # the descriptors point into these
-        descs = [TensorDescriptor.from_tensor(p, [cfg.block_rows, cfg.block_k], smem_layout()) for p in pools]
+        descs = [TensorDescriptor.from_tensor(p, list(cfg.weight_box), smem_layout()) for p in pools]
         self.descs = (descs + descs[:1] * 4)[:4]
         self.kv_desc = descs[0]                     # a stand-in where no attention runs
         if program.kv is not None and cfg.head_dim:

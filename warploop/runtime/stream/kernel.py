@@ -50,6 +50,7 @@ G_NORM = gl.constexpr(GEMV.word("norm"))
 G_BIAS = gl.constexpr(GEMV.word("bias"))
 G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
+G_NARROW = gl.constexpr(GEMV.word("narrow"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
@@ -60,11 +61,13 @@ LOADER_REGS = gl.constexpr(40)
 @gluon.jit
 def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.constexpr, BK: gl.constexpr,
             NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
+    HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
     pool = gl.load(instr + G_POOL)
     row = gl.load(instr + G_ROW)
     k = gl.load(instr + G_K)
+    narrow = gl.load(instr + G_NARROW)
     i = 0
     while i < n:                  # the next instruction's words load while this one streams
         nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
@@ -72,28 +75,40 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.const
         n_pool = gl.load(nb + G_POOL)
         n_row = gl.load(nb + G_ROW)
         n_k = gl.load(nb + G_K)
+        n_narrow = gl.load(nb + G_NARROW)
         if op == OP_GEMV:
+            # a chunk is two [BR/2, BK] boxes: the tile's two row halves at one column block, or a
+            # narrow tile's BR/2 rows at two consecutive column blocks
+            row2 = row + HALF * (1 - narrow)
             kk = 0
             while kk < k:
                 slot = it % NBUF
                 mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
                 bar = full.index(slot)
                 mbarrier.expect(bar, BR * BK * 2)
-                dst = bufs.index(slot)
-                if pool == 0:
-                    _tma_load(d0, [row, kk], bar, dst)
-                elif pool == 1:
-                    _tma_load(d1, [row, kk], bar, dst)
-                elif pool == 2:
-                    _tma_load(d2, [row, kk], bar, dst)
+                if PUBLIC_REINTERPRET:
+                    dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
                 else:
-                    _tma_load(d3, [row, kk], bar, dst)
+                    dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
+                kk2 = kk + BK * narrow
+                if pool == 0:
+                    _tma_load(d0, [row, kk], bar, dst.index(0))
+                    _tma_load(d0, [row2, kk2], bar, dst.index(1))
+                elif pool == 1:
+                    _tma_load(d1, [row, kk], bar, dst.index(0))
+                    _tma_load(d1, [row2, kk2], bar, dst.index(1))
+                elif pool == 2:
+                    _tma_load(d2, [row, kk], bar, dst.index(0))
+                    _tma_load(d2, [row2, kk2], bar, dst.index(1))
+                else:
+                    _tma_load(d3, [row, kk], bar, dst.index(0))
+                    _tma_load(d3, [row2, kk2], bar, dst.index(1))
                 it += 1
-                kk += BK
+                kk += BK * (1 + narrow)
         if HD != 0:
             if op == OP_ATTN:
                 it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, NBUF, HD, KVT)
-        op, pool, row, k = n_op, n_pool, n_row, n_k
+        op, pool, row, k, narrow = n_op, n_pool, n_row, n_k, n_narrow
         i += 1
 
 
@@ -103,7 +118,8 @@ def _words(base):
     return (gl.load(base + H_OP), gl.load(base + H_WAIT0), gl.load(base + H_NEED0), gl.load(base + H_WAIT1),
             gl.load(base + H_NEED1), gl.load(base + H_SIGNAL), gl.load(base + H_SIGNALS), gl.load(base + G_K),
             gl.load(base + G_X), gl.load(base + G_NORM), gl.load(base + G_EPS).to(gl.float32, bitcast=True),
-            gl.load(base + G_ROWS), gl.load(base + G_OUT), gl.load(base + G_BIAS), gl.load(base + G_EPI))
+            gl.load(base + G_ROWS), gl.load(base + G_OUT), gl.load(base + G_BIAS), gl.load(base + G_EPI),
+            gl.load(base + G_NARROW))
 
 
 @gluon.jit
@@ -133,11 +149,12 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
-    op, w0, n0, w1, n1, sig, sigs, k, x, norm, eps, rows_n, out, bias, epi = _words(instr)
+    op, w0, n0, w1, n1, sig, sigs, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
     i = 0
     while i < n:
         nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
-        n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi = _words(nb)
+        (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
+         n_narrow) = _words(nb)
         if op == OP_GEMV:
             restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
             ma = rows < rows_n
@@ -172,10 +189,15 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
             # last chunk (a cross-lane reduction per chunk costs more than the chunk's FMAs)
             part_a = gl.zeros([HALF, BK], gl.float32, layout=layout)
             part_b = gl.zeros([HALF, BK], gl.float32, layout=layout)
+            # a narrow tile's chunk c holds x chunks 2c (rows in part_a) and 2c + 1 (part_b); a
+            # chunk past x's end is zeros in the ring and in the staged x
             c = 0
-            while c < (k + BK - 1) // BK:
+            while c < ((k + BK - 1) // BK + narrow) // (1 + narrow):
                 slot = it % NBUF
-                xc = xrows.index(c).load(layout)          # [1, BK]: broadcast over the rows
+                xc = xrows.index(c * (1 + narrow)).load(layout)          # [1, BK]: broadcast over the rows
+                xd = xc
+                if narrow:
+                    xd = xrows.index(gl.minimum(2 * c + 1, KMAX // BK - 1)).load(layout)
                 mbarrier.wait(full.index(slot), (it // NBUF) & 1)
                 if TRACE:
                     if c == 0:
@@ -184,7 +206,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 wa = buf.slice(0, HALF).load(layout)
                 wb = buf.slice(HALF, HALF).load(layout)
                 part_a += wa.to(gl.float32) * xc
-                part_b += wb.to(gl.float32) * xc
+                part_b += wb.to(gl.float32) * xd
                 # every warp is done with the slot before one thread frees it; the proxy fence
                 # orders these reads before the next TMA write into it
                 _barrier()
@@ -196,8 +218,12 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
                 scale = 1.0
                 if norm >= 0:
                     scale = gl.rsqrt(gl.sum(ss_rows, axis=0) / k + eps)
-            acc_a = old_a + scale * gl.sum(part_a, axis=1)
-            acc_b = old_b + scale * gl.sum(part_b, axis=1)
+            if narrow:
+                acc_a = old_a + scale * (gl.sum(part_a, axis=1) + gl.sum(part_b, axis=1))
+                acc_b = old_b
+            else:
+                acc_a = old_a + scale * gl.sum(part_a, axis=1)
+                acc_b = old_b + scale * gl.sum(part_b, axis=1)
             if epi == EPI_SILU:
                 y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
                 gl.store(arena + out + rows, y, mask=ma)
@@ -229,6 +255,7 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
             gl.store(trace + i * TRACE_WORDS + 3, now())
         op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
         k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
+        narrow = n_narrow
         i += 1
 
 

@@ -120,8 +120,13 @@ class NodeKind:
         return out
 
 
+def tile_rows(f: dict, br: int) -> int:
+    """The pool rows a GEMV tile streams: BR, or BR/2 for a narrow tile."""
+    return br // 2 if f["narrow"] else br
+
+
 def _gemv_cost(f: dict, br: int) -> float:
-    return float(br * f["k"] * 2)               # bytes streamed (bf16 weights)
+    return float(tile_rows(f, br) * f["k"] * 2)   # bytes streamed (bf16 weights)
 
 
 def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -130,7 +135,7 @@ def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
         reads.append((f["norm"], f["k"]))
     outs = f["rows"]
     if f["bias"] >= 0:
-        reads.append((f["bias"], br))
+        reads.append((f["bias"], outs))
     if f["epi"] == EPILOGUES["add"]:
         reads.append((f["out"], outs))
     return reads, [(f["out"], outs)]
@@ -141,10 +146,12 @@ NOP = NodeKind("nop", 0, ())
 # arena vector x[0:k], optionally RMS-normalised first (x * rsqrt(mean(x^2) + eps) * norm), then an
 # epilogue: "store" y (+ bias), "add" y (+ bias) into out, or "silu_mul": the tile's first BR/2 rows
 # are gate rows, the next BR/2 the matching up rows, and out gets silu(gate) * up (rows <= BR/2).
+# A narrow tile (narrow=1; no silu_mul) is BR/2 pool rows, each ring chunk two [BR/2, BK] boxes of
+# consecutive columns: twice the tiles for a stage with fewer tiles than SMs, chunks as large.
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
-            Field("bias"), Field("epi"), Field("eps", "f32")),
+            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow")),
     streamed=Streamed("pool", "row", "k"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:

@@ -147,19 +147,22 @@ class StreamProgram:
         return len(self.nodes) - 1
 
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
-             bias: Region | None = None, eps: float = 0.0, epi: str = "store", after=(),
+             bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False, after=(),
              worker: int | None = None) -> list[int]:
-        """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows. For "silu_mul" the
-        pool rows come as tiles of BR/2 gate rows then their BR/2 up rows (interleave_gate_up)."""
+        """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
+        stage with fewer tiles than SMs). For "silu_mul" the pool rows come as tiles of BR/2 gate
+        rows then their BR/2 up rows (interleave_gate_up)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
         if epi not in EPILOGUES:
             raise ValueError(f"epi must be one of {sorted(EPILOGUES)}, not {epi!r}")
+        if narrow and epi == "silu_mul":
+            raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
         w = self.pools[pool]
         k = int(w.shape[1])
-        per = br // 2 if epi == "silu_mul" else br
-        span = -(-n // per) * br
+        per = br // 2 if epi == "silu_mul" or narrow else br
+        step = per if narrow else br              # pool rows from one tile to the next
         if n <= 0 or row < 0 or row + (2 * n if epi == "silu_mul" else n) > w.shape[0]:
             raise ValueError(f"rows [{row}, {row} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
         if x.size < k or (norm is not None and norm.size < k):
@@ -170,11 +173,11 @@ class StreamProgram:
             raise ValueError("silu_mul takes no bias")
         tiles = []
         for t in range(-(-n // per)):
-            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=row + t * br,
+            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=row + t * step,
                                   rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
                                   norm=-1 if norm is None else norm.offset,
-                                  bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps))
-        assert span >= n
+                                  bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
+                                  narrow=int(narrow)))
         return tiles
 
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,

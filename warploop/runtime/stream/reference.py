@@ -6,7 +6,7 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP
+from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP, tile_rows
 
 
 def _rope(x, c, s, w, eps):
@@ -83,7 +83,8 @@ def run_node(program, arena, node, ints=None, kv=None) -> None:
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
     import torch
-    f, br = node.fields, program.config.block_rows
+    f = node.fields
+    br = tile_rows(f, program.config.block_rows)
     k = f["k"]
     x = arena[f["x"]:f["x"] + k]
     if f["norm"] >= 0:
