@@ -40,9 +40,10 @@ def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
 
 
 def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132) -> int:
-    """Shares of the context per KV head: about one attention node per SM, each at least a ring
-    chunk of tokens."""
-    return max(1, min(ctas // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
+    """Shares of the context per KV head: at most one attention node per SM, the heads' COMBINE
+    nodes included (a CTA running two shares finishes last and holds up the layer), each share
+    at least a ring chunk of tokens."""
+    return max(1, min((ctas - cfg.num_kv_heads) // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
 
 
 class StreamDecoder:

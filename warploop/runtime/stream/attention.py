@@ -31,7 +31,7 @@ OP_COMBINE = gl.constexpr(COMBINE.opcode)
 C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
     gl.constexpr(COMBINE.word("head"))
 C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.word("splits"))
-SB = gl.constexpr(8)            # splits a COMBINE merges per round: their loads are issued together
+SB = gl.constexpr(16)           # splits a COMBINE merges per round: their loads are issued together
 
 
 @gluon.jit
@@ -225,8 +225,11 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, fai
 @gluon.jit
 def combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
     """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
-    SB splits a round (one round trip for all their partials), the running M rescaling the sums."""
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [CW, 1, 1], [2, 1, 0])
+    SB splits a round (one round trip for all their partials), the running M rescaling the sums.
+    Lanes hold the splits and warps the q heads, so the sums over splits stay inside a warp."""
+    WG: gl.constexpr = GP if GP < CW else CW
+    L3: gl.constexpr = gl.BlockedLayout([SB // (32 // (HD // 8)), 1, 8], [32 // (HD // 8), 1, HD // 8],
+                                        [CW // WG, WG, 1], [2, 1, 0])
     ML: gl.constexpr = gl.SliceLayout(2, L3)          # [SB, GP]: running max and sum per split and head
     OL: gl.constexpr = gl.SliceLayout(0, L3)          # [GP, HD]: the output
     part = gl.load(base + C_PART)
