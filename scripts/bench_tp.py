@@ -2,7 +2,7 @@
 ms/token at batch 1 and tokens/s at batch 32 on one GPU, with --tensor-parallel 2, and for the
 gpt-fast-style torch.compile model on one GPU; tokens/s of two replicas at batch 32 each; the
 bandwidth floor of each (weight bytes, divided by the number of GPUs sharing them, over the measured
-copy bandwidth). Needs two GPUs; scripts/device_tp.sh runs it one part per call.
+copy bandwidth). Needs two GPUs; `scripts/device.sh tp` runs it one part a process.
 
     python scripts/bench_tp.py --part one|tp|tp_eager|compile|replicas [--dir DIR] > part.json
 

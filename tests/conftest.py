@@ -5,8 +5,18 @@ machine are collected first, so one worker starts them at once while the other w
 of the suite, and work stealing evens out what is left. A test that started last would run alone at
 the end instead: the whole decode kernel's compile takes about two minutes a target on one core with
 an empty Triton cache (three targets, one test each). Without xdist the order is pytest's own.
+
+Marks, applied here so that they hold for every file (pyproject.toml registers them):
+- `gpu`: every test of a tests/test_*_gpu.py module, and every test that skips for want of a GPU
+  (a skipif whose reason names a GPU, CUDA or Hopper). Without a GPU they skip; `-m gpu` runs
+  the GPU tests on the device machine, `-m "not gpu"` the rest.
+- `slow`: the tests in START_FIRST (minutes each on CI's cores) and any marked in their file
+  (installs, large conversions); `-m "not slow"` is the quick loop.
 """
 from __future__ import annotations
+
+import functools
+import re
 
 import pytest
 
@@ -15,6 +25,33 @@ import pytest
 START_FIRST = (
     "tests/test_mk_compile.py::test_resident_decode_kernel_compiles_without_a_gpu",
 )
+
+
+GPU_REASON = re.compile(r"\b(GPU|CUDA|cuda|Hopper|HIP)\b")
+
+
+@functools.cache
+def has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def needs_gpu(item) -> bool:
+    return (re.fullmatch(r"test_.*_gpu\.py", item.path.name) is not None
+            or any(GPU_REASON.search(str(m.kwargs.get("reason", ""))) for m in item.iter_markers("skipif")))
+
+
+def pytest_itemcollected(item):
+    """The marks, as each test is collected (before `-m` selects by them)."""
+    if item.get_closest_marker("gpu") is None and needs_gpu(item):
+        item.add_marker(pytest.mark.gpu)
+    if item.get_closest_marker("gpu") is not None and not has_gpu():
+        item.add_marker(pytest.mark.skip(reason="needs a GPU"))
+    if item.nodeid.split("[", 1)[0] in START_FIRST:
+        item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(trylast=True)

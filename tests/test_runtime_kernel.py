@@ -49,10 +49,11 @@ def test_resident_kernel_compiles_for_gpu_targets(target, backend):
         assert kernel.asm["hsaco"]
 
 
-def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
+def test_mlp_bench_tiles_compile_to_wide_loads_and_one_poller():
     """The MLP stack's tasks for cuda:90: 16-byte weight loads (the ':16' hints reach the body),
-    L2 prefetches, and counter waits polled by one thread that the others meet at a barrier."""
-    from warploop.bench.runtime_mlp_tasks import mlp_down, mlp_up
+    and counter waits polled by one thread that the others meet at a barrier."""
+    from warploop.bench.runtime_mlp_tasks import mlp_down_w as mlp_down
+    from warploop.bench.runtime_mlp_tasks import mlp_up_w as mlp_up
     module = codegen.build([lookup(mlp_up), lookup(mlp_down)])
     assert "tl.multiple_of(W.arg(a, 0, pmask, params).to(tl.pointer_type(tl.bfloat16)), 16)" in codegen.generate(
         [lookup(mlp_up), lookup(mlp_down)])
@@ -61,7 +62,6 @@ def test_mlp_bench_tiles_compile_to_wide_loads_prefetch_and_one_poller():
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx
     assert "ld.global.L1::evict_first.L2::cache_hint.b16" not in ptx
-    assert "prefetch.global.L2" in ptx
     assert "@%pw bra WL_MEET" in ptx and "barrier.sync 0" in ptx
 
 

@@ -4,33 +4,16 @@ import re
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import warploop
-from warploop.bench.runtime_mlp_tasks import (
-    mlp_down,
-    mlp_down_a2,
-    mlp_down_a4,
-    mlp_down_c4,
-    mlp_down_c6,
-    mlp_down_f,
-    mlp_down_g,
-    mlp_down_w,
-    mlp_up,
-    mlp_up_a2,
-    mlp_up_a4,
-    mlp_up_c4,
-    mlp_up_c6,
-    mlp_up_f,
-    mlp_up_g,
-    mlp_up_w,
-)
+from warploop.bench.runtime_mlp_tasks import MLP_SCHEDULES, MLP_SIG, mlp_tile
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 
-PAIRS = [(mlp_up, mlp_down), (mlp_up_a2, mlp_down_a2), (mlp_up_a4, mlp_down_a4), (mlp_up_w, mlp_down_w),
-         (mlp_up_c4, mlp_down_c4), (mlp_up_c6, mlp_down_c6)]
+PAIRS = [(up, down) for up, down, _, _ in MLP_SCHEDULES.values()]
 
 
 def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
@@ -47,9 +30,9 @@ def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
             graph = rt.graph()
             bn_up, bn_down = lookup(up).constexprs["BN"], lookup(down).constexprs["BN"]
             for row0 in range(0, 32, bn_up):
-                graph.add(up, w1, x, y1, 2048, row0, w1, 0)
+                graph.add(up, w1, x, y1, 2048, row0)
             for row0 in range(0, 8, bn_down):
-                graph.add(down, w2, h, y2, 8192, row0, w2, 0)
+                graph.add(down, w2, h, y2, 8192, row0)
             graph.run(timeout=120)
             outs.append((y1.float(), y2.float()))
     for y1, y2 in outs:
@@ -61,59 +44,23 @@ def test_unrolled_tiles_match_fp32_and_the_chunked_tiles_on_the_cpu():
         assert torch.allclose(y2, outs[0][1], rtol=2e-2, atol=2e-2)
 
 
-def test_flag_tiles_wait_for_this_runs_flags_and_count_runs_on_the_cpu():
-    """The per-tile flag variant: each tile waits for the previous GEMV's 256 flags to reach this
-    run's number (its own flag + 1), computes the same tile, and stores its flag + 1. The graph
-    edge only orders the CPU executor; the flags the test presets stand in for the other tiles."""
-    g = torch.Generator().manual_seed(99)
-    w1, x = torch.randn(32, 2048, generator=g).bfloat16(), torch.randn(2048, generator=g).bfloat16()
-    w2 = torch.randn(8, 8192, generator=g).bfloat16()
-    flags = torch.zeros(3, 256, dtype=torch.int32)      # [previous GEMV, up, down] x tiles
-    h = torch.zeros(8192).bfloat16()
-    h_ref = torch.nn.functional.silu(w1.float() @ x.float())
-    with warploop.Runtime(device="cpu", tasks=[mlp_up_f, mlp_down_f], workers=2) as rt:
-        graph = rt.graph()
-        up = graph.add(mlp_up_f, w1, x, h, 2048, 0, w1, 0, flags[1], 1)
-        y = torch.full((8,), float("nan")).bfloat16()
-        graph.add(mlp_down_f, w2, h, y, 8192, 0, w2, 0, flags[2], 1, after=[up])
-        for run in (1, 2):
-            flags[0, :] = run           # the previous GEMV's tiles, done for this run
-            flags[1, 1:] = run          # the up tiles this graph does not hold
-            y.fill_(float("nan"))
-            graph.run(timeout=120)
-            assert flags[1, 0] == run and flags[2, 0] == run
-            assert not flags[2, 1:].any()
-    y_ref = w2[:, :32].float() @ h[:32].float()       # rows of h beyond the one up tile stay zero
-    assert float((h[:32].float() - h_ref).norm() / h_ref.norm()) < 1e-2
-    assert float((y.float() - y_ref).norm() / y_ref.norm()) < 1e-2
+# The bench's tile body with the whole 64 KB tile issued before the wait (AHEAD 4 of 16 KB chunks).
+UP_A4 = {"BN": 16, "BK": 512, "K": 2048, "AHEAD": 4}
+DOWN_A4 = {"BN": 4, "BK": 2048, "K": 8192, "AHEAD": 4}
 
 
-def test_group_counter_tiles_wait_for_their_run_and_count_into_their_group_on_the_cpu():
-    """The group-counter variant: 16 counters per GEMV, one per line (32 int32 words apart), 16
-    tiles each. Tile 0 of each GEMV reads its run from its own group, waits for the previous GEMV's
-    16 groups to reach 16 x run, and adds 1 to its group. The preset words stand in for the tiles
-    the graph does not hold."""
-    g = torch.Generator().manual_seed(7)
-    w1, x = torch.randn(32, 2048, generator=g).bfloat16(), torch.randn(2048, generator=g).bfloat16()
-    w2 = torch.randn(8, 8192, generator=g).bfloat16()
-    groups = torch.zeros(3, 512, dtype=torch.int32)      # [previous GEMV, up, down] x 16 lines
-    line = torch.arange(16) * 32
-    h = torch.zeros(8192).bfloat16()
-    with warploop.Runtime(device="cpu", tasks=[mlp_up_g, mlp_down_g], workers=2) as rt:
-        graph = rt.graph()
-        up = graph.add(mlp_up_g, w1, x, h, 2048, 0, w1, 0, groups[1], 1)
-        y = torch.full((8,), float("nan")).bfloat16()
-        graph.add(mlp_down_g, w2, h, y, 8192, 0, w2, 0, groups[2], 1, after=[up])
-        for run in (1, 2):
-            groups[0, line] = 16 * run                   # the previous GEMV: every tile done
-            groups[1, line[1:]] = 16 * run               # the up tiles of other groups
-            groups[1, 0] = 16 * (run - 1) + 15           # ... and the 15 others of group 0
-            groups[2, 0] = 16 * (run - 1)                # no other down tile of group 0 yet
-            y.fill_(float("nan"))
-            graph.run(timeout=120)
-            assert groups[1, 0] == 16 * run and groups[2, 0] == 16 * (run - 1) + 1
-    y_ref = w2[:, :32].float() @ h[:32].float()
-    assert float((y.float() - y_ref).norm() / y_ref.norm()) < 1e-2
+@warploop.task(signature=MLP_SIG, constexprs=UP_A4, waits=True, cost=1.0)
+@triton.jit
+def mlp_up_a4(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr, AHEAD: tl.constexpr,
+              BACKEND: tl.constexpr):
+    mlp_tile(ctx, w, x, y, k, row0, BN, BK, K, AHEAD, True, BACKEND)
+
+
+@warploop.task(signature=MLP_SIG, constexprs=DOWN_A4, waits=True, cost=1.0)
+@triton.jit
+def mlp_down_a4(ctx, w, x, y, k, row0, BN: tl.constexpr, BK: tl.constexpr, K: tl.constexpr, AHEAD: tl.constexpr,
+                BACKEND: tl.constexpr):
+    mlp_tile(ctx, w, x, y, k, row0, BN, BK, K, AHEAD, False, BACKEND)
 
 
 def test_ahead4_tile_loads_all_its_weights_before_the_wait():

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from warploop.args import positive_int  # noqa: F401  (re-exported: warploop.llm.server_cli takes it from here)
+
 # name -> (module, one-line help). Nested commands use a space: "bundle build".
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("warploop.commands.info", "show the devices warploop sees and the one it would use"),
@@ -64,17 +66,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         sub.set_defaults(_command=name)
         handlers[name] = (module_name, sub)
     return parser, handlers
-
-
-def positive_int(text: str) -> int:
-    """argparse type for counts (tokens, repeats, steps): 0 and negatives are refused before any work."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
-    return value
 
 
 def _debug_wanted(argv: list[str]) -> bool:

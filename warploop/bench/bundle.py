@@ -176,7 +176,7 @@ def python_parts(x, spec) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from warploop.cli import positive_int
+    from warploop.args import positive_int
 
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--bundle", help="prebuilt bundle of the kernels file (default: build one now)")

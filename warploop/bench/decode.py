@@ -35,7 +35,7 @@ TTFT_RUNS = 11
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from warploop.cli import positive_int
+    from warploop.args import positive_int
 
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--models", default=None,

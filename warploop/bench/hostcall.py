@@ -265,7 +265,7 @@ def measure_raw_ring(n: int) -> float:
 
 
 def add_arguments(parser) -> None:
-    from warploop.cli import positive_int
+    from warploop.args import positive_int
 
     parser.add_argument("--json", action="store_true", help="print one JSON object (default: a short table)")
     parser.add_argument("--save", action="store_true", help="also write bench/results/hostcall-<device>-<date>.json")

@@ -7,7 +7,7 @@
    scale, as one static graph).
 3. Host submit -> result round trip of a no-op task: p50 and p99.
 4. The MLP stack: 16 layers of [GEMV 2048->8192 + SiLU, GEMV 8192->2048], bf16, batch 1, as one
-   static graph (the fastest correct of a few tile schedules, runtime_mlp_tasks.MLP_BENCH) vs a
+   static graph (the fastest correct of a few tile schedules, runtime_mlp_tasks.MLP_SCHEDULES) vs a
    CUDA graph of the same per-op Triton kernels (the best of a few tile configs, each timed in a
    CUDA graph) vs torch eager; each against the floor, weight bytes over the measured
    device-to-device copy rate. SM clocks are sampled during each section.
@@ -18,11 +18,14 @@ CPU executor's figures are reported and the GPU-only keys are null.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
+import warploop
+from warploop.args import positive_int
 from warploop.bench.common import emit, header
-from warploop.cli import positive_int
+from warploop.bench.runtime_gpu import gpu_figures
+from warploop.bench.runtime_kernels import HOP_TASKS, hop, noop, spawn_tree
+from warploop.bench.timing import submit_latency
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,31 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU: run only the hop/throughput/submit part or only the MLP stack")
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def submit_latency(rt, task, args: tuple, rounds: int) -> tuple[float, float, float]:
-    """p50 and p99 of submit -> result, and the p50 of the host's own part: the submit() call
-    (argument checks, slot write) and the Python around result() measured on a settled future."""
-    for _ in range(max(10, rounds // 10)):
-        rt.submit(task, *args).result()
-    samples, host = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        f = rt.submit(task, *args)
-        t1 = time.perf_counter()
-        f.result()
-        t2 = time.perf_counter()
-        f.result()
-        host.append((t1 - t0 + time.perf_counter() - t2) * 1e6)
-        samples.append((t2 - t0) * 1e6)
-    return statistics.median(samples), pct(samples, 0.99), statistics.median(host)
-
-
 def hop_graph(rt, x, n: int):
-    from warploop.bench.runtime_kernels import hop
     g = rt.graph()
     prev = []
     for i in range(n):
@@ -69,8 +48,6 @@ def hop_graph(rt, x, n: int):
 def cpu_figures(quick: bool) -> dict:
     import torch
 
-    import warploop
-    from warploop.bench.runtime_kernels import HOP_TASKS, noop, spawn_tree
     n = 24 if quick else 64
     with warploop.Runtime(device="cpu", tasks=HOP_TASKS, workers=4) as rt:
         x = torch.zeros(n, dtype=torch.int32)
@@ -99,7 +76,6 @@ def main(args: argparse.Namespace) -> int:
     if data["target"] == "cpu":
         data.update(cpu_figures(args.quick))
     else:
-        from warploop.bench.runtime_gpu import gpu_figures
         data.update(gpu_figures(quick=args.quick, layers=args.layers, only=args.only))
     if args.json:
         emit(data, args.out)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from warploop.bench.runtime_gpu import events_us
+from warploop.bench.runtime_kernels import noop
+from warploop.bench.timing import events_us
 from warploop.runtime import layout as L
 
 MATMUL_N = 8192
@@ -58,7 +59,6 @@ def _wake_us(torch, rt, task, parked: bool, rounds: int = 50) -> tuple[float, fl
 
 def coexist_figures(torch) -> dict:
     import warploop
-    from warploop.bench.runtime_kernels import noop
     a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 import warploop
+from warploop.bench.common import emit, header
 from warploop.bench.runtime_kernels import HOP_TASKS, spawn_tree
 from warploop.runtime import device as wl
 
@@ -87,7 +88,6 @@ def main() -> int:
 
     import torch
 
-    from warploop.bench.common import emit, header
     leaves = int(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_LEAVES
     emit(header("runtime-fanout") | fanout_figures(torch, leaves))
     return 0

@@ -6,61 +6,18 @@ import sys
 import time
 
 import warploop
-from warploop.bench.runtime import submit_latency
 from warploop.bench.runtime_clocks import ClockSampler
-from warploop.bench.runtime_kernels import HOP_TASKS, gemv_kernel, gemv_kernel_unrolled, hop_kernel, noop, spawn_tree
-from warploop.bench.runtime_mlp_tasks import FLAG_VARIANTS, FLAG_WORDS, MLP_BENCH, MLP_VARIANTS
+from warploop.bench.runtime_coexist import coexist_figures
+from warploop.bench.runtime_fanout import fanout_figures
+from warploop.bench.runtime_hop import hop_figures
+from warploop.bench.runtime_kernels import HOP_TASKS, gemv_kernel, gemv_kernel_unrolled, noop, spawn_tree
+from warploop.bench.runtime_mlp_tasks import MLP_SCHEDULES
+from warploop.bench.runtime_submit import submit_breakdown
+from warploop.bench.timing import copy_gbs, events_us, graph_of, submit_latency
 
 DIM, HIDDEN = 2048, 8192
 MLP_WORKERS = 256
 CLOCKS = ClockSampler()         # started by gpu_figures; each section reports the clocks it saw
-
-
-def events_us(torch, fn, reps: int = 1, trials: int = 7, wait=None) -> float:
-    """Median over trials of device time per call of fn (CUDA events). `wait(event)` waits for an
-    event; by default a device synchronisation, so no runtime may be open (runtime_coexist passes
-    a polling wait with a deadline instead)."""
-    fn()
-    if wait is None:
-        torch.cuda.synchronize()
-    else:
-        warm = torch.cuda.Event()
-        warm.record()
-        wait(warm)
-    times = []
-    for _ in range(trials):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize() if wait is None else wait(e)
-        times.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def copy_gbs(torch) -> float:
-    src = torch.randint(0, 256, (1 << 30,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = events_us(torch, lambda: dst.copy_(src), reps=5)
-    return 2 * (1 << 30) / us / 1e3       # bytes read + written
-
-
-def hop_peers(torch, n: int) -> dict:
-    x = torch.zeros(n, dtype=torch.int32, device="cuda")
-
-    def chain():
-        for i in range(n):
-            hop_kernel[(1,)](x, i, num_warps=1)
-
-    launch_us = events_us(torch, chain, trials=5) / n
-    graph = graph_of(torch, chain, 1)
-    x.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    ok = int(x[-1]) == n
-    node_us = events_us(torch, graph.replay, reps=5) / n
-    return {"triton_launch_us": launch_us, "cuda_graph_node_us": node_us, "cuda_graph_chain_ok": ok}
 
 
 def mlp_weights(torch, layers: int):
@@ -90,19 +47,6 @@ def gemv_launcher(w, x, y, k, silu: bool, bn: int, bk: int, warps: int, unrolled
     if unrolled:
         return lambda: gemv_kernel_unrolled[(w.shape[0] // bn,)](w, x, y, k, bn, bk, k, silu, num_warps=warps)
     return lambda: gemv_kernel[(w.shape[0] // bn,)](w, x, y, k, bn, bk, silu, num_warps=warps)
-
-
-def graph_of(torch, fn, reps: int):
-    """fn called reps times, captured in a CUDA graph (after one eager call that compiles it)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            fn()
-    return graph
 
 
 def best_config(torch, ws, x, y, k, silu: bool, configs) -> tuple:
@@ -160,7 +104,6 @@ def mlp_peers(torch, w1, w2, x0, quick: bool) -> dict:
 def runtime_tasks(torch, repeat: int, rounds: int) -> dict:
     """Tiny tasks per second (spawned on the GPU, and as one static graph) and the host submit round
     trip with its per-stage device breakdown (runtime_submit.py)."""
-    from warploop.bench.runtime_submit import submit_breakdown
     props = torch.cuda.get_device_properties(0)
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     with warploop.Runtime(device="cuda", tasks=HOP_TASKS, workers=props.multi_processor_count, worker_warps=1,
@@ -186,51 +129,33 @@ def runtime_tasks(torch, repeat: int, rounds: int) -> dict:
             "submit_breakdown": breakdown}
 
 
-def mlp_nodes(w1, w2, xs, h, up: dict, down: dict, distance) -> list[tuple]:
-    """(GEMV index, up?, args, worker, prefetch (address, bytes)) per node, in recording order.
-
-    Tile t of a GEMV runs on worker t % MLP_WORKERS (one or two tiles each), so every worker's
-    instruction list is known here and a node can name the tile its worker runs `distance` later.
-    """
+def mlp_nodes(w1, w2, xs, h, up: dict, down: dict) -> list[tuple]:
+    """(GEMV index, up?, args, worker) per node, in recording order: tile t of a GEMV runs on worker
+    t % MLP_WORKERS (one tile each)."""
     nodes = []
     for i in range(len(w1)):
         nodes += [(2 * i, True, (w1[i], xs[i], h, DIM, r), t % MLP_WORKERS)
                   for t, r in enumerate(range(0, HIDDEN, up["BN"]))]
         nodes += [(2 * i + 1, False, (w2[i], h, xs[i + 1], HIDDEN, r), t % MLP_WORKERS)
                   for t, r in enumerate(range(0, DIM, down["BN"]))]
-    per_worker: dict[int, list[int]] = {}
-    for n, (_, _, _, worker) in enumerate(nodes):
-        per_worker.setdefault(worker, []).append(n)
-    prefetch = [(0, 0)] * len(nodes)
-    if distance is not None:
-        for order in per_worker.values():
-            for j, n in enumerate(order[:len(order) - distance]):
-                _, is_up, (w, _, _, k, r), _ = nodes[order[j + distance]]
-                rows = up["BN"] if is_up else down["BN"]
-                prefetch[n] = (w.data_ptr() + r * k * w.element_size(), rows * k * w.element_size())
-    return [(*node, pf) for node, pf in zip(nodes, prefetch, strict=True)]
+    return nodes
 
 
 def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True) -> dict:
     """The stack as one static graph. deps=False drops every edge (a diagnostic: the output is
-    wrong, the time is the tile bodies and the worker loop without any GEMV boundary). A flag
-    variant (FLAG_VARIANTS) has no edges either: its tiles wait on per-tile flags themselves."""
-    up_task, down_task, up, down, distance = MLP_VARIANTS[variant]
-    flagged = variant in FLAG_VARIANTS
+    wrong, the time is the tile bodies and the worker loop without any GEMV boundary)."""
+    up_task, down_task, up, down = MLP_SCHEDULES[variant]
     layers = len(w1)
-    flags = torch.zeros(2 * layers, FLAG_WORDS[variant], dtype=torch.int32, device="cuda") if flagged else None
     h = torch.empty(HIDDEN, dtype=torch.bfloat16, device="cuda")
     xs = [x0] + [torch.full((DIM,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
-    # 512 (or 256) tiles per GEMV: 256 workers run exactly two (one) each, about two workers per SM.
+    # 256 tiles per GEMV: 256 workers run one each, about two workers per SM.
     with warploop.Runtime(device="cuda", tasks=[up_task, down_task], workers=MLP_WORKERS) as rt:
         g = rt.graph()
         prev, cur, at = [], [], 0
-        for gemv, is_up, args, worker, pf in mlp_nodes(w1, w2, xs, h, up, down, distance):
+        for gemv, is_up, args, worker in mlp_nodes(w1, w2, xs, h, up, down):
             if gemv != at:
                 prev, cur, at = cur, [], gemv
-            extra = (flags[gemv], int(gemv > 0)) if flagged else ()
-            cur.append(g.add(up_task if is_up else down_task, *args, *pf, *extra,
-                             after=prev if deps and not flagged else (), worker=worker))
+            cur.append(g.add(up_task if is_up else down_task, *args, after=prev if deps else (), worker=worker))
         t0 = time.perf_counter()
         g.run(timeout=30)
         first_run_s = time.perf_counter() - t0
@@ -244,8 +169,7 @@ def runtime_mlp(torch, w1, w2, x0, repeat: int, variant: str, deps: bool = True)
         workers = rt.workers
     return {"warploop_us": statistics.median(per_run), "warploop_out": out, "replay_out": replay_out,
             "workers": workers, "nodes": len(g), "counters": len(g.schedule.counter_sizes),
-            "first_run_s": first_run_s, "tiles": {"up": up, "down": down}, "prefetch_distance": distance,
-            "variant": variant, "sync": "flags" if flagged else "counters",
+            "first_run_s": first_run_s, "tiles": {"up": up, "down": down}, "variant": variant,
             "per_gemv_us": statistics.median(per_run) / (2 * layers)}
 
 
@@ -284,7 +208,6 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     weight_bytes = sum(w.numel() * w.element_size() for w in w1 + w2)
     bw = copy_gbs(torch)
     ref = reference(torch, w1, w2, x0)
-    from warploop.bench.runtime_hop import hop_figures
     skip = {"skipped": f"--only {only}"}
     # Hops: the peers (CUDA graph, launches) and floors first, then both chains (runtime_hop.py).
     peers = section("hops", hop_figures, torch, n, repeat=5 if quick else 20) if only != "mlp" else skip
@@ -294,7 +217,7 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
                     rounds=200 if quick else 2000) if only != "mlp" else skip)
     CLOCKS.pause(False)
     variants = {name: section(f"runtime mlp {name}", runtime_mlp, torch, w1, w2, x0, repeat=3 if quick else 20,
-                              variant=name) for name in (MLP_BENCH if only != "hops" else ())}
+                              variant=name) for name in (MLP_SCHEDULES if only != "hops" else ())}
     for v in variants.values():
         if "warploop_out" in v:
             v["rel_err_vs_fp32"] = rel_err(torch, v["warploop_out"], ref)
@@ -305,7 +228,7 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
     wl = min(good, key=lambda v: v["warploop_us"]) if good else {}
     # Attribution: the best schedule's tiles with no GEMV boundaries (wrong output; never the figure).
     no_deps = (section("runtime mlp without dependencies (diagnostic)", runtime_mlp, torch, w1, w2, x0,
-                       repeat=3 if quick else 20, variant=FLAG_VARIANTS.get(wl["variant"], wl["variant"]), deps=False)
+                       repeat=3 if quick else 20, variant=wl["variant"], deps=False)
               if wl else skip)
     floor_us = weight_bytes / (bw * 1e9) * 1e6
     stack = {"layers": layers, "weight_bytes": weight_bytes, "copy_gbs": bw, "floor_us": floor_us,
@@ -330,8 +253,6 @@ def _gpu_figures(torch, quick: bool, layers: int, only: str | None) -> dict:
         stack["peer_error"] = mlp["error"]
     hops.pop("clocks", None)    # not sampled (paused)
     hop_peer_clocks = peers.pop("clocks", None)
-    from warploop.bench.runtime_coexist import coexist_figures
-    from warploop.bench.runtime_fanout import fanout_figures
     coexist = section("coexist", coexist_figures, torch) if only is None else skip
     coexist.update(section("fanout", fanout_figures, torch) if only is None else {})
     out = {"hops": n, **peers, **hops, "mlp_stack": stack, "coexist": coexist, "clocks": {"hops": hop_peer_clocks}}

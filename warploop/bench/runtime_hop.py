@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 
 import warploop
+from warploop.bench.runtime_kernels import HOP_TASKS, hop, hop_kernel
+from warploop.bench.timing import events_us, graph_of
 from warploop.runtime import layout as L
 from warploop.runtime.sync import i64, wait_ge
 
@@ -159,9 +161,25 @@ def floors(torch, n: int) -> dict:
     return fig
 
 
+def hop_peers(torch, n: int) -> dict:
+    x = torch.zeros(n, dtype=torch.int32, device="cuda")
+
+    def chain():
+        for i in range(n):
+            hop_kernel[(1,)](x, i, num_warps=1)
+
+    launch_us = events_us(torch, chain, trials=5) / n
+    graph = graph_of(torch, chain, 1)
+    x.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ok = int(x[-1]) == n
+    node_us = events_us(torch, graph.replay, reps=5) / n
+    return {"triton_launch_us": launch_us, "cuda_graph_node_us": node_us, "cuda_graph_chain_ok": ok}
+
+
 def chain(rt, x, n: int, pinned: bool):
     """The hop chain as a graph: default placement, or pinned round robin on every worker."""
-    from warploop.bench.runtime_kernels import hop
     g = rt.graph()
     prev = []
     for i in range(n):
@@ -186,8 +204,6 @@ def time_chain(torch, g, x, n: int, repeat: int) -> dict:
 
 def hop_figures(torch, n: int = 2000, repeat: int = 20) -> dict:
     """Every figure of this file; peers and floors first, then one runtime for both chains."""
-    from warploop.bench.runtime_gpu import hop_peers
-    from warploop.bench.runtime_kernels import HOP_TASKS
     fig = {"hops": n, **floors(torch, n), **hop_peers(torch, n)}
     workers = torch.cuda.get_device_properties(0).multi_processor_count
     x_same = torch.zeros(n, dtype=torch.int32, device="cuda")

@@ -39,6 +39,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from warploop.bench.runtime_kernels import noop
 from warploop.runtime import layout as L
 from warploop.runtime.sync import clock_after
 
@@ -95,8 +96,7 @@ def submit_breakdown(rt, rounds: int = 1000, task=None, floor: dict | None = Non
     task: a task of `rt` that takes no arguments (default: warploop.bench.runtime_kernels.noop).
     floor: bus_floor()'s figures, taken before `rt` opened, to report beside the stages.
     """
-    if task is None:
-        from warploop.bench.runtime_kernels import noop as task
+    task = noop if task is None else task
     for _ in range(max(10, rounds // 10)):
         rt.submit(task).result()
     gpu = rt.backend != "cpu"

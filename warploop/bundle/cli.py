@@ -6,8 +6,8 @@ import json
 import os
 import sys
 
+from warploop.args import positive_int
 from warploop.bundle.format import BundleFile, BundleFormatError
-from warploop.cli import positive_int
 
 FORMAT_ORDER = ("cubin", "ptx", "hsaco", "source")
 

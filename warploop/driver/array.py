@@ -111,7 +111,7 @@ def _host_bytes(array: Any, dtype: str) -> Any:
 def _driver_for(device: str | Target | DeviceInfo | None, driver: GpuDriver | None) -> GpuDriver:
     if driver is not None:
         return driver
-    from warploop.driver import get_driver
+    from warploop.driver.select import get_driver
     from warploop.target import select_device
 
     info = select_device(device)

@@ -2,7 +2,7 @@
 
 The engine hands a backend one `ModelBatch` per step (host-side lists: what to compute and where
 its KV lives) and gets logits back. The per-op PyTorch backend (backend_torch.py) is one
-implementation; a resident decode megakernel is meant to be another, under the same contract:
+implementation, the decode megakernel (mk/backend.py) another, under the same contract:
 
 - `forward` writes the KV of every token in the batch to its slot in the paged cache, attends
   over the sequence's whole context through its block table, and returns float32 logits for the
@@ -91,6 +91,31 @@ class Backend(abc.ABC):
         step (the megakernel) overrides this."""
         from warploop.llm.sampler import sample_on_device
         return sample_on_device(self.forward(batch), seqs)
+
+    # ---- the decode loop on the device: a backend that runs a decode batch's steps without the host
+    # between them (the megakernel) overrides the three methods below; the engine then drives the loop
+    # through warploop/llm/loop_step.py, and takes single steps wherever loop_ready says no.
+
+    @property
+    def runs_decode_loops(self) -> bool:
+        """Whether this backend implements the decode loop (overrides start_loop)."""
+        return type(self).start_loop is not Backend.start_loop
+
+    def loop_ready(self, batch: ModelBatch, seqs: list) -> bool:
+        """Whether this decode batch can run as a loop on the device now."""
+        return False
+
+    def start_loop(self, batch: ModelBatch, seqs: list, steps: int, remaining: list[int],
+                   stops: list[list[int]], free: list[int]):
+        """Start up to `steps` decode steps of `batch` on the device and return at once with the run
+        (loop_step.LoopStep reads its tokens as they arrive). remaining: per row, the most tokens it may
+        make; stops: per row, the ids that stop it; free: KV blocks the rows take, in order, as they
+        cross block boundaries. Called only after loop_ready said yes."""
+        raise NotImplementedError(f"{type(self).__name__} runs no decode loop (loop_ready is False)")
+
+    def loop_logits(self, rows: list[int]):
+        """The latest loop step's float32 logits of these rows (a loop that ended for host sampling)."""
+        raise NotImplementedError(f"{type(self).__name__} runs no decode loop (loop_ready is False)")
 
     def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from warploop.cli import positive_int
+from warploop.args import positive_int
 from warploop.llm.build import BACKEND_HELP, BACKENDS
 
 

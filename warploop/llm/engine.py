@@ -19,6 +19,7 @@ from warploop.llm.detokenizer import Detokenizer
 from warploop.llm.kv_cache import BlockManager
 from warploop.llm.loop_step import LoopStep
 from warploop.llm.params import Completion, SamplingParams, StreamEvent
+from warploop.llm.parts import load_parts
 from warploop.llm.sampler import make_generator, sample_on_device
 from warploop.llm.scheduler import Scheduler
 from warploop.llm.sequence import Sequence, Status
@@ -37,7 +38,7 @@ class Engine:
     def __init__(self, config: ModelConfig, backend: Backend, tokenizer=None, *, model_name: str = "model",
                  max_context: int, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
                  enable_prefix_caching: bool = True, decode_loop: bool = True) -> None:
-        """decode_loop: where the backend can (the megakernel's start_loop), run each decode batch as
+        """decode_loop: where the backend can (Backend.runs_decode_loops: the megakernel), run each decode batch as
         a loop of up to 64 steps on the device, the host only taking tokens out (loop_step.py);
         False: one step per host round trip (a reference, or to debug)."""
         layout = backend.layout
@@ -46,7 +47,7 @@ class Engine:
                              f"{layout.block_size} tokens)")
         self.config, self.backend, self.tokenizer, self.model_name = config, backend, tokenizer, model_name
         self.max_context = max_context
-        self.decode_loop = decode_loop and hasattr(backend, "start_loop")
+        self.decode_loop = decode_loop and backend.runs_decode_loops
         self.vocab_size = config.vocab_size
         self.eos_token_ids = set(config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
         self.blocks = BlockManager(layout.num_blocks, layout.block_size, enable_prefix_caching)
@@ -65,11 +66,20 @@ class Engine:
         self._thread.start()
 
     @classmethod
-    def from_model(cls, model: str, **options) -> Engine:
-        """`tiny` or a Hugging Face-format directory; options as in build_engine (warploop.llm.build)."""
-        from warploop.llm.build import build_engine
-
-        return build_engine(model, **options)
+    def from_model(cls, model: str, *, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
+                   enable_prefix_caching: bool = True, decode_loop: bool = True, **options) -> Engine:
+        """`tiny`, a Hugging Face-format directory or a .gguf file; options as in
+        warploop.llm.parts.load_parts (device, dtype, block_size, num_kv_blocks, max_model_len, progress,
+        use_cuda_graphs, backend, tensor_parallel). decode_loop: let a backend that can (the
+        megakernel) run decode steps in a loop on the device."""
+        parts = load_parts(model, max_num_seqs=max_num_seqs, **options)
+        try:
+            return cls(parts.cfg, parts.backend, parts.tokenizer, model_name=parts.name,
+                       max_context=parts.max_context, max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens,
+                       enable_prefix_caching=enable_prefix_caching, decode_loop=decode_loop)
+        except BaseException:
+            parts.backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
+            raise
 
     # ---- requests (any thread) ----
 

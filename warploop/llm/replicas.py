@@ -35,7 +35,7 @@ VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "hip": "HIP_VISIBLE_DEVICES"}
 @dataclasses.dataclass(frozen=True)
 class ReplicaJob:
     model: str
-    options: dict                   # build_engine keywords
+    options: dict                   # Engine.from_model keywords
     env: dict                       # set in the replica before torch starts (its GPUs)
     threads: int | None             # CPU threads (None: torch's default)
 

@@ -184,9 +184,8 @@ class GpuBackend:
                     self._ctl64[word:word + 1].copy_(self._reset_words[:1], non_blocking=True)
             # Landed before the launch, not only ordered before it: the exit-while-open fault (seen
             # on an H100 on 2026-11-25 at the first decode after a prefill parked the kernel) looked
-            # like a relaunched kernel that read the old exit words. scripts/probe_relaunch.py saw
-            # no fault in 1,600 relaunches with or without this sync (2026-11-27); it stays, since a
-            # relaunch already costs about 100 us of host work.
+            # like a relaunched kernel that read the old exit words. 1,600 relaunches showed no fault
+            # with or without this sync; it stays, since a relaunch already costs about 100 us of host work.
             self.stream.synchronize()
             self.host[L.HB_EXITED] = 0
             self.host[L.HB_PARK] = gen + 1

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The one entry point for runs on the GPU machine: `bash scripts/device.sh PART...` from the repo root.
+# Output goes to $OUT (the device tool's folder; default /tmp/device-out). Parts:
+#   runtime   the runtime and std GPU tests, then `warploop bench runtime --json` -> $OUT/runtime-<device>-<date>.json
+#   hostcall  the std and runtime GPU tests, then `warploop bench hostcall --json` -> $OUT/hostcall-<device>-<date>.json
+#   bundle    build examples/kernels.py for every target, then `warploop bench bundle --json` -> $OUT/bundle-...json
+#   hop       the runtime GPU tests, then `python -m warploop.bench.runtime_hop` -> $OUT/hop.json
+#   examples  every example at its GPU size, then the examples', runtime's and coexistence GPU tests
+#   tp        two GPUs: tensor parallelism and replicas (TP_PARTS, default below; scripts/bench_tp.py one part a
+#             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log
+#   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
+#   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
+# Commit a bench's JSON unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json (BENCHMARKS.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,13p" "$0" | cut -c3-; exit 0; fi
+
+environment() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
+  python -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+}
+stamp() { echo "$(python -c 'from warploop.bench.common import device_slug; print(device_slug())')-$(date -u +%Y%m%d)"; }
+gpu_tests() { timeout "${TEST_S:-300}" python -m pytest -q -p no:cacheprovider --timeout=300 "$@" 2>&1 | tee -a "$OUT/pytest.log" | tail -8; }
+
+tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own process
+  local part=$1 limit=$2 left=$(( DEADLINE_S - ($(date +%s) - START) ))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 30 ]; then echo "tp $part skipped: ${left}s left"; return; fi
+  case $part in
+    tests) timeout -s ABRT -k 10 "$limit" python -m pytest -q -p no:cacheprovider -rf --tb=short --timeout=120 \
+             tests/test_tp_gpu.py tests/test_tp_shard.py > "$OUT/pytest.log" 2>&1; echo "tests rc=$?"; tail -25 "$OUT/pytest.log" ;;
+    user) for run in 1:auto 2:nccl 2:symm; do   # a user's generate, greedy, on tiny: TP=1 against each all-reduce
+            echo "tensor-parallel ${run%%:*}, WARPLOOP_TP_ALLREDUCE=${run##*:}"
+            WARPLOOP_TP_ALLREDUCE=${run##*:} timeout -s ABRT -k 10 "$limit" python -m warploop.cli generate --model tiny \
+              --device cuda --prompt "def add(a, b):" --max-tokens 64 --temperature 0 --tensor-parallel "${run%%:*}" --json
+          done 2>&1 | tee "$OUT/user.log" ;;
+    *) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "$part" > "$OUT/tp-$part.json"
+       echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
+  esac
+}
+
+for part in "$@"; do
+  echo "== $part $(date +%T)"
+  case "$part" in
+    runtime)
+      environment; gpu_tests tests/test_runtime_gpu.py tests/test_std_gpu.py
+      timeout "${BENCH_S:-300}" python -m warploop.cli bench runtime --json --out "$OUT/runtime-$(stamp).json" > /dev/null
+      echo "bench runtime rc=$?" ;;
+    hostcall)
+      environment; gpu_tests tests/test_std_then.py tests/test_std_runtime.py tests/test_std_gpu.py tests/test_runtime_gpu.py
+      timeout "${BENCH_S:-200}" python -m warploop.cli bench hostcall --json > "$OUT/hostcall-$(stamp).json"
+      echo "bench hostcall rc=$?" ;;
+    bundle)
+      environment
+      python -m warploop.cli bundle build examples/kernels.py -t cuda:80 -t cuda:90 -t cuda:100 -t hip:gfx90a \
+        -t hip:gfx942 -t hip:gfx1100 -t cpu -o /tmp/kernels.wlb
+      timeout "${BENCH_S:-300}" python -m warploop.cli bench bundle --json --bundle /tmp/kernels.wlb \
+        --out "$OUT/bundle-$(stamp).json" > /dev/null
+      echo "bench bundle rc=$?" ;;
+    hop)
+      environment; gpu_tests tests/test_runtime_gpu.py
+      timeout "${HOP_S:-120}" python -m warploop.bench.runtime_hop "${HOPS:-2000}" > "$OUT/hop.json"
+      echo "hop rc=$?"; head -c 2000 "$OUT/hop.json"; echo ;;
+    examples)
+      environment
+      for ex in parallel_sort tree_reduce mlp_graph bundle_demo; do
+        echo "examples/$ex.py"; timeout 400 python examples/$ex.py; echo "rc=$?"
+      done
+      timeout 200 python examples/gpu_grep.py "def " "$(python -c 'import json, os; print(os.path.dirname(json.__file__))')" | tail -2
+      gpu_tests tests/test_examples_gpu.py tests/test_runtime_gpu.py tests/test_runtime_coexist_gpu.py tests/test_std_gpu.py \
+        tests/test_runtime_dynamic_gpu.py ;;
+    tp)
+      export NCCL_NVLS_ENABLE=0 PYTHONFAULTHANDLER=1   # NVLink multicast stays off; a stalled part prints its stacks
+      START=$(date +%s); DEADLINE_S=${DEADLINE_S:-570}
+      environment; python -c "import torch; print('nccl', torch.cuda.nccl.version())"
+      for p in ${TP_PARTS:-tests tp tp_symm one user replicas compile}; do
+        case $p in tests) tp_part tests 200 ;; compile) tp_part compile 300 ;; *) tp_part "$p" 150 ;; esac
+        if [ "$p" = tp ] && ! grep -q ms_per_token_bs1 "$OUT/tp-tp.json" 2>/dev/null; then tp_part tp_eager 120; fi
+      done ;;
+    mk) bash scripts/device_mk.sh ;;
+    stream) bash scripts/device_stream.sh ;;
+    *) echo "device.sh: no part '$part' (bash scripts/device.sh --help lists them)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,63 @@
+"""Loading a model into an engine's parts: tokenizer, config, weights on a device, a backend over a
+KV pool (warploop.llm.build), or a tensor-parallel backend over N ranks (warploop.llm.tp). What
+Engine.from_model runs before the engine starts; it knows nothing of the engine itself.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from warploop.llm.build import build_backend, check_backend, torch_device, torch_dtype
+from warploop.llm.config import ModelConfig
+from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, open_gguf, resolve_model_dir
+from warploop.llm.tokenizer import Tokenizer
+from warploop.llm.tp.build import RankJob, build_tp_backend
+
+
+@dataclass
+class ModelParts:
+    cfg: ModelConfig
+    backend: object          # a warploop.llm.backend.Backend
+    tokenizer: Tokenizer
+    name: str                # the model's name in responses: tiny, a directory's or a file's
+    max_context: int
+
+
+def load_parts(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
+               num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_model_len: int | None = None,
+               progress: bool = True, use_cuda_graphs: bool = True, backend: str | None = None,
+               tensor_parallel: int = 1) -> ModelParts:
+    """The parts of an engine for `tiny`, a Hugging Face-format directory, or a .gguf file (or a
+    directory holding one); backend: 'torch' or 'megakernel'; with `tensor_parallel` N > 1, over N
+    ranks (N GPUs, or N processes on the CPU), each holding 1/N of the model (warploop/llm/tp)."""
+    if backend is not None:
+        check_backend(backend)     # before loading anything
+    gguf = open_gguf(model)
+    if gguf is not None:
+        if tensor_parallel != 1:
+            raise ValueError("--tensor-parallel does not load .gguf files yet: convert the model to safetensors")
+        cfg, tokenizer, path = gguf.config, gguf.tokenizer(), gguf.path
+        dev = torch_device(device)
+        torch_type = torch_dtype(dtype, cfg)
+    else:
+        path = resolve_model_dir(model)
+        cfg = load_config(path)
+        tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
+        dev = torch_device(device)
+        torch_type = torch_dtype(dtype, cfg, checkpoint_dtype(path))
+    if tensor_parallel != 1:
+        if backend not in (None, "torch"):
+            raise ValueError(f"--backend {backend} does not run under --tensor-parallel yet: use --backend torch")
+        max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        job = RankJob(cfg, str(path), str(torch_type).removeprefix("torch."), block_size, num_kv_blocks, max_num_seqs,
+                      max_len, use_cuda_graphs)
+        made, max_context = build_tp_backend(cfg, tensor_parallel, dev, job)
+    else:
+        weights = (gguf.load_weights(dev, torch_type, progress=progress) if gguf is not None
+                   else load_weights(path, cfg, dev, torch_type, progress=progress))
+        made, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                          max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                          use_cuda_graphs=use_cuda_graphs, backend=backend)
+    name = "tiny" if model == "tiny" else Path(path).stem if gguf else os.path.basename(os.path.normpath(str(path)))
+    return ModelParts(cfg, made, tokenizer, name, max_context)
