@@ -22,12 +22,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warploop.llm.openai_schema import APIError, ChatCompletionRequest, CompletionRequest
 from warploop.llm.server_limits import LimitBody, ServerLimits
 from warploop.llm.server_metrics import CountRequests, ServerMetrics
+from warploop.llm.server_openapi import openapi_document, route_docs
 from warploop.llm.server_prepare import RequestPreparer
 
 # OpenAI's default output budget for /v1/completions; chat defaults to whatever the context leaves.
@@ -178,6 +179,13 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
     started = int(time.time())
     docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", **docs)
+
+    def openapi() -> dict:  # the document is built once, on first use, from route_docs and the models
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_document(app, api_key is not None)
+        return app.openapi_schema
+
+    app.openapi = openapi
     app.add_middleware(LimitBody, limits=limits or ServerLimits())
     app.add_middleware(CountRequests, metrics=metrics)  # added last: outermost, so it counts 413s too
 
@@ -219,25 +227,25 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
 
     if api_key is not None:
         @app.get("/openapi.json", include_in_schema=False)
-        async def openapi(request: Request) -> dict:
+        async def openapi_with_key(request: Request) -> dict:
             authorize(request)
             return app.openapi()
 
-    @app.get("/health")
+    @app.get("/health", **route_docs("/health"))
     async def health() -> dict:
         return {"status": "ok", "model": engine.model_name}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **route_docs("/metrics"))
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **route_docs("/v1/models"))
     async def list_models(request: Request) -> dict:
         authorize(request)
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model}")
+    @app.get("/v1/models/{model}", **route_docs("/v1/models/{model}"))
     async def get_model(request: Request, model: str) -> dict:
         authorize(request)
         check_model(model)
@@ -274,11 +282,11 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
             raise _engine_failure(last)
         return JSONResponse(reply.full(text, last))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **route_docs("/v1/completions"))
     async def completions(request: Request) -> Response:
         return await generate(request, CompletionRequest)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **route_docs("/v1/chat/completions"))
     async def chat_completions(request: Request) -> Response:
         return await generate(request, ChatCompletionRequest)
 
