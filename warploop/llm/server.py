@@ -178,7 +178,9 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
     metrics = ServerMetrics(engine)
     started = int(time.time())
     docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", **docs)
+    # No redirect from a path with a trailing slash: an API answers 404 in its error shape, not 307.
+    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", redirect_slashes=False,
+                  **docs)
 
     def openapi() -> dict:  # the document is built once, on first use, from route_docs and the models
         if app.openapi_schema is None:
