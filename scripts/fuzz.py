@@ -134,6 +134,11 @@ def _mutations(doc: dict, request_schema: dict, body: dict) -> list[tuple[str, A
     return [(what, b) for what, b in out if not check.is_valid(b)]
 
 
+def _segment(value: str) -> str:
+    """A path parameter as one URL segment: a client would resolve a bare "." or ".." away (RFC 3986)."""
+    return urllib.parse.quote(value, safe="").replace(".", "%2E")
+
+
 def _draw(strategy: st.SearchStrategy, count: int, seed_value: int) -> list[Any]:
     """Up to `count` values of `strategy`, reproducibly from `seed_value`."""
     drawn: list[Any] = []
@@ -171,7 +176,7 @@ def generate_cases(doc: dict, served_model: str, count: int, seed_value: int) ->
         for i in range(per_op):
             value = copy.deepcopy(drawn[i % len(drawn)])
             if "requestBody" not in op:
-                url_path = path.format(**{k: urllib.parse.quote(str(v), safe="") for k, v in value.items()})
+                url_path = path.format(**{k: _segment(str(v)) for k, v in value.items()})
                 cases.append(Case(method, path, url_path, None, True, f"path {value}"))
                 continue
             if rng.random() < 0.75:
