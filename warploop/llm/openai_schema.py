@@ -13,6 +13,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from warploop.llm.params import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_K,
+    REPETITION_PENALTY_RANGE,
+    SEED_RANGE,
+)
+
+
+def only(*values: Any, why: str) -> Any:
+    """A field parsed but accepted only at `values`: the published schema says so (enum), while the
+    400 for any other value stays check_supported's, which names the field and the alternative."""
+    return Field(default=values[0], json_schema_extra={"enum": list(values)}, description=why)
+
+
+def documented(**extra: Any) -> dict[str, Any]:
+    """Bounds enforced by SamplingParams (with its messages), published in the schema as well."""
+    return {"json_schema_extra": extra}
+
 
 class APIError(Exception):
     """A failed request, answered with `status` and an OpenAI-style error body."""
@@ -29,7 +49,8 @@ class APIError(Exception):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, description="end the stream with a chunk holding `usage` and no "
+                                                           "choices")
 
 
 class _SamplingFields(BaseModel):
@@ -37,26 +58,33 @@ class _SamplingFields(BaseModel):
     # strict: JSON types as documented; "5" or true for an integer, "yes" for a boolean, is a 400
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    model: str | None = Field(default=None, description="if given, the served model's id (see /v1/models)")
+    max_tokens: int | None = Field(default=None, ge=1, description="most tokens to generate; prompt + max_tokens "
+                                   "must fit the context (completions default 16, chat: the rest of the context)")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0 is greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    user: str | None = None
+    n: int = only(1, why="choices per request: only 1")
+    stream: bool = Field(default=False, description="answer as server-sent events (text/event-stream)")
+    stream_options: StreamOptions | None = Field(default=None, description="only with stream: true")
+    stop: str | list[str] | None = Field(default=None, **documented(
+        maxItems=MAX_STOP_STRINGS, minLength=1, maxLength=MAX_STOP_CHARS, items={"minLength": 1,
+                                                                                 "maxLength": MAX_STOP_CHARS}),
+        description=f"a stop string or a list of at most {MAX_STOP_STRINGS}, each of 1 to {MAX_STOP_CHARS} characters")
+    seed: int | None = Field(default=None, **documented(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]))
+    user: str | None = Field(default=None, description="ignored")
     # Accepted only at their neutral values, so clients that always send them keep working.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = only(0.0, why="only 0; use repetition_penalty")
+    frequency_penalty: float = only(0.0, why="only 0; use repetition_penalty")
+    logit_bias: dict[str, float] | None = Field(default=None, description="not supported: null or {}",
+                                                **documented(maxProperties=0))
     # vLLM-style extensions.
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, description="0 turns it off", **documented(maximum=MAX_TOP_K))
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, **documented(
+        minimum=REPETITION_PENALTY_RANGE[0], maximum=REPETITION_PENALTY_RANGE[1]))
     ignore_eos: bool = False
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list, **documented(
+        maxItems=MAX_STOP_TOKEN_IDS, items={"type": "integer", "minimum": 0, "maximum": MAX_TOP_K}))
 
     @field_validator("stop")
     @classmethod
@@ -81,11 +109,12 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="one prompt: a non-empty text or list of token ids (a list of one of either is taken too)")
+    echo: bool = only(False, why="not supported")
+    logprobs: int | None = only(None, why="not supported")
+    best_of: int | None = only(None, 1, why="only 1")
+    suffix: str | None = only(None, "", why="not supported")
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -131,13 +160,13 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    messages: list[ChatMessage] = Field(min_length=1, description="rendered with the model's chat template")
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="max_tokens by its newer name")
+    logprobs: bool = only(False, why="not supported")
+    top_logprobs: int | None = only(None, why="not supported")
+    tools: list[Any] | None = Field(default=None, description="not supported: null or []", **documented(maxItems=0))
+    tool_choice: Any = only(None, "none", why="not supported")
+    response_format: dict[str, Any] | None = only(None, {"type": "text"}, why="only {\"type\": \"text\"}")
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -14,21 +14,24 @@ warploop.llm.server_limits; turning a body into prompt ids runs off the loop (se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warploop.llm.openai_schema import APIError, ChatCompletionRequest, CompletionRequest
 from warploop.llm.server_limits import LimitBody, ServerLimits
 from warploop.llm.server_metrics import CountRequests, ServerMetrics
+from warploop.llm.server_openapi import openapi_document, route_docs
 from warploop.llm.server_prepare import RequestPreparer
+from warploop.llm.server_watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog, failure_event, is_device_fault
 
 # OpenAI's default output budget for /v1/completions; chat defaults to whatever the context leaves.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -38,8 +41,10 @@ class _EngineRequest:
     """One engine request as seen from asyncio: `events()` yields its StreamEvents in order, and
     `close()` (idempotent) aborts it unless it finished and records its metrics."""
 
-    def __init__(self, engine: Any, prompt_ids: list[int], params: Any, metrics: ServerMetrics) -> None:
-        self._engine, self._metrics = engine, metrics
+    def __init__(self, engine: Any, prompt_ids: list[int], params: Any, metrics: ServerMetrics,
+                 watchdog: EngineWatchdog) -> None:
+        self._engine, self._metrics, self._watchdog = engine, metrics, watchdog
+        self._prompt_tokens = len(prompt_ids)
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._arrival = time.perf_counter()
@@ -48,12 +53,19 @@ class _EngineRequest:
         self._closed = False
         self.finish_reason: str | None = None
         self.request_id = engine.add_request(prompt_ids, params, self._on_event)
+        watchdog.jobs.add(self)
 
     def _on_event(self, event: Any) -> None:  # runs on the engine thread
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            if event.error and is_device_fault(event.error):
+                self._loop.call_soon_threadsafe(self._watchdog.stall, f"the device failed: {event.error}")
         except RuntimeError:
             pass  # the loop has closed (shutdown): nobody is waiting for this request any more
+
+    def fail(self, message: str) -> None:
+        """End this request with an error event now (the engine is stuck: its own events may never come)."""
+        self._queue.put_nowait(failure_event(self.request_id, self._prompt_tokens, self._tokens, message))
 
     async def events(self) -> AsyncIterator[Any]:
         while self.finish_reason is None:
@@ -68,6 +80,7 @@ class _EngineRequest:
         if self._closed:
             return
         self._closed = True
+        self._watchdog.jobs.discard(self)
         if self.finish_reason is None:
             self._engine.abort(self.request_id)
         self._metrics.request_done(self.finish_reason or "abort", self._ttft,
@@ -167,17 +180,42 @@ async def _collect(job: _EngineRequest) -> tuple[str, Any]:
     return "".join(parts), last
 
 
-def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
+def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | None = None,
+               engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+               on_fatal: Callable[[str], None] | None = None) -> FastAPI:
     """The FastAPI app serving `engine`. The caller owns the engine (and closes it after serving).
+
+    A device fault, or an engine that produces no token for `engine_timeout_s` while requests run,
+    fails every open request with an error naming it, turns /health and new requests into 503, and
+    calls `on_fatal(message)` (server_watchdog.py); `warploop serve` then exits.
 
     With `api_key`, every /v1 route and /openapi.json require `Authorization: Bearer <api_key>`
     (/docs and /redoc, which a browser loads without the header, are off); /health and /metrics
     stay open for load balancers and scrapers. `limits` bound request bodies (ServerLimits()).
     """
     metrics = ServerMetrics(engine)
+    watchdog = EngineWatchdog(engine, engine_timeout_s, on_fatal or (lambda message: None))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.ensure_future(watchdog.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+
     started = int(time.time())
     docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", **docs)
+    # No redirect from a path with a trailing slash: an API answers 404 in its error shape, not 307.
+    app = FastAPI(title="warploop", summary="OpenAI-compatible API for the warploop engine", redirect_slashes=False,
+                  lifespan=lifespan, **docs)
+
+    def openapi() -> dict:  # the document is built once, on first use, from route_docs and the models
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_document(app, api_key is not None)
+        return app.openapi_schema
+
+    app.openapi = openapi
     app.add_middleware(LimitBody, limits=limits or ServerLimits())
     app.add_middleware(CountRequests, metrics=metrics)  # added last: outermost, so it counts 413s too
 
@@ -219,25 +257,31 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
 
     if api_key is not None:
         @app.get("/openapi.json", include_in_schema=False)
-        async def openapi(request: Request) -> dict:
+        async def openapi_with_key(request: Request) -> dict:
             authorize(request)
             return app.openapi()
 
-    @app.get("/health")
+    def refuse_if_stalled() -> None:
+        if watchdog.stalled:
+            raise APIError(503, f"{watchdog.stalled}; the server is stopping", type="server_error",
+                           code="engine_failed")
+
+    @app.get("/health", **route_docs("/health"))
     async def health() -> dict:
+        refuse_if_stalled()
         return {"status": "ok", "model": engine.model_name}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **route_docs("/metrics"))
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **route_docs("/v1/models"))
     async def list_models(request: Request) -> dict:
         authorize(request)
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model}")
+    @app.get("/v1/models/{model}", **route_docs("/v1/models/{model}"))
     async def get_model(request: Request, model: str) -> dict:
         authorize(request)
         check_model(model)
@@ -247,10 +291,11 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
 
     async def generate(request: Request, schema: type) -> Response:
         authorize(request)
+        refuse_if_stalled()
         prepared = await preparer(await request.body(), schema)
         body, chat = prepared.body, schema is ChatCompletionRequest
         try:
-            job = _EngineRequest(engine, prepared.prompt_ids, prepared.params, metrics)
+            job = _EngineRequest(engine, prepared.prompt_ids, prepared.params, metrics, watchdog)
         except ValueError as exc:  # the engine's own checks: token ids, context, stop strings
             raise APIError(400, str(exc)) from None
         except RuntimeError as exc:  # the engine is closed: shutting down
@@ -274,11 +319,11 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
             raise _engine_failure(last)
         return JSONResponse(reply.full(text, last))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **route_docs("/v1/completions"))
     async def completions(request: Request) -> Response:
         return await generate(request, CompletionRequest)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **route_docs("/v1/chat/completions"))
     async def chat_completions(request: Request) -> Response:
         return await generate(request, ChatCompletionRequest)
 

@@ -11,10 +11,14 @@ import ipaddress
 import signal
 import socket
 import sys
+import threading
 
 from warploop.cli import positive_int
 from warploop.llm.build import BACKEND_HELP, BACKENDS
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
+from warploop.llm.server_watchdog import DEFAULT_ENGINE_TIMEOUT_S
+
+ENGINE_CLOSE_TIMEOUT_S = 10.0   # after a device fault the engine's thread may be stuck in it: exit anyway
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-connections", type=int, default=ServerLimits.max_connections,
                         help="open connections served at once; more get 503 and are closed "
                              f"(default {ServerLimits.max_connections})")
+    parser.add_argument("--engine-timeout", type=float, default=DEFAULT_ENGINE_TIMEOUT_S,
+                        help="seconds the engine may produce no token while requests run; then every waiting "
+                             "request gets an error and the server exits with status 1 (the device hangs) "
+                             f"(default {DEFAULT_ENGINE_TIMEOUT_S:g})")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -137,21 +145,43 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
     # Turn SIGTERM into an exception so the engine is closed and the exit status is 0 (a requested stop).
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    engine = None
+    engine, server, fatal = None, None, []
+
+    def on_fatal(message: str) -> None:  # the engine is stuck or its device failed: every request has its error
+        print(f"warploop serve: {message}; exiting", file=sys.stderr, flush=True)
+        fatal.append(message)
+        if server is not None:
+            server.should_exit = True
+
     try:
         engine = _engine(args)
-        app = create_app(engine, api_key=args.api_key, limits=limits)
+        app = create_app(engine, api_key=args.api_key, limits=limits, engine_timeout_s=args.engine_timeout,
+                         on_fatal=on_fatal)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
                                 http=guarded_protocol(limits), timeout_keep_alive=min(5, limits.header_timeout_s))
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"serving {engine.model_name!r} on {url} (OpenAI base URL: {url}/v1)", flush=True)
-        uvicorn.Server(config).run(sockets=[sock])
+        server = uvicorn.Server(config)
+        server.run(sockets=[sock])
     except _Terminated:
         pass
     finally:
         if engine is not None:
-            engine.close()
+            _close(engine, ENGINE_CLOSE_TIMEOUT_S if fatal else None)
         sock.close()
         signal.signal(signal.SIGTERM, previous)
-    return 0
+    return 1 if fatal else 0
+
+
+def _close(engine, timeout_s: float | None) -> None:
+    """engine.close(), or give up on it after `timeout_s` (its daemon thread ends with the process)."""
+    if timeout_s is None:
+        engine.close()
+        return
+    closer = threading.Thread(target=engine.close, name="warploop-close", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        print(f"warploop serve: the engine did not close within {timeout_s:g} s; exiting without it",
+              file=sys.stderr, flush=True)

@@ -7,6 +7,12 @@ body deadline in an ASGI middleware (before the route reads the body). A client 
 one clear status (503, 413, 408) and its connection closed; nothing is logged per connection, so a
 flood cannot flood the log. Memory held by request bodies is at most max_connections x
 max_body_bytes.
+
+A connection closed while its client is still sending a body closes *lingering*: the server
+half-closes (the answer, then FIN), reads and discards what still arrives, and closes once the client
+stops sending (LINGER_IDLE_S), or after LINGER_MAX_BYTES or body_timeout_s. Closed at once, the unread
+bytes would make the kernel reset the connection, and a reset discards the answer before a client
+that is still writing (httpx.AsyncClient) reads it.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from typing import Any
 from warploop.llm.openai_schema import APIError
 
 RESERVED_FDS = 128   # files the process needs besides its connections: the model, logs, torch, sockets
+LINGER_IDLE_S = 2.0          # a lingering close ends once the client has sent nothing for this long,
+LINGER_MAX_BYTES = 64 << 20  # or once this much has been discarded (or after body_timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +122,27 @@ def _too_large(size: int, limits: ServerLimits) -> str:
             "(--max-body-bytes)")
 
 
+class _LingeringTransport:
+    """A connection's transport as uvicorn sees it: its `close()` becomes the protocol's lingering
+    close while the client is still sending a request body, and a plain close otherwise."""
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self.raw, self._protocol = transport, protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+    def close(self) -> None:
+        if not self._protocol.start_linger():
+            self.raw.close()
+
+    def is_closing(self) -> bool:  # lingering counts as closing: uvicorn arms no keep-alive, parses nothing more
+        return self._protocol.lingering or self.raw.is_closing()
+
+
 def guarded_protocol(limits: ServerLimits) -> type:
-    """uvicorn's h11 protocol with a connection cap and a deadline for the request headers."""
+    """uvicorn's h11 protocol with a connection cap, a deadline for the request headers and a
+    lingering close."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -126,9 +153,11 @@ def guarded_protocol(limits: ServerLimits) -> type:
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _linger_timer: asyncio.TimerHandle | None = None
+        lingering, _lost, _discarded, _linger_until = False, False, 0, 0.0
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+            super().connection_made(_LingeringTransport(transport, self))
             if len(self.connections) > limits.max_connections:
                 transport.write(busy)
                 transport.close()
@@ -141,8 +170,10 @@ def guarded_protocol(limits: ServerLimits) -> type:
                 self._arm_header_timer()  # the next request's headers get the same deadline
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
+            self._lost = True
+            for timer in (self._header_timer, self._linger_timer):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
         def _arm_header_timer(self) -> None:
@@ -154,5 +185,37 @@ def guarded_protocol(limits: ServerLimits) -> type:
             # IDLE: no complete request head since the timer was armed (nothing, or a trickle).
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
+
+        def start_linger(self) -> bool:
+            """Begin a lingering close if the client is still sending a body; False: close at once."""
+            raw = self.transport.raw
+            if self.lingering or self._lost or raw.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+                return False
+            self.lingering = True
+            self._unset_keepalive_if_required()
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._linger_until = self.loop.time() + limits.body_timeout_s
+            if raw.can_write_eof():
+                raw.write_eof()  # FIN once the answer is flushed: the client sees the response end
+            raw.resume_reading()  # uvicorn may have paused reading while the body queued up
+            self._arm_linger_timer()
+            return True
+
+        def data_received(self, data: bytes) -> None:
+            if not self.lingering:
+                super().data_received(data)
+                return
+            self._discarded += len(data)
+            if self._discarded > LINGER_MAX_BYTES:
+                self.transport.raw.close()
+            else:
+                self._arm_linger_timer()
+
+        def _arm_linger_timer(self) -> None:
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+            wait = min(LINGER_IDLE_S, max(0.0, self._linger_until - self.loop.time()))
+            self._linger_timer = self.loop.call_later(wait, self.transport.raw.close)
 
     return GuardedH11Protocol

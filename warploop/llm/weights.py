@@ -10,6 +10,12 @@ from collections.abc import Callable
 
 from warploop.llm.config import ModelConfig
 
+# Every weight starts at a multiple of this many bytes: the kernels declare their weight pointers
+# ':16' (warploop.runtime.tasks.ALIGN) and Triton specializes on it. A tensor memory-mapped from a
+# file starts wherever the file's header put it (safetensors: 8 + header bytes), so `fuse` copies the
+# ones that do not; a tensor converted or moved to another device is a fresh, aligned allocation.
+WEIGHT_ALIGN_BYTES = 16
+
 
 @dataclasses.dataclass
 class LayerWeights:
@@ -66,6 +72,8 @@ def fuse(cfg: ModelConfig, get: Callable[[str], object], device, dtype, progress
          check_finite: bool = False) -> ModelWeights:
     """Build ModelWeights from `get(name)` (CPU tensors with the checkpoint_shapes names).
 
+    Every tensor of the result starts at a multiple of WEIGHT_ALIGN_BYTES (only those that did not
+    are copied), whatever file layout `get` reads and whichever backend runs them.
     With `check_finite`, ValueError names every tensor holding a NaN or an infinity once converted
     to `dtype` (a float32 value past float16's range becomes one).
     """
@@ -75,6 +83,8 @@ def fuse(cfg: ModelConfig, get: Callable[[str], object], device, dtype, progress
 
     def put(t, name):
         t = t.to(device=device, dtype=dtype).contiguous()
+        if t.data_ptr() % WEIGHT_ALIGN_BYTES:
+            t = t.clone()  # a fresh allocation: the allocators of torch's devices align far past 16 bytes
         if check_finite:
             sums.append((name, t.sum(dtype=torch.float32)))  # NaN or inf anywhere makes the sum non-finite
         return t
