@@ -35,7 +35,7 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     sys.path.insert(0, HERE)
     from mk_resources import compile_kernel, plans_of
 
-    from warploop.bench.decode import CPU_MODELS, GPU_MODELS
+    from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 
     if model.startswith("test:"):   # a GPU test's model: test:CONFIG:DTYPE:BLOCK (tests/mk_helpers.py)
         import torch

@@ -12,10 +12,10 @@ import collections
 import dataclasses
 import json
 
-from warploop.bench.decode import LLAMA_3_2_1B
 from warploop.llm.mk.graph import StepBuffers, build_decode_graph, describe
 from warploop.llm.mk.plans import plan_for
 from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.shapes import LLAMA_3_2_1B
 from warploop.llm.weights import LayerWeights, ModelWeights
 from warploop.runtime import Runtime
 

@@ -21,9 +21,9 @@ os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 from mk_probe import BLOCK, PROMPT, make, prefill  # noqa: E402
 
-from warploop.bench.decode import GPU_MODELS  # noqa: E402
 from warploop.llm.mk.loop import LOOP_STEPS, MAX_STEPS  # noqa: E402
 from warploop.llm.mk.plans import env_options  # noqa: E402
+from warploop.llm.shapes import GPU_MODELS  # noqa: E402
 
 
 class Greedy:

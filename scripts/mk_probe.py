@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from warploop.bench.decode import CPU_MODELS, GPU_MODELS
 from warploop.llm.backend import ModelBatch
 from warploop.llm.kv_cache import KVCacheLayout
 from warploop.llm.mk.backend import MegakernelBackend
 from warploop.llm.mk.layout import StepInputs
+from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 from warploop.llm.weights import random_weights
 
 PROMPT, MAX_CONTEXT, BLOCK = 32, 2048, 16

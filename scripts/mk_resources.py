@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from warploop.bench.decode import CPU_MODELS, GPU_MODELS
 from warploop.llm.mk.plans import BACKEND_OPTIONS, kernel_plans
 from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 from warploop.runtime import codegen
 from warploop.runtime.tasks import lookup
 

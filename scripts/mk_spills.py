@@ -91,7 +91,7 @@ def compiled_cubin(model: str, plan: str, path: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from mk_resources import compile_kernel, plan_of  # scripts/: beside this file
 
-    from warploop.bench.decode import CPU_MODELS, GPU_MODELS
+    from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
     models = {**CPU_MODELS, **GPU_MODELS}
     if model not in models:
         sys.exit(f"--model {model}: not a bench model shape; use one of {', '.join(sorted(models))}")

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from warploop.bench.decode_models import GPU_MODELS
 from warploop.bench.stream import copy_rate, time_ms
+from warploop.llm.shapes import GPU_MODELS
 from warploop.llm.stream_step import StreamDecoder
 from warploop.llm.weights import random_weights
 

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from warploop.bench.decode_models import GPU_MODELS
 from warploop.bench.stream_chain import layer_chain
+from warploop.llm.shapes import GPU_MODELS
 from warploop.llm.stream_step import attention_splits, stream_config
 from warploop.runtime.stream.executor import StreamExecutor
 

@@ -68,9 +68,9 @@ def _compile_resident(target: tuple) -> tuple[str, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from warploop.bench.decode_models import LLAMA_3_2_1B
     from warploop.llm.mk.plans import kernel_plans
     from warploop.llm.mk.tasks import tasks_for
+    from warploop.llm.shapes import LLAMA_3_2_1B
     from warploop.runtime import codegen
     from warploop.runtime.tasks import lookup
 
@@ -242,8 +242,8 @@ def test_gpu_plan_is_tiles_sized_by_the_layer():
     """On a GPU the default plan is GEMV tiles (depth 8): 64 KB for Llama-1B and Qwen3-0.6B layers
     (16 MB or more of projection weights), 32 KB for SmolLM2-135M's; the CPU plan has none, and
     WARPLOOP_MK_PLAN-style overrides win, but none turns the tiles off."""
-    from warploop.bench.decode_models import LLAMA_3_2_1B, QWEN3_0_6B, SMOLLM2_135M
     from warploop.llm.mk.plans import layer_bytes, plan_for
+    from warploop.llm.shapes import LLAMA_3_2_1B, QWEN3_0_6B, SMOLLM2_135M
     assert layer_bytes(LLAMA_3_2_1B, 2) == 2 * (2048 * (2048 + 2 * 512) + 2048 * 2048 + 3 * 2048 * 8192)
     for cfg, kb in ((LLAMA_3_2_1B, 64), (QWEN3_0_6B, 64), (SMOLLM2_135M, 32)):
         plan = plan_for(cfg, "bfloat16", 16, "cuda")

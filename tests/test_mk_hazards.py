@@ -14,12 +14,12 @@ import itertools
 import pytest
 from mk_helpers import LLAMA_GQA, QWEN3_LIKE, backends, model_weights, run_steps
 
-from warploop.bench.decode import LLAMA_3_2_1B
 from warploop.llm.loader import load_config, resolve_model_dir
 from warploop.llm.mk.graph import StepBuffers, build_decode_graph
 from warploop.llm.mk.hazards import Access, check, graph_accesses, hazards, unrealised_edges
 from warploop.llm.mk.plans import plan_for
 from warploop.llm.mk.tasks import tasks_for
+from warploop.llm.shapes import LLAMA_3_2_1B
 from warploop.llm.weights import LayerWeights, ModelWeights
 from warploop.runtime import Runtime
 

@@ -24,8 +24,8 @@ import time
 
 from warploop.bench.common import emit, header, result_path
 from warploop.bench.decode_check import check_logits
-from warploop.bench.decode_models import CPU_MODELS, GPU_MODELS, LLAMA_3_2_1B, QWEN3_0_6B, SMALL_CPU, SMOLLM2_135M  # noqa: F401
 from warploop.llm.config import ModelConfig
+from warploop.llm.shapes import CPU_MODELS, GPU_MODELS, LLAMA_3_2_1B, QWEN3_0_6B, SMALL_CPU, SMOLLM2_135M  # noqa: F401
 
 SYSTEMS = ("megakernel", "warploop", "torch_compile", "hf_eager")
 PROMPT_LEN, TTFT_LEN, BATCHES = 32, 1024, (1, 8, 32)

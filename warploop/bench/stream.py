@@ -32,7 +32,7 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from warploop.bench.decode_models import GPU_MODELS
+    from warploop.llm.shapes import GPU_MODELS
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
     parser.add_argument("--models", default=",".join(GPU_MODELS),
@@ -186,7 +186,7 @@ def main(args) -> int:
     except ValueError:
         raise SystemExit(f"--contexts: {args.contexts!r} is not a comma-separated list of positive token counts") \
             from None
-    from warploop.bench.decode_models import GPU_MODELS
+    from warploop.llm.shapes import GPU_MODELS
     names = [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in GPU_MODELS]
     if unknown:

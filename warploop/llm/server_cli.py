@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 
-from warploop.cli import positive_int
+from warploop.args import positive_int
 from warploop.llm.build import BACKEND_HELP, BACKENDS
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 from warploop.llm.server_watchdog import DEFAULT_ENGINE_TIMEOUT_S
