@@ -1,11 +1,12 @@
 """The streaming executor: static graphs of tile nodes in one persistent Gluon kernel on Hopper,
-where a loader warp streams every node's weights into a shared-memory ring ahead of the
+where a loader warp streams every node's weights and cached context into a shared-memory ring ahead of the
 dependencies and a consumer warpgroup waits only on activations (docs/stream.md).
 
     kinds.py      node kinds and instruction words, declared once as data
     program.py    a program: weight pools, arenas, nodes, placement, the hazard check
     kernel.py     the Gluon kernel (loader and consumer roles, the GEMV body)
-    attention.py  the attention kinds' bodies the consumer calls
+    attention.py  the attention kinds' bodies (the loader's context stream, the consumer's softmax)
+    sync.py       waits with a way out, the clock, Triton-version aliases
     compiled.py   its compile-time shape (StreamConfig), compiling without a GPU, resources
     executor.py   running a program on the GPU, with bounded waits and a timeout
     reference.py  the CPU executor every GPU run is diffed against
