@@ -79,8 +79,9 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size)
 @pytest.mark.parametrize("name", STEP_CONFIGS)
 def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
     """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
-    tokens, ref_tokens, err = greedy(STEP_CONFIGS[name], "cuda", splits=splits)
+    tokens, ref_tokens, err, looped = greedy(STEP_CONFIGS[name], "cuda", splits=splits)
     assert tokens == ref_tokens
+    assert looped == ref_tokens             # the decode loop in one launch
     assert err < 2e-2
 
 

@@ -16,7 +16,8 @@ CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
 
 
 def test_instruction_round_trips_every_field_by_name():
-    fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5, narrow=1)
+    fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5, narrow=1,
+                  amax=-1)
     inst = Instruction(GEMV, waits=((3, 64), (7, 1)), signal=5, fields=fields)
     words = inst.serialize()
     assert len(words) == WORDS and words[0] == GEMV.opcode and words[GEMV.word("k")] == 2048
@@ -37,7 +38,7 @@ def test_kind_declarations_refuse_what_does_not_fit():
         GEMV.encode(dict(pool=0))
     with pytest.raises(ValueError, match="int32"):
         Instruction(GEMV, fields=dict(pool=0, row=2 ** 31, rows=1, k=8, x=0, out=0, norm=-1, bias=-1, epi=0,
-                                      eps=0.0, narrow=0)).serialize()
+                                      eps=0.0, narrow=0, amax=-1)).serialize()
     with pytest.raises(ValueError, match="opcode"):
         Instruction.parse([99] + [0] * (WORDS - 1))
 
@@ -170,7 +171,7 @@ def test_build_places_every_node_and_counts_waits():
     built = p.build(ctas=8)
     placed = sorted(i.node for lst in built.schedule.lists for i in lst if i.node >= 0)
     assert placed == list(range(len(p.nodes)))
-    assert built.words.size == len(built.instructions) * WORDS
+    assert built.words.size == (len(built.instructions) + 1) * WORDS       # and a NOP past the end
     assert int(built.table[1::2].sum()) == len(built.instructions)
     # a node's waits need every signaller of its counter: the counts add up to the signals
     signals = [0] * built.counters
@@ -250,3 +251,43 @@ def test_executor_refuses_a_device_without_the_kernel():
     from warploop.runtime.stream.executor import StreamExecutor
     with pytest.raises(RuntimeError, match="Hopper GPU"):
         StreamExecutor(layer_chain().program, device="cpu")
+
+
+def test_decode_loop_back_edge_and_greedy_sample():
+    """EMBED -> GEMV (amax pairs) -> SAMPLE as a decode loop: the build gives SAMPLE a counter of its
+    own that EMBED waits on one run back (a negative need); the reference's runs feed each picked
+    token to the next run's embedding, and SAMPLE takes the first of equal maxima."""
+    g = torch.Generator().manual_seed(5)
+    vocab, k = 40, 64
+    p = StreamProgram(CFG)
+    table = torch.randn(vocab, k, generator=g).to(torch.bfloat16)
+    p.embedding(table)
+    w = p.pool(torch.randn(vocab, k, generator=g).to(torch.bfloat16))
+    tok, toks = p.ints("tok", 1, init=[7]), p.ints("toks", 4)
+    x, y = p.buffer("x", k), p.buffer("y", vocab)
+    pairs = p.buffer("pairs", 2 * -(-vocab // CFG.block_rows))
+    e = p.embed(tok, x, k)
+    head = p.gemv(w, 0, vocab, x, y, amax=pairs, after=e)
+    smp = p.sample(pairs, len(head), y, tok, toks, after=head)
+    p.decode_loop(smp, e)
+    built = p.build(ctas=4)
+    back = built.counters - 1
+    assert built.counter_sizes[back] == 1
+    insts = {i.kind.name: i for i in built.instructions if i.kind.name in ("embed", "sample")}
+    assert insts["sample"].signal == back and (back, -1) in insts["embed"].waits
+    ints = p.int_arena()
+    reference(p, ints=ints, steps=4)
+    want, t = [], 7
+    for _ in range(4):
+        t = int((p.pools[0].float() @ table[t].float()).argmax())
+        want.append(t)
+    assert ints[toks.offset:toks.offset + 4].tolist() == want
+    # ties: the first of equal maxima, across tiles too
+    arena = p.arena()
+    arena[pairs.offset:pairs.offset + 6] = torch.tensor([1.0, y.offset + 9.0, 2.0, y.offset + 20.0,
+                                                        2.0, y.offset + 33.0])
+    from warploop.runtime.stream.reference import run_node
+    run_node(p, arena, p.nodes[smp], ints)
+    assert int(ints[tok.offset]) == 20
+    with pytest.raises(ValueError, match="decode loop"):
+        p.decode_loop(e, smp)

@@ -39,6 +39,9 @@ def bf16_exact_weights(cfg, device="cpu", seed=0):
 
 
 def greedy(cfg, device, steps=10, **decoder_options):
+    """The per-op backend's greedy tokens after a prompt; the decoder's, one step a run (the host
+    picking from the logits), and its own decode loop's (`generate`: one launch, the GPU picking);
+    the largest relative logits error of the step-by-step run."""
     w = bf16_exact_weights(cfg, device)
     backend, _ = build_backend(cfg, w, torch.device(device), block_size=4, num_kv_blocks=16, use_cuda_graphs=False)
     prompt = [3, 17, 5, 60, 2, 41]
@@ -60,14 +63,19 @@ def greedy(cfg, device, steps=10, **decoder_options):
         errs.append(((logits - ref).norm() / ref.norm()).item())
         tok = int(logits.argmax())
         tokens.append(tok)
-    return tokens, ref_tokens, max(errs)
+    loop = StreamDecoder(cfg, w, device=device, max_context=32, block_size=4, **decoder_options)
+    for pos, tok in enumerate(prompt[:-1]):
+        loop.step(tok, pos)
+    looped = loop.generate(prompt[-1], n - 1, steps)
+    return tokens, ref_tokens, max(errs), looped
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
-    tokens, ref_tokens, err = greedy(CONFIGS[name], "cpu", splits=splits)
+    tokens, ref_tokens, err, looped = greedy(CONFIGS[name], "cpu", splits=splits)
     assert tokens == ref_tokens
+    assert looped == ref_tokens             # the decode loop: embedding, sampling and steps in one run
     assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"
 
 
@@ -81,6 +89,12 @@ def test_stream_step_refuses_what_it_cannot_run():
         dec.step(cfg.vocab_size, 0)
     with pytest.raises(ValueError, match="block table"):
         dec.step(1, 9, table=[0, 1])
+    with pytest.raises(ValueError, match="block table"):
+        dec.generate(1, 5, 4, table=[0, 1])            # positions 5-8 need 3 blocks
+    with pytest.raises(ValueError, match="max_context"):
+        dec.generate(1, 10, 8)
+    with pytest.raises(ValueError, match="steps"):
+        dec.generate(1, 0, 0)
     import dataclasses
     with pytest.raises(NotImplementedError, match="MLP bias"):
         StreamDecoder(dataclasses.replace(cfg, mlp_bias=True), w)

@@ -5,12 +5,14 @@ o_proj (added into the residual), gate/up (post norm, SiLU x up) and down (added
 (final norm), placed once and run every step: on a Hopper GPU by the streaming kernel, elsewhere by
 the CPU reference. Weights stream as bf16; activations are float32; the KV cache is bf16.
 
-What is still the host's: the embedding row is written into the arena before a step, the step's
-position, slot and block table into the int arena, and the token is picked from the logits after
-it (the GPU decode loop, the embedding and sampling kinds are the next steps of issue 31).
+A step starts with the token's embedding row (an EMBED node) and ends with the greedy token (each
+lm_head tile's largest logit, reduced by a SAMPLE node), and the next step's EMBED waits for that
+token: `generate` runs a decode loop of several steps in one launch, the host writing only the
+first token, the position and the block table (covering every step) before it.
 
     dec = StreamDecoder(cfg, weights, device="cuda", max_context=4096)
     logits = dec.step(token_id, position)         # the sequence's blocks are 0, 1, 2, ... of dec.kv
+    tokens = dec.generate(token_id, position, steps=32)     # greedy, on the GPU
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas:
 
 
 class StreamDecoder:
+    MAX_STEPS = 256                               # the most steps one launch (generate) runs
+
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None) -> None:
         import torch
@@ -87,10 +91,15 @@ class StreamDecoder:
         cos, sin = cos_sin_table(cfg.rope, hd, max_context, self.device)
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r["step"] = p.ints("step", 3 + self.blocks)
+        r["token"], r["tokens"] = p.ints("token", 1), p.ints("tokens", self.MAX_STEPS)
+        br_head = self.config.block_rows
+        r["pairs"] = p.buffer("pairs", 2 * cdiv(cfg.vocab_size, br_head))
+        p.embedding(bf(weights.embed))
         part = p.buffer("part", kvh * splits * (h // kvh) * (hd + 2)) if splits > 1 else None
         vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
         eps = cfg.rms_norm_eps
-        prev: list[int] = []
+        embed = p.embed(r["token"], r["res"], cfg.hidden_size)
+        prev: list[int] = [embed]
         for i, lw in enumerate(weights.layers):
             (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
             a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
@@ -106,8 +115,9 @@ class StreamDecoder:
                        eps=eps, epi="silu_mul", after=b)
             prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c,
                           narrow=narrow(cfg.hidden_size, self.config))
-        p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps, after=prev)
-        self.embed = f32(weights.embed)
+        head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
+                      amax=r["pairs"], after=prev)
+        p.decode_loop(p.sample(r["pairs"], len(head), r["logits"], r["token"], r["tokens"], after=head), embed)
         self.arena = p.arena(self.device)
         self.ints = p.int_arena(self.device)
         self.executor = None
@@ -124,23 +134,37 @@ class StreamDecoder:
         """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
         next step)."""
+        self._run(token, pos, 1, table)
+        return self.view("logits")
+
+    def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> list[int]:
+        """Greedy decoding in one launch: `token` at `pos`, then each step's pick at the next
+        position, `steps` steps; returns the picked tokens. `table` must cover pos + steps - 1.
+        The logits view holds the last step's."""
+        r = self.program.int_regions["tokens"]
+        self._run(token, pos, steps, table)
+        return self.ints[r.offset:r.offset + steps].tolist()
+
+    def _run(self, token: int, pos: int, steps: int, table: list[int] | None) -> None:
         import torch
 
         from warploop.runtime.stream.reference import reference
-        if not 0 <= pos < self.max_context:
-            raise ValueError(f"position {pos} is outside the decoder's max_context {self.max_context}")
+        if not 1 <= steps <= self.MAX_STEPS:
+            raise ValueError(f"steps must be 1 to {self.MAX_STEPS}, not {steps}")
+        last = pos + steps - 1
+        if not 0 <= pos or last >= self.max_context:
+            raise ValueError(f"positions {pos} to {last} are outside the decoder's max_context {self.max_context}")
         if not 0 <= token < self.cfg.vocab_size:
             raise ValueError(f"token {token} is outside the vocabulary of {self.cfg.vocab_size}")
         bs = self.block_size
-        table = list(range(cdiv(pos + 1, bs))) if table is None else list(table)
-        if len(table) < cdiv(pos + 1, bs) or not all(0 <= b < self.blocks for b in table):
-            raise ValueError(f"the block table must cover {cdiv(pos + 1, bs)} blocks of the {self.blocks}")
-        words = [pos, pos + 1, table[pos // bs] * bs + pos % bs] + table
-        r = self.program.int_regions["step"]
-        self.ints[r.offset:r.offset + len(words)] = torch.tensor(words, dtype=torch.int32, device=self.ints.device)
-        self.view("res").copy_(self.embed[token])
+        table = list(range(cdiv(last + 1, bs))) if table is None else list(table)
+        if len(table) < cdiv(last + 1, bs) or not all(0 <= b < self.blocks for b in table):
+            raise ValueError(f"the block table must cover {cdiv(last + 1, bs)} blocks of the {self.blocks}")
+        words = [pos, pos + 1, 0] + table         # position, context length, write the new k and v
+        for name, vals in (("step", words), ("token", [token])):
+            r = self.program.int_regions[name]
+            self.ints[r.offset:r.offset + len(vals)] = torch.tensor(vals, dtype=torch.int32, device=self.ints.device)
         if self.executor is not None:
-            self.executor.run()
+            self.executor.run(steps=steps)
         else:
-            self.arena = reference(self.program, self.arena, self.ints, self.kv)
-        return self.view("logits")
+            self.arena = reference(self.program, self.arena, self.ints, self.kv, steps=steps)

@@ -43,8 +43,9 @@ def share(n_ctx, split, splits, KVT: gl.constexpr):
 
 
 @gluon.jit
-def stream_kv(dkv, bufs, full, empty, base, ints, it, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
-    """The loader's part of an ATTN node: its share of the cached context into the ring. A box past
+def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
+    """The loader's part of an ATTN node at step s of the launch: its share of the cached context
+    into the ring (rows this launch wrote are streamed too, stale: the consumer reloads them). A box past
     the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
     carries its whole byte count (an mbarrier's expected bytes are a compile-time constant)."""
     KVB: gl.constexpr = dkv.block_type.shape[0]
@@ -56,7 +57,7 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, NBUF: gl.constexpr, HD: gl
     step = gl.load(base + A_STEP)
     split = gl.load(base + A_SPLIT)
     splits = gl.load(base + A_SPLITS)
-    lo, hi = share(gl.load(ints + step + 1), split, splits, KVT)
+    lo, hi = share(gl.load(ints + step + 1) + s, split, splits, KVT)
     krow = layer * 2 * blocks * bs          # the cache's rows: [layers, 2, blocks, bs] flattened
     vrow = krow + blocks * bs
     # the block ids of a chunk's boxes come in one load, each box's picked out by a lane reduction
@@ -99,10 +100,11 @@ def _rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
 
 
 @gluon.jit
-def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
+def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
          GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
-    """The ATTN kind's body, its waits included. Returns the ring's chunk count and `failed`."""
+    """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
+    count and `failed`."""
     HALF: gl.constexpr = HD // 2
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
     # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
@@ -133,10 +135,15 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, fai
     split = gl.load(base + A_SPLIT)
     splits = gl.load(base + A_SPLITS)
     part = gl.load(base + A_PART)
-    pos = gl.load(ints + step)
-    n_ctx = gl.load(ints + step + 1)
-    slot = gl.load(ints + step + 2)
+    pos0 = gl.load(ints + step)                 # the launch's first position: rows from it on are this launch's
+    pos = pos0 + s
+    n_ctx = gl.load(ints + step + 1) + s
+    write = gl.load(ints + step + 2)
+    slot = gl.load(ints + step + 3 + pos // bs) * bs + pos % bs
     lo, hi = share(n_ctx, split, splits, KVT)
+    row_words = (kvh * HD).to(gl.int64)
+    kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
+    vc = kc + blocks.to(gl.int64) * bs * row_words
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
     dqp = gl.where(dq < HALF, dq + HALF, dq - HALF)
     jq = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
@@ -164,12 +171,10 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, fai
                  HD, dk).to(gl.bfloat16)
     vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :],
                    cache_modifier=".cg").to(gl.bfloat16)
-    if (slot >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the split holding the new token
-        row_words = (kvh * HD).to(gl.int64)
-        kc = kv + layer.to(gl.int64) * 2 * blocks * bs * row_words
+    if (write >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the share holding the new token
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
-        gl.store(kc + blocks.to(gl.int64) * bs * row_words + dst, vnew)
+        gl.store(vc + dst, vnew)
     knew = knew.to(gl.float32)
     vnew = vnew.to(gl.float32)
     tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
@@ -195,6 +200,18 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, fai
             # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
             kt = gl.where(new, knew, gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
             vt = gl.where(new, vnew, gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            if (s > 0) & (t0 + sub * TILE < pos) & (t0 + sub * TILE + TILE > pos0):
+                # rows an earlier step of this launch wrote (plain stores another SM made, ordered
+                # before this node by the chain of waits): the ring holds what TMA read, maybe
+                # before them, so these come from L2
+                fresh = (toks >= pos0) & (toks < pos)
+                blk = gl.load(ints + step + 3 + toks // bs, mask=fresh, other=0)
+                at = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
+                m2 = fresh[:, None]
+                kt = gl.where(m2, gl.load(kc + at[:, None] + dk[None, :], mask=m2, other=0.0,
+                                          cache_modifier=".cg").to(gl.float32), kt)
+                vt = gl.where(m2, gl.load(vc + at[:, None] + dk[None, :], mask=m2, other=0.0,
+                                          cache_modifier=".cg").to(gl.float32), vt)
             sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
             sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=1))

@@ -112,7 +112,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     kw = dict(cfg.constexprs(), num_warps=CW.value)
     i64 = torch.zeros(64, dtype=torch.int64)
     bf16 = torch.zeros(64, dtype=torch.bfloat16)
-    bound, spec, opts = binder(d, d, d, d, dkv, i32, i32, torch.zeros(64), i32, bf16, i32, i32, 0, i64, **kw)
+    bound, spec, opts = binder(d, d, d, d, dkv, i32, i32, torch.zeros(64), i32, bf16, bf16, i32, i32, 0, 1, i64, **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
                           options=opts.__dict__)

@@ -32,13 +32,16 @@ class StreamExecutor:
         self.program, self.device = program, dev
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.built = program.build(self.ctas)
-        if max((c for c in self.built.schedule.counter_sizes), default=0) * RESET_EPOCH >= 2 ** 31:
+        if max(self.built.counter_sizes, default=0) * RESET_EPOCH >= 2 ** 31:
             raise ValueError("a counter with more than 2,047 signallers a run would overflow; split the stage")
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
         self.arena = program.arena(dev)
         self.ints = program.int_arena(dev)
         self.kv = program.kv if program.kv is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
+        self.emb = program.emb if program.emb is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
+        if self.emb.device != dev:
+            self.emb = self.emb.to(dev)
         if self.kv.device != dev:
             raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
@@ -60,20 +63,25 @@ class StreamExecutor:
                                                         smem_layout())
         self.epoch = 0
 
-    def launch(self) -> None:
-        """Queue one run on the current stream (no wait)."""
+    def launch(self, steps: int = 1) -> None:
+        """Queue `steps` runs of the program in one launch (a decode loop's steps: each run waits
+        for the one before where the program says so) on the current stream; no wait."""
         from warploop.runtime.stream.kernel import CW, stream_kernel
-        if self.epoch == RESET_EPOCH:
+        if not 1 <= steps <= RESET_EPOCH:
+            raise ValueError(f"steps must be 1 to {RESET_EPOCH}, not {steps}")
+        if steps > 1 and self.program.loop is None:
+            raise ValueError("a launch of several steps needs a decode loop (StreamProgram.decode_loop): "
+                             "without one, nothing orders a step after the one before")
+        if self.epoch + steps > RESET_EPOCH:
             self.counters.zero_()
             self.epoch = 0
         stream_kernel[(self.ctas,)](*self.descs, self.kv_desc, self.words, self.table, self.arena, self.ints, self.kv,
-                                    self.counters, self.err,
-                                    self.epoch, self.trace, **self.program.config.constexprs(),
-                                    num_warps=CW.value)
-        self.epoch += 1
+                                    self.emb, self.counters, self.err, self.epoch, steps, self.trace,
+                                    **self.program.config.constexprs(), num_warps=CW.value)
+        self.epoch += steps
 
-    def run(self, timeout: float = 60.0) -> None:
-        self.launch()
+    def run(self, timeout: float = 60.0, steps: int = 1) -> None:
+        self.launch(steps)
         self.wait(timeout)
 
     def wait(self, timeout: float = 60.0) -> None:

@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from warploop.runtime.stream.attention import OP_ATTN, OP_COMBINE, attn, combine, stream_kv
-from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.kinds import EMBED, EPILOGUES, GEMV, SAMPLE, WORDS, header_word
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import tma_load as _tma_load
@@ -51,6 +51,14 @@ G_BIAS = gl.constexpr(GEMV.word("bias"))
 G_EPI = gl.constexpr(GEMV.word("epi"))
 G_EPS = gl.constexpr(GEMV.word("eps"))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
+G_AMAX = gl.constexpr(GEMV.word("amax"))
+OP_EMBED = gl.constexpr(EMBED.opcode)
+E_TOKEN, E_OUT, E_K = gl.constexpr(EMBED.word("token")), gl.constexpr(EMBED.word("out")), gl.constexpr(EMBED.word("k"))
+OP_SAMPLE = gl.constexpr(SAMPLE.opcode)
+S_PAIRS, S_COUNT, S_BASE = gl.constexpr(SAMPLE.word("pairs")), gl.constexpr(SAMPLE.word("count")), \
+    gl.constexpr(SAMPLE.word("base"))
+S_TOKEN, S_TOKENS = gl.constexpr(SAMPLE.word("token")), gl.constexpr(SAMPLE.word("tokens"))
+SBLK = gl.constexpr(4096)       # amax pairs a SAMPLE reduces per round
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
@@ -59,7 +67,7 @@ LOADER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
-def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.constexpr, BK: gl.constexpr,
+def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: gl.constexpr, BK: gl.constexpr,
             NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
@@ -68,9 +76,12 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.const
     row = gl.load(instr + G_ROW)
     k = gl.load(instr + G_K)
     narrow = gl.load(instr + G_NARROW)
-    i = 0
-    while i < n:                  # the next instruction's words load while this one streams
-        nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
+    # instruction j of the launch is instruction j % n of step j // n (a decode loop runs the list
+    # `steps` times; the ring's chunk count runs on across steps)
+    j = 0
+    while j < n * steps:          # the next instruction's words load while this one streams
+        i = j % n
+        nb = instr + ((j + 1) % n) * W
         n_op = gl.load(nb + H_OP)
         n_pool = gl.load(nb + G_POOL)
         n_row = gl.load(nb + G_ROW)
@@ -107,9 +118,9 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, ints, BR: gl.const
                 kk += BK * (1 + narrow)
         if HD != 0:
             if op == OP_ATTN:
-                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, NBUF, HD, KVT)
+                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, NBUF, HD, KVT)
         op, pool, row, k, narrow = n_op, n_pool, n_row, n_k, n_narrow
-        i += 1
+        j += 1
 
 
 @gluon.jit
@@ -123,7 +134,59 @@ def _words(base):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, epoch, cta, trace, BR: gl.constexpr,
+def _embed(arena, ints, emb, base, xidx):
+    """The EMBED kind's body: out[:k] = float(emb[ints[token], :k])."""
+    k = gl.load(base + E_K)
+    row = emb + gl.load(ints + gl.load(base + E_TOKEN)).to(gl.int64) * k
+    gl.store(arena + gl.load(base + E_OUT) + xidx, gl.load(row + xidx, mask=xidx < k, other=0.0).to(gl.float32),
+             mask=xidx < k)
+
+
+@gluon.jit
+def _sample(arena, ints, base, s, CW: gl.constexpr):
+    """The SAMPLE kind's body: the offset of the largest of the amax pairs (the first of equal ones),
+    less the logits' base, into ints[token] and ints[tokens + s]."""
+    PL: gl.constexpr = gl.BlockedLayout([SBLK // (32 * CW)], [32], [CW], [0])
+    pairs = gl.load(base + S_PAIRS)
+    count = gl.load(base + S_COUNT)
+    c = gl.arange(0, SBLK, layout=PL)
+    best = float("-inf")
+    at = 2 ** 30
+    c0 = 0
+    while c0 < count:
+        live = c0 + c < count
+        v = gl.load(arena + pairs + 2 * (c0 + c), mask=live, other=float("-inf"), cache_modifier=".cg")
+        o = gl.load(arena + pairs + 2 * (c0 + c) + 1, mask=live, other=2.0 ** 30, cache_modifier=".cg").to(gl.int32)
+        top = gl.max(v, axis=0)
+        first = gl.min(gl.where(v == top, o, 2 ** 30), axis=0)
+        at = gl.where(top > best, first, gl.where(top == best, gl.minimum(at, first), at))
+        best = gl.maximum(best, top)
+        c0 += SBLK
+    token = at - gl.load(base + S_BASE)
+    gl.store(ints + gl.load(base + S_TOKEN), token)
+    gl.store(ints + gl.load(base + S_TOKENS) + s, token)
+
+
+@gluon.jit
+def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace,
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
+    """A node with no streamed operand (COMBINE, EMBED, SAMPLE, NOP): its waits, then its body."""
+    failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 2, now())
+    if HD != 0:
+        if op == OP_COMBINE:
+            combine(arena, base, CW, HD, GP)
+    if op == OP_EMBED:
+        _embed(arena, ints, emb, base, xidx)
+    if op == OP_SAMPLE:
+        _sample(arena, ints, base, s, CW)
+    return failed
+
+
+@gluon.jit
+def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
+              BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     HALF: gl.constexpr = BR // 2
@@ -150,12 +213,16 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
     op, w0, n0, w1, n1, sig, sigs, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
-    i = 0
-    while i < n:
-        nb = instr + gl.minimum(i + 1, gl.maximum(n - 1, 0)) * W
+    j = 0
+    while j < n * steps:          # instruction j % n of step j // n: run epoch0 + j // n of the program
+        i = j % n
+        s = j // n
+        epoch = epoch0 + s
+        nb = instr + ((j + 1) % n) * W
         (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
         if op == OP_GEMV:
+            amx = gl.load(instr + i * W + G_AMAX)
             restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
             ma = rows < rows_n
             mb = rows + HALF < rows_n
@@ -230,24 +297,28 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
             else:
                 gl.store(arena + out + rows, acc_a, mask=ma)
                 gl.store(arena + out + HALF + rows, acc_b, mask=mb)
+            if amx >= 0:              # the tile's largest output and its offset (the first of equal ones)
+                va = gl.where(ma, acc_a, float("-inf"))
+                vb = gl.where(mb, acc_b, float("-inf"))
+                top = gl.maximum(gl.max(va, axis=0), gl.max(vb, axis=0))
+                at = gl.minimum(gl.min(gl.where(va == top, out + rows, 2 ** 30), axis=0),
+                                gl.min(gl.where(vb == top, out + HALF + rows, 2 ** 30), axis=0))
+                gl.store(arena + amx, top)
+                gl.store(arena + amx + 1, at.to(gl.float32))
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
         else:
             if HD != 0:
                 if op == OP_ATTN:
-                    it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch,
+                    it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
                                       failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
-                    failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
-                    if TRACE:
-                        gl.store(trace + i * TRACE_WORDS + 2, now())
-                    if op == OP_COMBINE:
-                        combine(arena, instr + i * W, CW, HD, GP)
-                staged_x = -1         # an attention node's output may be a later node's input
+                    failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
+                                    epoch, failed, cta, i, trace, SPIN, TRACE, CW, HD, GP)
             else:
-                failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
-                if TRACE:
-                    gl.store(trace + i * TRACE_WORDS + 2, now())
+                failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
+                                failed, cta, i, trace, SPIN, TRACE, CW, HD, GP)
+            staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below
             gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
@@ -256,11 +327,12 @@ def _consumer(bufs, full, empty, xs, instr, n, arena, ints, kv, counters, err, e
         op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
         k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
         narrow = n_narrow
-        i += 1
+        j += 1
 
 
-@gluon.jit(do_not_specialize=["epoch"])
-def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, counters, err, epoch, trace, BR: gl.constexpr,
+@gluon.jit(do_not_specialize=["epoch", "steps"])
+def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, counters, err, epoch, steps, trace,
+                  BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     cta = gl.program_id(0)
@@ -276,7 +348,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, counters, 
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, mine, n, arena, ints, kv, counters, err, epoch, cta,
+        (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT)),
-        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, ints, BR, BK, NBUF, HD, KVT)),
+        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT)),
     ], [LOADER_WARPS], [LOADER_REGS])

@@ -25,6 +25,8 @@ import struct
 from collections.abc import Callable
 
 WORDS = 32                                       # int32 words an instruction
+# A wait (counter, need) of run e is met at need * (e + 1); a negative need waits on the run before,
+# met at -need * e (a decode loop's embedding waits for the previous step's sampled token).
 HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal", "signals")
 MAX_WAITS = 2
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
@@ -138,7 +140,10 @@ def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
         reads.append((f["bias"], outs))
     if f["epi"] == EPILOGUES["add"]:
         reads.append((f["out"], outs))
-    return reads, [(f["out"], outs)]
+    writes = [(f["out"], outs)]
+    if f["amax"] >= 0:
+        writes.append((f["amax"], 2))
+    return reads, writes
 
 
 NOP = NodeKind("nop", 0, ())
@@ -148,10 +153,13 @@ NOP = NodeKind("nop", 0, ())
 # are gate rows, the next BR/2 the matching up rows, and out gets silu(gate) * up (rows <= BR/2).
 # A narrow tile (narrow=1; no silu_mul) is BR/2 pool rows, each ring chunk two [BR/2, BK] boxes of
 # consecutive columns: twice the tiles for a stage with fewer tiles than SMs, chunks as large.
+# With amax >= 0 the tile also writes its largest output and that output's arena offset (a float,
+# exact below 2^24) to arena[amax], arena[amax + 1] (the first of equal ones): a SAMPLE node
+# reduces the tiles' pairs.
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
-            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow")),
+            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax")),
     streamed=Streamed("pool", "row", "k"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -174,13 +182,14 @@ def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
 # One decode token's attention for one KV head and its group of q heads (batch 1): the q and k heads
 # of arena qkv are RMS-normed (when qn/kn >= 0) and rotated by the RoPE rows of position `pos`
 # (arena cos/sin tables, [positions, hd/2]); the new k and v go to the paged bf16 KV cache (the
-# kernel's `kv`, [layers, 2, blocks, bs, kvheads, hd]) at `slot`; then softmax(q K^T * scale) V over
-# the n_ctx tokens of the block table, into out. The step's pos, n_ctx, slot and block table are
-# int32 words at `step` in the int arena (the host writes them before a run; nothing in the run
-# does). Its cost is the context's KV bytes, set by the builder (`ctx` tokens). With splits > 1 the
-# node covers split `split` of the context and writes its partials (the unnormalised output, the
-# running max and sum per q head: group * (hd + 2) floats at part + split * group * (hd + 2)),
-# which a COMBINE node merges into out.
+# kernel's `kv`, [layers, 2, blocks, bs, kvheads, hd]) at the block table's slot for pos, when the
+# write word is >= 0; then softmax(q K^T * scale) V over the n_ctx tokens of the block table, into
+# out. The int-arena words at `step` are pos, n_ctx, write, then the block table, for the launch's
+# first step: step s of a launch (a decode loop) runs at pos + s over n_ctx + s tokens. Its cost is
+# the context's KV bytes, set by the builder (`ctx` tokens). With splits > 1 the node covers share
+# `split` of the context and writes its partials (the unnormalised output, the running max and sum
+# per q head: group * (hd + 2) floats at part + split * group * (hd + 2)), which a COMBINE node
+# merges into out.
 ATTN = NodeKind(
     "attn", 2,
     fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
@@ -195,7 +204,20 @@ COMBINE = NodeKind(
     fields=(Field("part"), Field("out"), Field("head"), Field("group"), Field("hd"), Field("splits")),
     cost=lambda f, br: float(4 * f["splits"] * f["group"] * (f["hd"] + 2)), footprint=_combine_footprint)
 
-KINDS = (NOP, GEMV, ATTN, COMBINE)
+# The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [vocab, k]
+# table (StreamProgram.embedding). The first node of a decode step.
+EMBED = NodeKind(
+    "embed", 4, fields=(Field("token"), Field("out"), Field("k")),
+    cost=lambda f, br: float(2 * f["k"]), footprint=lambda f, br: ([], [(f["out"], f["k"])]))
+# Greedy sampling: of the `count` (value, arena offset) pairs at arena `pairs` (GEMV amax), the
+# offset of the largest value (the first of equal ones), less `base` (the logits' offset), is the
+# token: written to ints[token] (the next step's EMBED reads it) and ints[tokens + s], s the step of
+# the launch.
+SAMPLE = NodeKind(
+    "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens")),
+    cost=lambda f, br: float(8 * f["count"]), footprint=lambda f, br: ([(f["pairs"], 2 * f["count"])], []))
+
+KINDS = (NOP, GEMV, ATTN, COMBINE, EMBED, SAMPLE)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

@@ -22,7 +22,18 @@ import numpy as np
 
 from warploop.runtime.placement import NodeSpec, Schedule, place
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP, WORDS, Instruction, NodeKind
+from warploop.runtime.stream.kinds import (
+    ATTN,
+    COMBINE,
+    EMBED,
+    EPILOGUES,
+    GEMV,
+    NOP,
+    SAMPLE,
+    WORDS,
+    Instruction,
+    NodeKind,
+)
 
 MAX_POOLS = 4
 ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
@@ -49,6 +60,7 @@ class Built:
     table: np.ndarray             # int32 [2 * ctas]: (first instruction, count) per CTA
     counters: int                 # counters the program uses
     instructions: tuple[Instruction, ...]
+    counter_sizes: tuple[int, ...] = ()   # signals per run, per counter (the loop's back edge included)
 
 
 class HazardError(ValueError):
@@ -96,7 +108,9 @@ class StreamProgram:
         self.floats = Space("float32", "buffer")     # the arena: activations, norms, biases, tables
         self.ints_space = Space("int32", "int buffer")  # the int arena: step words
         self.kv = None                           # the paged bf16 KV cache attention nodes use
+        self.emb = None                          # the bf16 embedding table EMBED nodes read
         self.nodes: list[Node] = []
+        self.loop: tuple[int, int] | None = None   # (SAMPLE node, EMBED node): the decode loop's back edge
 
     # -- memory ----------------------------------------------------------------------------------
     def buffer(self, name: str, size: int, init=None) -> Region:
@@ -123,6 +137,16 @@ class StreamProgram:
                              f"head_dim] tensor, got {tuple(cache.shape)} {cache.dtype}")
         self.kv = cache
 
+    def embedding(self, table) -> None:
+        """The bf16 [vocab, hidden] table EMBED nodes read rows of."""
+        import torch
+        if table.dim() != 2 or table.dtype != torch.bfloat16 or not table.is_contiguous():
+            raise ValueError(f"the embedding table is a contiguous 2-D bfloat16 matrix, got {tuple(table.shape)} "
+                             f"{table.dtype}")
+        if table.shape[1] > self.config.kmax:
+            raise ValueError(f"an embedding row of {table.shape[1]} exceeds StreamConfig.kmax {self.config.kmax}")
+        self.emb = table
+
     def pool(self, weights) -> int:
         """A [rows, K] bf16 matrix the loader streams rows of; returns its index."""
         import torch
@@ -147,16 +171,19 @@ class StreamProgram:
         return len(self.nodes) - 1
 
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
-             bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False, after=(),
-             worker: int | None = None) -> list[int]:
+             bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
+             amax: Region | None = None, after=(), worker: int | None = None) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul" the pool rows come as tiles of BR/2 gate
-        rows then their BR/2 up rows (interleave_gate_up)."""
+        rows then their BR/2 up rows (interleave_gate_up). amax: a region of two floats a tile where
+        each tile leaves its largest output and that output's offset (a SAMPLE node's pairs)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
         if epi not in EPILOGUES:
             raise ValueError(f"epi must be one of {sorted(EPILOGUES)}, not {epi!r}")
+        if amax is not None and (epi == "silu_mul" or amax.size < 2 * -(-n // (br // 2 if narrow else br))):
+            raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles")
         if narrow and epi == "silu_mul":
             raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
         w = self.pools[pool]
@@ -177,7 +204,7 @@ class StreamProgram:
                                   rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
                                   norm=-1 if norm is None else norm.offset,
                                   bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
-                                  narrow=int(narrow)))
+                                  narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t))
         return tiles
 
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
@@ -224,6 +251,31 @@ class StreamProgram:
             done += nodes
         return done
 
+    def embed(self, token: Region, out: Region, k: int, after=()) -> int:
+        """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED)."""
+        if self.emb is None:
+            raise ValueError("embed needs the embedding table: call embedding() first")
+        if k != self.emb.shape[1] or out.size < k or token.size < 1:
+            raise ValueError(f"k must be the table's width {self.emb.shape[1]} and out hold it")
+        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k)
+
+    def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=()) -> int:
+        """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE)."""
+        if pairs.size < 2 * count or token.size < 1 or tokens.size < 1:
+            raise ValueError("sample needs two floats a pair, a token word and a tokens list")
+        if self.floats.size >= 2 ** 24:
+            raise ValueError("an amax pair holds an arena offset as a float: the arena must stay under 2^24 floats")
+        return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
+                        tokens=tokens.offset)
+
+    def decode_loop(self, sample: int, embed: int) -> None:
+        """Run after run, `embed` waits for the run before's `sample` (its token): a launch of
+        several runs is a decode loop. Every other node must descend from `embed` and be an
+        ancestor of `sample`, so a run's writes never overtake the run before's reads."""
+        if self.nodes[sample].kind is not SAMPLE or self.nodes[embed].kind is not EMBED or self.nodes[embed].deps:
+            raise ValueError("a decode loop runs from an EMBED node with no dependencies to a SAMPLE node")
+        self.loop = (sample, embed)
+
     # -- compiling -------------------------------------------------------------------------------
     def build(self, ctas: int) -> Built:
         """Place the nodes on `ctas` CTAs and encode every CTA's instruction list."""
@@ -238,9 +290,20 @@ class StreamProgram:
             insts += _runs_merged([Instruction(NOP, i.waits, -1) if i.node < 0 else
                                    Instruction(self.nodes[i.node].kind, i.waits, i.signal, self.nodes[i.node].fields)
                                    for i in lst])
-        words = np.array([w for i in insts for w in i.serialize()], dtype=np.int32)
-        return Built(sched, words.reshape(-1) if len(words) else np.zeros(WORDS, np.int32), table,
-                     len(sched.counter_sizes), tuple(insts))
+        sizes = sched.counter_sizes
+        if self.loop is not None:                 # the back edge: a counter of its own, one signal a run
+            back = len(sizes)
+            sizes = sizes + (1,)
+            node_of = [i.node for lst in sched.lists for i in lst]      # insts, one for one
+            insts[node_of.index(self.loop[0])] = dataclasses.replace(insts[node_of.index(self.loop[0])],
+                                                                     signal=back, signals=1)
+            j = node_of.index(self.loop[1])
+            insts[j] = dataclasses.replace(insts[j], waits=insts[j].waits + ((back, -1),))
+        # one NOP's words past the last instruction: a CTA with no instructions reads its first
+        # (unused) words there, inside the array
+        words = np.array([w for i in insts for w in i.serialize()] + [0] * WORDS, dtype=np.int32)
+        return Built(sched, words, table,
+                     len(sizes), tuple(insts), sizes)
 
     def int_arena(self, device="cpu"):
         """A fresh int arena: zeros, with every int buffer's init copied in."""

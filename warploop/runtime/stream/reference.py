@@ -6,7 +6,7 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, COMBINE, EPILOGUES, GEMV, NOP, tile_rows
+from warploop.runtime.stream.kinds import ATTN, COMBINE, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_rows
 
 
 def _rope(x, c, s, w, eps):
@@ -19,10 +19,11 @@ def _rope(x, c, s, w, eps):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-def run_attention(program, arena, ints, kv, f) -> None:
+def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     import torch
     hd, g, grp, heads, kvh = f["hd"], f["kvhead"], f["group"], f["heads"], f["kvheads"]
-    pos, n_ctx, slot = (int(v) for v in ints[f["step"]:f["step"] + 3])
+    pos, n_ctx, write = (int(v) for v in ints[f["step"]:f["step"] + 3])
+    pos, n_ctx = pos + s, n_ctx + s                          # step s of a launch
     half = hd // 2
     x = arena[f["qkv"]:f["qkv"] + (heads + 2 * kvh) * hd].view(heads + 2 * kvh, hd)
     c = arena[f["cos"] + pos * half:f["cos"] + (pos + 1) * half]
@@ -33,7 +34,8 @@ def run_attention(program, arena, ints, kv, f) -> None:
     v = x[heads + kvh + g].to(torch.bfloat16)
     cache = kv[f["layer"]]                                    # [2, blocks, bs, kvh, hd]
     bs = cache.shape[2]
-    if slot >= 0:
+    slot = int(ints[f["step"] + 3 + pos // bs]) * bs + pos % bs
+    if write >= 0:
         cache[0, slot // bs, slot % bs, g] = k
         cache[1, slot // bs, slot % bs, g] = v
     toks = torch.arange(n_ctx)
@@ -71,14 +73,24 @@ def run_combine(arena, f) -> None:
     arena[out:out + grp * hd] = ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1)
 
 
-def run_node(program, arena, node, ints=None, kv=None) -> None:
+def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
+    """Node `node` of step s of a launch (a decode loop's step; 0 for a single run)."""
     if node.kind is NOP:
         return
     if node.kind is ATTN:
-        run_attention(program, arena, ints, kv, node.fields)
+        run_attention(program, arena, ints, kv, node.fields, s)
         return
     if node.kind is COMBINE:
         run_combine(arena, node.fields)
+        return
+    f = node.fields
+    if node.kind is EMBED:
+        arena[f["out"]:f["out"] + f["k"]] = program.emb[int(ints[f["token"]])].float().to(arena.device)
+        return
+    if node.kind is SAMPLE:
+        pairs = arena[f["pairs"]:f["pairs"] + 2 * f["count"]].view(-1, 2)
+        best = int(pairs[:, 0].argmax())                     # the first of equal maxima, as the kernel
+        ints[f["token"]] = ints[f["tokens"] + s] = int(pairs[best, 1]) - f["base"]
         return
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
@@ -104,20 +116,27 @@ def run_node(program, arena, node, ints=None, kv=None) -> None:
     if f["epi"] == EPILOGUES["add"]:
         y = y + arena[out:out + n]
     arena[out:out + n] = y
+    if f["amax"] >= 0:                          # the largest output and its arena offset
+        best = int(y.argmax())
+        arena[f["amax"]] = y[best]
+        arena[f["amax"] + 1] = float(out + best)
 
 
-def reference(program, arena=None, ints=None, kv=None):
-    """Run every node of `program` on a copy of `arena` (default: program.arena() on the CPU), on
-    the arena's device; return the copy. Attention reads `ints` (default: program.int_arena()) and
-    writes `kv` in place (default: a copy of program.kv)."""
+def reference(program, arena=None, ints=None, kv=None, steps: int = 1):
+    """Run every node of `program`, `steps` times (a decode loop's steps), on a copy of `arena`
+    (default: program.arena() on the CPU), on the arena's device; return the copy. Attention and
+    sampling read and write `ints` (default: program.int_arena()) and attention writes `kv`, in
+    place (default: a copy of program.kv)."""
     arena = program.arena() if arena is None else arena.detach().clone()
-    if ints is None:
-        ints = program.int_arena()
-    ints = ints.cpu()
+    given = program.int_arena() if ints is None else ints
+    ints = given.cpu()
     if kv is None and program.kv is not None:
         kv = program.kv.detach().clone()
-    for node in program.nodes:
-        run_node(program, arena, node, ints, kv)
+    for s in range(steps):
+        for node in program.nodes:
+            run_node(program, arena, node, ints, kv, s)
+    if ints is not given:
+        given.copy_(ints)
     return arena
 
 

@@ -1,6 +1,7 @@
 """The streaming kernel's waits and clock, shared by the node kinds' bodies (Gluon).
 
-Counters only grow: run `epoch` (0-based) of a wait on (counter, need) is met at need * (epoch + 1).
+Counters only grow: run `epoch` (0-based) of a wait on (counter, need) is met at need * (epoch + 1)
+(a negative need: at -need * epoch, the run before).
 A wait polls with acquire loads (the load that sees the target also orders what follows); after SPIN
 polls in vain it records (1, counter, CTA, instruction) in err and stops waiting, and every later
 wait of the kernel gives up at once, so the kernel always ends and the host raises with those words.
@@ -41,13 +42,14 @@ def wait_counter(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
 
 @gluon.jit
 def waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN: gl.constexpr, TRACE: gl.constexpr):
-    """An instruction's two header waits (a counter of -1: none), stamped before and after."""
+    """An instruction's two header waits (a counter of -1: none), stamped before and after. A
+    negative need waits on the run before: met at -need * epoch."""
     if TRACE:
         gl.store(trace + i * TRACE_WORDS, now())
     if w0 >= 0:
-        failed = wait_counter(counters, err, w0, n0 * (epoch + 1), failed, cta, i, SPIN)
+        failed = wait_counter(counters, err, w0, gl.abs(n0) * epoch + gl.maximum(n0, 0), failed, cta, i, SPIN)
     if w1 >= 0:
-        failed = wait_counter(counters, err, w1, n1 * (epoch + 1), failed, cta, i, SPIN)
+        failed = wait_counter(counters, err, w1, gl.abs(n1) * epoch + gl.maximum(n1, 0), failed, cta, i, SPIN)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 1, now())
     return failed
