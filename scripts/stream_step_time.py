@@ -1,7 +1,8 @@
 """Time a model's decode step on the streaming executor (warploop/llm/stream_step.py): random bf16
 weights of the exact shapes, one token at position CONTEXT - 1 (the cache's earlier tokens are
-zeros: the bytes read are the same), the kernel alone (CUDA events, median) and the host-driven
-step (embedding row, step words, launch, wait). Prints one JSON object.
+zeros: the bytes read are the same), the kernel alone (CUDA events, median), the host-driven step
+(token and step words written, launch, wait), and the decode loop: `--loop` greedy steps in one
+launch (StreamDecoder.generate), per token. Prints one JSON object.
 
     PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512
 """
@@ -24,11 +25,12 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--splits", type=int, default=0, help="attention shares per KV head (0: the decoder's choice)")
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--loop", type=int, default=32, help="steps of the timed decode loop")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
-    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.context, splits=args.splits or None)
+    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.context + args.loop, splits=args.splits or None)
     build_s = time.time() - t0
     del w
     pos = args.context - 1
@@ -39,12 +41,21 @@ def main():
     for _ in range(args.runs):
         dec.step(7, pos)
     host = (time.perf_counter() - t) / args.runs * 1e3
+    dec.generate(7, pos, args.loop)
+    loop = time_ms(lambda: dec.executor.launch(args.loop), max(3, args.runs // 4), after=dec.executor.wait)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(3):
+        dec.generate(7, pos, args.loop)
+    loop_host = (time.perf_counter() - t) / 3 / args.loop * 1e3
     wbytes = sum(p.numel() * 2 for p in dec.program.pools)
     kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     rate = copy_rate()
     out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
            "splits": dec.splits, "nodes": len(dec.program.nodes), "build_s": round(build_s, 1),
-           "kernel_ms": kernel, "step_ms_host_driven": host, "floor_ms": (wbytes + kv) / rate * 1e3,
+           "kernel_ms": kernel, "step_ms_host_driven": host, "loop_steps": args.loop,
+           "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
+           "floor_ms": (wbytes + kv) / rate * 1e3,
            "weight_bytes": wbytes, "kv_bytes": kv}
     out["pct_of_floor"] = 100 * out["floor_ms"] / kernel
     print(json.dumps(out, indent=1))

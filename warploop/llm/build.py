@@ -12,9 +12,11 @@ from warploop.llm.kv_cache import KVCacheLayout, cdiv
 GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
 GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
 CPU_KV_BYTES = 512 << 20
-BACKENDS = ("torch", "megakernel")
+BACKENDS = ("torch", "megakernel", "stream")
 BACKEND_HELP = ("the decode megakernel (the default on a Hopper GPU, H100/H200: batch 1 on its graph inside the "
-                "resident kernel, larger batches per op) or per-op torch (elsewhere)")
+                "resident kernel, larger batches per op), per-op torch (elsewhere), or stream: the streaming "
+                "executor (Hopper or the CPU, bfloat16 models; batch-1 decode and greedy decode loops on it, the rest "
+                "per op; not yet the default)")
 
 
 def torch_device(device: str | None):
@@ -57,7 +59,7 @@ def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: in
 
 
 def check_backend(name: str | None, device=None) -> str:
-    """The backend's name: 'torch' (per-op) or 'megakernel'; None picks the default for `device` (a
+    """The backend's name: 'torch' (per-op), 'megakernel' or 'stream'; None picks the default for `device` (a
     torch device; None: the CPU's), default_backend."""
     if name is None:
         return default_backend(device)
@@ -83,7 +85,7 @@ def default_backend(device) -> str:
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
                   max_num_seqs: int = 32, max_model_len: int | None = None, use_cuda_graphs: bool = True,
                   backend: str | None = None):
-    """(backend, max_context) for weights already on `device`; backend: 'torch' or 'megakernel'."""
+    """(backend, max_context) for weights already on `device`; backend: 'torch', 'megakernel' or 'stream'."""
     from warploop.llm.backend_torch import TorchBackend
 
     backend = check_backend(backend, device)
@@ -100,4 +102,7 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
         from warploop.llm.mk.plans import env_options
         return MegakernelBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs,
                                  **env_options()), max_context
+    if backend == "stream":
+        from warploop.llm.stream_backend import StreamBackend
+        return StreamBackend(cfg, weights, layout, device, max_context), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context

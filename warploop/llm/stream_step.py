@@ -52,7 +52,10 @@ class StreamDecoder:
     MAX_STEPS = 256                               # the most steps one launch (generate) runs
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
-                 block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None) -> None:
+                 block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
+                 kv=None) -> None:
+        """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
+        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -81,16 +84,21 @@ class StreamDecoder:
         at = [(pool[k], row) for k, row in at]
         hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
         self.block_size, self.max_context = block_size, max_context
-        self.blocks = cdiv(max_context, block_size)
-        p.kv_cache(torch.zeros(cfg.num_layers, 2, self.blocks, block_size, kvh, hd, dtype=torch.bfloat16,
-                               device=self.device))
+        if kv is None:
+            kv = torch.zeros(cfg.num_layers, 2, cdiv(max_context, block_size), block_size, kvh, hd,
+                             dtype=torch.bfloat16, device=self.device)
+        elif tuple(kv.shape[:2]) != (cfg.num_layers, 2) or tuple(kv.shape[3:]) != (block_size, kvh, hd):
+            raise ValueError(f"the KV cache {tuple(kv.shape)} is not [{cfg.num_layers}, 2, blocks, {block_size}, "
+                             f"{kvh}, {hd}]")
+        p.kv_cache(kv)
         self.kv = p.kv
+        self.blocks = kv.shape[2]
         r = self.regions = {"res": p.buffer("res", cfg.hidden_size),
                             "qkv": p.buffer("qkv", cfg.q_size + 2 * cfg.kv_size), "attn": p.buffer("attn", cfg.q_size),
                             "act": p.buffer("act", cfg.intermediate_size), "logits": p.buffer("logits", cfg.vocab_size)}
         cos, sin = cos_sin_table(cfg.rope, hd, max_context, self.device)
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
-        r["step"] = p.ints("step", 3 + self.blocks)
+        r["step"] = p.ints("step", 3 + cdiv(max_context, block_size))
         r["token"], r["tokens"] = p.ints("token", 1), p.ints("tokens", self.MAX_STEPS)
         br_head = self.config.block_rows
         r["pairs"] = p.buffer("pairs", 2 * cdiv(cfg.vocab_size, br_head))
@@ -141,11 +149,27 @@ class StreamDecoder:
         """Greedy decoding in one launch: `token` at `pos`, then each step's pick at the next
         position, `steps` steps; returns the picked tokens. `table` must cover pos + steps - 1.
         The logits view holds the last step's."""
-        r = self.program.int_regions["tokens"]
         self._run(token, pos, steps, table)
+        return self.tokens(steps)
+
+    def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> None:
+        """generate's launch, without the wait (on the CPU it runs here): wait(), then tokens()."""
+        self._run(token, pos, steps, table, wait=False)
+
+    def wait(self, timeout: float = 60.0) -> None:
+        if self.executor is not None:
+            self.executor.wait(timeout)
+
+    def done(self) -> bool:
+        """Whether the launched steps have finished (never blocks)."""
+        return self.executor is None or self.executor.idle()
+
+    def tokens(self, steps: int) -> list[int]:
+        """The tokens the latest launch picked, one a step."""
+        r = self.program.int_regions["tokens"]
         return self.ints[r.offset:r.offset + steps].tolist()
 
-    def _run(self, token: int, pos: int, steps: int, table: list[int] | None) -> None:
+    def _run(self, token: int, pos: int, steps: int, table: list[int] | None, wait: bool = True) -> None:
         import torch
 
         from warploop.runtime.stream.reference import reference
@@ -158,13 +182,17 @@ class StreamDecoder:
             raise ValueError(f"token {token} is outside the vocabulary of {self.cfg.vocab_size}")
         bs = self.block_size
         table = list(range(cdiv(last + 1, bs))) if table is None else list(table)
-        if len(table) < cdiv(last + 1, bs) or not all(0 <= b < self.blocks for b in table):
-            raise ValueError(f"the block table must cover {cdiv(last + 1, bs)} blocks of the {self.blocks}")
+        if not cdiv(last + 1, bs) <= len(table) <= cdiv(self.max_context, bs) or \
+                not all(0 <= b < self.blocks for b in table):
+            raise ValueError(f"the block table must cover {cdiv(last + 1, bs)} blocks (at most "
+                             f"{cdiv(self.max_context, bs)}) of the cache's {self.blocks}")
         words = [pos, pos + 1, 0] + table         # position, context length, write the new k and v
         for name, vals in (("step", words), ("token", [token])):
             r = self.program.int_regions[name]
             self.ints[r.offset:r.offset + len(vals)] = torch.tensor(vals, dtype=torch.int32, device=self.ints.device)
         if self.executor is not None:
-            self.executor.run(steps=steps)
+            self.executor.launch(steps)
+            if wait:
+                self.executor.wait()
         else:
             self.arena = reference(self.program, self.arena, self.ints, self.kv, steps=steps)

@@ -84,6 +84,13 @@ class StreamExecutor:
         self.launch(steps)
         self.wait(timeout)
 
+    def idle(self) -> bool:
+        """Whether every queued run has finished (never blocks)."""
+        import torch
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev.query()
+
     def wait(self, timeout: float = 60.0) -> None:
         """Wait for the queued runs; raise if one of their waits gave up or they outlast `timeout`."""
         import torch

@@ -1,0 +1,66 @@
+"""The streaming executor as the engine's backend (`--backend stream`), on the CPU reference: the
+tiny model in bfloat16 gives the per-op backend's greedy tokens with batch-1 decode loops on the
+device, a budget and a stop id cut a loop where the per-op path stops, prefix hits and preemption
+keep the tokens, sampled requests take single steps, and what it cannot run is refused by name."""
+import pytest
+from test_mk_engine import run_together
+
+from warploop.llm.engine import Engine, SamplingParams
+
+TINY = dict(device="cpu", dtype="bfloat16", progress=False)
+
+
+def _run(backend, requests, **options):
+    """Each request's tokens and the engine's stats, the requests submitted together."""
+    with Engine.from_model("tiny", backend=backend, **(TINY | options)) as engine:
+        outs = run_together(engine, [(engine.tokenizer.encode(p), params) for p, params in requests])
+        return [outs[i] for i in range(len(requests))], engine.stats()
+
+
+def test_tiny_model_greedy_decode_loops_give_the_per_op_tokens():
+    requests = [("def main(", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))]
+    want, _ = _run("torch", requests, max_num_seqs=1, num_kv_blocks=64)
+    got, stats = _run("stream", requests, max_num_seqs=1, num_kv_blocks=64)
+    assert got == want and len(got[0]) == 40
+    # 39 decode tokens in loops of at most 32 steps; every lent block taken or given back
+    assert stats["decode_loops"] >= 2 and stats["decode_loop_tokens"] == 39
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_a_budget_and_a_stop_id_end_a_loop_where_single_steps_would():
+    plain = [("def main(", SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))]
+    tokens = _run("torch", plain, max_num_seqs=1, num_kv_blocks=64)[0][0]
+    stop = tokens[7]
+    requests = [("def main(", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)),
+                ("def main(", SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True,
+                                             stop_token_ids=[stop]))]
+    for params in requests:
+        want, _ = _run("torch", [params], max_num_seqs=1, num_kv_blocks=64)
+        got, stats = _run("stream", [params], max_num_seqs=1, num_kv_blocks=64)
+        assert got == want and stats["decode_loops"] >= 1 and stats["kv_blocks_used"] == 0
+    assert len(want[0]) == tokens.index(stop) + 1
+
+
+def test_prefix_hits_and_preemption_keep_the_tokens():
+    prefix = "import os\nimport sys\nimport json\n" * 3          # two full blocks of 16
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for requests, options in (([(prefix + "def a(", greedy)], dict(max_num_seqs=1, num_kv_blocks=32)),
+                              ([("def main(", greedy), ("class A:\n", greedy)],
+                               dict(max_num_seqs=2, num_kv_blocks=3, block_size=8, enable_prefix_caching=False))):
+        want, _ = _run("torch", requests, **options)
+        got, stats = _run("stream", requests, **options)
+        assert got == want and stats["kv_blocks_used"] == 0
+    assert stats["preemptions"] > 0
+
+
+def test_sampled_requests_take_single_steps_on_the_stream():
+    requests = [("def main(", SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True))]
+    got, stats = _run("stream", requests, max_num_seqs=1, num_kv_blocks=64)
+    assert len(got[0]) == 6 and stats["decode_loops"] == 0
+
+
+def test_what_the_stream_backend_cannot_run_is_refused_by_name():
+    with pytest.raises(ValueError, match="--dtype bfloat16"):
+        Engine.from_model("tiny", device="cpu", backend="stream", dtype="float32", progress=False)
+    with pytest.raises(ValueError, match="is not one of torch, megakernel, stream"):
+        Engine.from_model("tiny", device="cpu", backend="streaming")
