@@ -137,7 +137,8 @@ def _words(base):
 def _embed(arena, ints, emb, base, xidx):
     """The EMBED kind's body: out[:k] = float(emb[ints[token], :k])."""
     k = gl.load(base + E_K)
-    row = emb + gl.load(ints + gl.load(base + E_TOKEN)).to(gl.int64) * k
+    # the token is the step before's SAMPLE's (another SM's store, ordered by the wait): from L2
+    row = emb + gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg").to(gl.int64) * k
     gl.store(arena + gl.load(base + E_OUT) + xidx, gl.load(row + xidx, mask=xidx < k, other=0.0).to(gl.float32),
              mask=xidx < k)
 
