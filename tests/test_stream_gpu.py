@@ -105,3 +105,20 @@ def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():
     ex.counters.zero_()
     ex.epoch = 0
     ex.run(timeout=60)                                    # the executor is usable again
+
+
+def test_gpu_stream_backend_loops_give_its_single_steps_tokens():
+    """`--backend stream` through the engine on the GPU: greedy decode loops (the kernel picks and
+    feeds each token) give the tokens of single steps (the host picks from the same kernel's
+    logits); the first token is the per-op prefill's."""
+    from warploop.llm.engine import Engine, SamplingParams
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    outs, stats = {}, {}
+    for name, options in (("torch", {}), ("stream", {}), ("steps", dict(decode_loop=False))):
+        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend="torch" if name == "torch" else "stream",
+                               max_num_seqs=1, progress=False, **options) as engine:
+            outs[name] = engine.generate("def main(", params).token_ids
+            stats[name] = engine.stats()
+    assert outs["stream"] == outs["steps"] and len(outs["stream"]) == 40
+    assert outs["stream"][0] == outs["torch"][0]
+    assert stats["stream"]["decode_loops"] >= 2 and stats["steps"]["decode_loops"] == 0
