@@ -115,8 +115,9 @@ def test_gpu_stream_backend_loops_give_its_single_steps_tokens():
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     outs, stats = {}, {}
     for name, options in (("torch", {}), ("stream", {}), ("steps", dict(decode_loop=False))):
-        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend="torch" if name == "torch" else "stream",
-                               max_num_seqs=1, progress=False, **options) as engine:
+        backend = "torch" if name == "torch" else "stream"
+        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend=backend, max_num_seqs=1,
+                               progress=False, **options) as engine:
             outs[name] = engine.generate("def main(", params).token_ids
             stats[name] = engine.stats()
     assert outs["stream"] == outs["steps"] and len(outs["stream"]) == 40
