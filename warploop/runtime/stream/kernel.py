@@ -54,6 +54,7 @@ G_NARROW = gl.constexpr(GEMV.word("narrow"))
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 OP_EMBED = gl.constexpr(EMBED.opcode)
 E_TOKEN, E_OUT, E_K = gl.constexpr(EMBED.word("token")), gl.constexpr(EMBED.word("out")), gl.constexpr(EMBED.word("k"))
+E_ROWS = gl.constexpr(EMBED.word("rows"))
 OP_SAMPLE = gl.constexpr(SAMPLE.opcode)
 S_PAIRS, S_COUNT, S_BASE = gl.constexpr(SAMPLE.word("pairs")), gl.constexpr(SAMPLE.word("count")), \
     gl.constexpr(SAMPLE.word("base"))
@@ -138,7 +139,8 @@ def _embed(arena, ints, emb, base, xidx):
     """The EMBED kind's body: out[:k] = float(emb[ints[token], :k])."""
     k = gl.load(base + E_K)
     # the token is the step before's SAMPLE's (another SM's store, ordered by the wait): from L2
-    row = emb + gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg").to(gl.int64) * k
+    tok = gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg")
+    row = emb + gl.minimum(gl.maximum(tok, 0), gl.load(base + E_ROWS) - 1).to(gl.int64) * k
     gl.store(arena + gl.load(base + E_OUT) + xidx, gl.load(row + xidx, mask=xidx < k, other=0.0).to(gl.float32),
              mask=xidx < k)
 

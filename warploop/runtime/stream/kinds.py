@@ -204,10 +204,11 @@ COMBINE = NodeKind(
     fields=(Field("part"), Field("out"), Field("head"), Field("group"), Field("hd"), Field("splits")),
     cost=lambda f, br: float(4 * f["splits"] * f["group"] * (f["hd"] + 2)), footprint=_combine_footprint)
 
-# The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [vocab, k]
-# table (StreamProgram.embedding). The first node of a decode step.
+# The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [rows, k]
+# table (StreamProgram.embedding); a token outside [0, rows) reads row 0 or rows - 1, never outside
+# the table (NaN logits leave SAMPLE no largest value). The first node of a decode step.
 EMBED = NodeKind(
-    "embed", 4, fields=(Field("token"), Field("out"), Field("k")),
+    "embed", 4, fields=(Field("token"), Field("out"), Field("k"), Field("rows")),
     cost=lambda f, br: float(2 * f["k"]), footprint=lambda f, br: ([], [(f["out"], f["k"])]))
 # Greedy sampling: of the `count` (value, arena offset) pairs at arena `pairs` (GEMV amax), the
 # offset of the largest value (the first of equal ones), less `base` (the logits' offset), is the

@@ -257,7 +257,7 @@ class StreamProgram:
             raise ValueError("embed needs the embedding table: call embedding() first")
         if k != self.emb.shape[1] or out.size < k or token.size < 1:
             raise ValueError(f"k must be the table's width {self.emb.shape[1]} and out hold it")
-        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k)
+        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k, rows=self.emb.shape[0])
 
     def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=()) -> int:
         """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE)."""

@@ -85,7 +85,8 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
         return
     f = node.fields
     if node.kind is EMBED:
-        arena[f["out"]:f["out"] + f["k"]] = program.emb[int(ints[f["token"]])].float().to(arena.device)
+        row = min(max(int(ints[f["token"]]), 0), f["rows"] - 1)
+        arena[f["out"]:f["out"] + f["k"]] = program.emb[row].float().to(arena.device)
         return
     if node.kind is SAMPLE:
         pairs = arena[f["pairs"]:f["pairs"] + 2 * f["count"]].view(-1, 2)
