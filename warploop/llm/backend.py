@@ -33,10 +33,13 @@ class ModelBatch:
 
     @classmethod
     def from_sequences(cls, seqs) -> ModelBatch:
-        """Each sequence runs its tokens from `num_computed_tokens` to its end."""
+        """Each sequence runs its tokens from `num_computed_tokens` to its end (a chunked prefill's
+        step: to its `chunk_end`)."""
         tokens, positions, qlens, clens, tables = [], [], [], [], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, len(seq.token_ids)
+            if getattr(seq, "chunk_end", None) is not None:
+                end = seq.chunk_end
             tokens += seq.token_ids[start:end]
             positions += range(start, end)
             qlens.append(end - start)

@@ -37,10 +37,15 @@ class _Request:
 class Engine:
     def __init__(self, config: ModelConfig, backend: Backend, tokenizer=None, *, model_name: str = "model",
                  max_context: int, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
-                 enable_prefix_caching: bool = True, decode_loop: bool = True) -> None:
+                 enable_prefix_caching: bool = True, decode_loop: bool = True, max_prefill_tokens: int = 2048) -> None:
         """decode_loop: where the backend can (Backend.runs_decode_loops: the megakernel), run each decode batch as
         a loop of up to 64 steps on the device, the host only taking tokens out (loop_step.py);
-        False: one step per host round trip (a reference, or to debug)."""
+        False: one step per host round trip (a reference, or to debug). max_prefill_tokens: a prompt
+        with more uncached tokens is prefilled in chunks of this many, taking turns with decode steps
+        of the running requests (Scheduler)."""
+        if not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens={max_prefill_tokens!r}: use a positive number of tokens "
+                             "(--max-prefill-tokens)")
         layout = backend.layout
         if max_context > layout.num_blocks * layout.block_size:
             raise ValueError(f"max_context {max_context} exceeds the KV cache ({layout.num_blocks} blocks of "
@@ -51,7 +56,7 @@ class Engine:
         self.vocab_size = config.vocab_size
         self.eos_token_ids = set(config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
         self.blocks = BlockManager(layout.num_blocks, layout.block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_batch_tokens)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_batch_tokens, max_prefill_tokens)
         self._requests: dict[str, _Request] = {}
         self._inbox: list[_Request] = []
         self._aborts: list[str] = []
@@ -67,7 +72,8 @@ class Engine:
 
     @classmethod
     def from_model(cls, model: str, *, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
-                   enable_prefix_caching: bool = True, decode_loop: bool = True, **options) -> Engine:
+                   enable_prefix_caching: bool = True, decode_loop: bool = True, max_prefill_tokens: int = 2048,
+                   **options) -> Engine:
         """`tiny`, a Hugging Face-format directory or a .gguf file; options as in
         warploop.llm.parts.load_parts (device, dtype, block_size, num_kv_blocks, max_model_len, progress,
         use_cuda_graphs, backend, tensor_parallel). decode_loop: let a backend that can (the
@@ -76,7 +82,8 @@ class Engine:
         try:
             return cls(parts.cfg, parts.backend, parts.tokenizer, model_name=parts.name,
                        max_context=parts.max_context, max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens,
-                       enable_prefix_caching=enable_prefix_caching, decode_loop=decode_loop)
+                       enable_prefix_caching=enable_prefix_caching, decode_loop=decode_loop,
+                       max_prefill_tokens=max_prefill_tokens)
         except BaseException:
             parts.backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
             raise
@@ -144,7 +151,7 @@ class Engine:
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting) + waiting,
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
                 "prefix_cache_hit_tokens": self.blocks.hit_tokens, **self._counters,
-                "preemptions": self.scheduler.num_preemptions}
+                "preemptions": self.scheduler.num_preemptions, "prefill_chunks": self.scheduler.num_chunks}
 
     def close(self) -> None:
         with self._cv:
@@ -226,11 +233,12 @@ class Engine:
             seq = self.scheduler.waiting[0]
             self._finish(self._requests[seq.request_id], None, "", "abort", error="does not fit the KV cache")
             return None
-        if not prefill and not self.scheduler.waiting and self.decode_loop:
+        if not prefill and not self.scheduler.waiting and self.scheduler.prefilling is None and self.decode_loop:
             loop = self._start_loop(seqs)
             if loop is not None:
                 return loop
-        return self._launch(ModelBatch.from_sequences(seqs), seqs, prefill)
+        partial = prefill and seqs[0].chunk_end is not None
+        return self._launch(ModelBatch.from_sequences(seqs), seqs, prefill, partial=partial)
 
     # ---- the decode loop on the device (loop_step.py) ----
 
@@ -284,11 +292,12 @@ class Engine:
                 self._accept(seqs[i], token)
         return True
 
-    def _launch(self, batch: ModelBatch, seqs: list[Sequence], prefill: bool, ahead: int = 0) -> Step | None:
+    def _launch(self, batch: ModelBatch, seqs: list[Sequence], prefill: bool, ahead: int = 0,
+                partial: bool = False) -> Step | None:
         for seq in seqs if ahead else ():
             self.blocks.append(seq, ahead)
         try:
-            return launch(self.backend, batch, seqs, prefill)
+            return launch(self.backend, batch, seqs, prefill, partial)
         except Exception as e:
             if ahead:  # drop the overlapped step: the regular path runs these sequences next, isolating on failure
                 log.warning("overlapped decode step failed (%s: %s); running it unoverlapped", type(e).__name__, e)
@@ -316,7 +325,8 @@ class Engine:
         running ones unless the batch must change (arrivals, preemption, host-side sampling state);
         those whose token from `step` is certainly their last are left out."""
         seqs = step.seqs
-        if (step.prefill or self.scheduler.waiting or len(self.scheduler.running) != len(seqs)
+        if (step.prefill or self.scheduler.waiting or self.scheduler.prefilling is not None
+                or len(self.scheduler.running) != len(seqs)
                 or any(s.status is not Status.RUNNING or s.params.repetition_penalty != 1.0 for s in seqs)):
             return []
         going = [s for s in seqs if len(s) + 1 < self.max_context and
@@ -331,6 +341,12 @@ class Engine:
             return
         if step.prefill:
             self._counters["prefill_tokens_computed"] += len(step.batch.token_ids)
+        if step.partial:                        # a prompt's chunk: its KV is in, no token yet
+            for seq in step.seqs:
+                if seq.status is Status.RUNNING:
+                    self.scheduler.chunk_done(seq)
+                    self.blocks.commit(seq)
+            return
         for seq, token in zip(step.seqs, tokens, strict=True):
             if seq.status is not Status.RUNNING:  # finished or aborted while the step was in flight
                 continue

@@ -24,6 +24,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_keys: list[int] = []     # prefix-cache keys of the full blocks, in order
         self.num_computed_tokens = 0        # tokens whose KV is in the cache
+        self.chunk_end: int | None = None   # a chunked prefill's step runs tokens [num_computed_tokens, chunk_end)
         self.generator = None               # per-request torch.Generator when the request has a seed
 
     def __len__(self) -> int:

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-num-seqs", type=positive_int, default=32, help="most requests in one batch (default 32)")
     engine.add_argument("--max-batch-tokens", type=positive_int, default=2048,
                         help="most tokens in one engine step, prefill included (default 2048)")
+    engine.add_argument("--max-prefill-tokens", type=positive_int, default=2048,
+                        help="a prompt with more uncached tokens is prefilled in chunks of this many, taking turns "
+                             "with decode steps of the running requests (default 2048)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     engine.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
@@ -110,7 +113,8 @@ def _engine(args: argparse.Namespace):
 
     options = dict(device=args.device, dtype=args.dtype, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                    max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                   max_batch_tokens=args.max_batch_tokens, enable_prefix_caching=not args.no_prefix_caching,
+                   max_batch_tokens=args.max_batch_tokens, max_prefill_tokens=args.max_prefill_tokens,
+                   enable_prefix_caching=not args.no_prefix_caching,
                    tensor_parallel=args.tensor_parallel, backend=args.backend)
     try:
         if args.replicas != 1:

@@ -21,6 +21,7 @@ class Step:
     tokens: torch.Tensor            # sampled ids on the device, int64 [len(seqs)]
     host: torch.Tensor              # where they arrive on the host
     ready: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+    partial: bool = False           # a chunk of a prompt: it computes KV and makes no token
 
     def result(self) -> list[int]:
         """Wait for this step's ids (only for them: later steps keep running)."""
@@ -29,7 +30,13 @@ class Step:
         return self.host.tolist()
 
 
-def launch(backend: Backend, batch: ModelBatch, seqs: list, prefill: bool) -> Step:
+def launch(backend: Backend, batch: ModelBatch, seqs: list, prefill: bool, partial: bool = False) -> Step:
+    """partial: a prompt's chunk (Scheduler: chunk_end), run for its KV, no token sampled (a seeded
+    request's random stream is the unchunked one's)."""
+    if partial:
+        backend.forward(batch)
+        done = torch.empty(0, dtype=torch.int64)
+        return Step(seqs, batch, prefill, done, done, None, partial=True)
     tokens = backend.forward_sample(batch, seqs)
     if tokens.is_cuda:
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
