@@ -76,8 +76,10 @@ def test_a_running_stream_keeps_making_tokens_while_a_long_prompt_is_chunked():
         first = threading.Event()
         stream = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
-        def a_cb(event, inner=on("a")):
-            inner(event)
+        a_inner = on("a")
+
+        def a_cb(event):
+            a_inner(event)
             first.set()
         engine.add_request(engine.tokenizer.encode("def f("), stream, a_cb)
         assert first.wait(60)
