@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from warploop import cli
 
 KEYS = ("ms_per_token_bs1", "tok_s_bs8", "tok_s_bs32", "ttft_ms_1024")
@@ -33,3 +35,20 @@ def test_bench_decode_refuses_unknown_models_and_batches():
         cli.main(["bench", "decode", "--models", "llama-7b"])
     with pytest.raises(SystemExit, match="--batches '0,8'"):
         cli.main(["bench", "decode", "--batches", "0,8"])
+
+
+def test_bench_prefill_on_cpu_prints_the_contract_keys(capsys, tmp_path):
+    """`warploop bench prefill` without a GPU: prefill tok/s with p10/p90 per length, and the
+    streams' inter-token gaps while a long prompt arrives, chunked and in one step."""
+    code = cli.main(["bench", "prefill", "--json", "--runs", "2", "--lengths", "32,64", "--long", "160",
+                     "--max-prefill-tokens", "32", "--streams", "2", "--save", str(tmp_path / "prefill.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and json.loads((tmp_path / "prefill.json").read_text()) == out
+    entry = out["models"]["small-cpu"]
+    for n in ("32", "64"):
+        assert {"ms", "p10_ms", "p90_ms", "tok_s", "runs"} <= set(entry["warploop"][n])
+        assert entry["warploop"][n]["p10_ms"] <= entry["warploop"][n]["ms"] <= entry["warploop"][n]["p90_ms"]
+    assert entry["itl"]["chunked"]["prefill_chunks"] >= 4 and entry["itl"]["one_step"]["prefill_chunks"] == 0
+    assert {"p50_ms", "p99_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
+    with pytest.raises(SystemExit, match="--lengths"):
+        cli.main(["bench", "prefill", "--lengths", "0"])

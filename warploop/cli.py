@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench runtime": ("warploop.bench.runtime", "resident runtime: hop latency, throughput, MLP stack"),
     "bench hostcall": ("warploop.bench.hostcall", "GPU->host calls: round trip, throughput, print, files"),
     "bench decode": ("warploop.bench.decode", "LLM decode speed vs HF transformers and torch.compile"),
+    "bench prefill": ("warploop.bench.prefill", "LLM prefill speed vs torch.compile; streams' latency while a long "
+                      "prompt arrives"),
     "bench stream": ("warploop.bench.stream", "streaming executor (Hopper): weight stream vs floor, stage latency"),
 }
 

@@ -1,0 +1,229 @@
+"""`warploop bench prefill`: prefill speed, and how running streams fare while a long prompt arrives.
+
+Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU):
+- `prefill_tok_s_L` for each prompt length L: the engine's per-op prefill (the backend's forward of
+  one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
+  by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
+  same run, the gpt-fast-style peer (`torch.compile` of the same shapes, SDPA attention) prefilling
+  the same length. The peer is left out on the CPU.
+- `itl`: `--streams` greedy streams decode through the engine while a `--long`-token prompt
+  arrives; the streams' inter-token gaps from its arrival to its first token, p50 and p99, with
+  chunked prefill (`--max-prefill-tokens`) and with the prompt in one step, in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+from warploop.bench.common import emit, header, result_path
+from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
+
+GPU_LENGTHS, CPU_LENGTHS = (1024, 4096, 16384), (64, 256)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from warploop.args import positive_int
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--models", default=None, help="comma-separated model shapes (default: all of " +
+                        ", ".join(GPU_MODELS) + " on a GPU; small-cpu without one)")
+    parser.add_argument("--lengths", default=None, help="comma-separated prompt lengths (default 1024,4096,16384 "
+                        "on a GPU, 64,256 on the CPU)")
+    parser.add_argument("--runs", type=positive_int, default=None, help="timed runs per figure (default 20; CPU 3)")
+    parser.add_argument("--streams", type=positive_int, default=8, help="decoding streams for the itl figure")
+    parser.add_argument("--long", type=positive_int, default=None,
+                        help="the arriving prompt's tokens for the itl figure (default 16384; CPU 256)")
+    parser.add_argument("--max-prefill-tokens", type=positive_int, default=None,
+                        help="the chunk of the chunked run of the itl figure (default 2048; CPU 64)")
+    parser.add_argument("--skip-peer", action="store_true", help="leave out the torch.compile peer")
+    parser.add_argument("--save", default=None, help="also write the JSON here (default: bench/results/ on a GPU)")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise SystemExit(f"bench prefill: {flag} {text!r}: give positive token counts, e.g. {flag} 1024,4096")
+    return values
+
+
+def _stats(times_s: list[float], tokens: int) -> dict:
+    q = statistics.quantiles(times_s, n=10) if len(times_s) > 1 else [times_s[0]] * 9
+    med = statistics.median(times_s)
+    return {"ms": round(med * 1e3, 3), "p10_ms": round(q[0] * 1e3, 3), "p90_ms": round(q[-1] * 1e3, 3),
+            "tok_s": round(tokens / med, 1), "runs": len(times_s)}
+
+
+def _timed(fn, device) -> float:
+    import torch
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    known = GPU_MODELS | CPU_MODELS
+    names = [n.strip() for n in (args.models or ",".join(GPU_MODELS if gpu else CPU_MODELS)).split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise SystemExit(f"bench prefill: --models {args.models!r}: unknown model {', '.join(bad) or '(none)'}; "
+                         f"choose from {', '.join(known)}")
+    lengths = _ints(args.lengths, "--lengths") if args.lengths else (GPU_LENGTHS if gpu else CPU_LENGTHS)
+    runs = args.runs or (20 if gpu else 3)
+    long = args.long or (16384 if gpu else 256)
+    chunk = args.max_prefill_tokens or (2048 if gpu else 64)
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    result = header("prefill")
+    result["method"] = {
+        "prefill_tok_s": "prompt tokens / device time of the per-op backend's prefill forward (CUDA events), "
+                         f"median of {runs} runs, p10 and p90; the peer the same way",
+        "itl": f"{args.streams} greedy streams' inter-token gaps from a {long}-token prompt's arrival to its "
+               f"first token, p50 and p99, chunked (max_prefill_tokens {chunk}) and in one step"}
+    result["models"] = {}
+    for name in names:
+        title, cfg = known[name]
+        say(f"== {name}")
+        dtype = torch.bfloat16 if gpu else torch.float32
+        entry = result["models"][name] = {"model": title, "dtype": str(dtype).removeprefix("torch.")}
+        entry["warploop"] = _prefill_engine(cfg, device, dtype, lengths, runs, say)
+        if gpu and not args.skip_peer:
+            entry["torch_compile"] = _prefill_peer(cfg, device, dtype, lengths, runs, say)
+            for n in lengths:
+                ours, theirs = entry["warploop"].get(str(n), {}), entry["torch_compile"].get(str(n), {})
+                if "tok_s" in ours and "tok_s" in theirs:
+                    entry[f"prefill_over_torch_compile_{n}"] = round(ours["tok_s"] / theirs["tok_s"], 3)
+        entry["itl"] = _itl(cfg, device, dtype, args.streams, long, chunk, say)
+        torch.cuda.empty_cache() if gpu else None
+    emit(result, args.save or (result_path("prefill") if gpu else None))
+    return 0
+
+
+def _backend(cfg, device, dtype, tokens: int, seqs: int = 1):
+    from warploop.llm.build import build_backend
+    from warploop.llm.weights import random_weights
+    weights = random_weights(cfg, device, dtype)
+    blocks = seqs * (-(-tokens // 16) + 2)
+    return build_backend(cfg, weights, device, block_size=16, num_kv_blocks=blocks, max_num_seqs=seqs,
+                         max_model_len=min(cfg.max_position_embeddings, tokens + 64), backend="torch")
+
+
+def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
+    import torch
+
+    from warploop.llm.backend import ModelBatch
+    out = {}
+    backend, _ = _backend(cfg, device, dtype, max(lengths))
+    gen = torch.Generator().manual_seed(0)
+    for n in lengths:
+        if n > cfg.max_position_embeddings:
+            out[str(n)] = {"error": f"longer than the model's {cfg.max_position_embeddings} positions"}
+            continue
+        ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
+        batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+        with torch.no_grad():
+            backend.forward(batch)                 # warm-up: allocations, kernels' first use
+            times = [_timed(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
+        out[str(n)] = _stats(times, n)
+        say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s")
+    return out
+
+
+def _prefill_peer(cfg, device, dtype, lengths, runs, say) -> dict:
+    import torch
+
+    from warploop.bench.decode_peers import CompiledDecoder, gptfast_model
+    out = {}
+    try:
+        model = gptfast_model(cfg, device, dtype)
+        dec = CompiledDecoder(model, use_cuda_graphs=False)
+    except Exception as e:  # the peer failing must not lose our figures
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    for n in lengths:
+        prompt = torch.randint(0, cfg.vocab_size, (1, n), device=device)
+        try:
+            with torch.no_grad():
+                model.setup_caches(1, n)
+                positions = torch.arange(n, device=device)
+                dec.prefill(prompt, positions)      # compile
+                times = [_timed(lambda p=prompt, at=positions: dec.prefill(p, at), device) for _ in range(runs)]
+            out[str(n)] = _stats(times, n)
+            say(f"  torch.compile prefill {n}: {out[str(n)]['ms']} ms")
+        except Exception as e:
+            out[str(n)] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return out
+
+
+def _itl(cfg, device, dtype, streams: int, long: int, chunk: int, say) -> dict:
+    """p50 / p99 inter-token gaps of `streams` decoding streams while a `long`-token prompt is
+    admitted, chunked and in one step."""
+    import torch
+
+    from warploop.llm.engine import Engine, SamplingParams
+    out = {}
+    gen = torch.Generator().manual_seed(1)
+    for label, max_prefill in (("chunked", chunk), ("one_step", long + 1)):
+        backend, max_context = _backend(cfg, device, dtype, long + 512, seqs=streams + 1)
+        with Engine(cfg, backend, None, max_context=max_context, max_num_seqs=streams + 1, max_batch_tokens=long + 1,
+                    enable_prefix_caching=False, max_prefill_tokens=max_prefill) as engine:
+            stamps: dict[str, list[float]] = {}
+            arrived, first, done = [0.0], threading.Event(), threading.Semaphore(0)
+            lock = threading.Lock()
+
+            def on(name, stamps=stamps, lock=lock, first=first, done=done):
+                def cb(event):
+                    if event.error is not None:
+                        first.set()
+                        done.release()
+                        return
+                    with lock:
+                        stamps.setdefault(name, []).append(time.perf_counter())
+                    if name == "long" and event.token_id is not None:
+                        first.set()
+                    if event.finish_reason is not None:
+                        done.release()
+                return cb
+
+            stream = SamplingParams(max_tokens=max_context - 32, temperature=0.0, ignore_eos=True)
+            for i in range(streams):
+                prompt = torch.randint(0, cfg.vocab_size, (16,), generator=gen).tolist()
+                engine.add_request(prompt, stream, on(f"s{i}"), request_id=f"s{i}")
+            time.sleep(0.5 if device.type == "cuda" else 2.0)      # the streams are decoding
+            arrived[0] = time.perf_counter()
+            engine.add_request(torch.randint(0, cfg.vocab_size, (long,), generator=gen).tolist(),
+                               SamplingParams(max_tokens=1, temperature=0.0), on("long"), request_id="long")
+            first.wait(600)
+            end = time.perf_counter()
+            for i in range(streams):
+                engine.abort(f"s{i}")
+            for _ in range(streams + 1):
+                done.acquire(timeout=60)
+            chunks = engine.stats()["prefill_chunks"]
+        gaps = []
+        for name, ts in stamps.items():
+            if name != "long":
+                inside = [t for t in ts if arrived[0] <= t <= end]
+                before = [t for t in ts if t < arrived[0]]
+                seq = before[-1:] + inside
+                gaps += [(b - a) * 1e3 for a, b in zip(seq, seq[1:], strict=False)]
+        rec = {"prefill_chunks": chunks, "long_ttft_ms": round((end - arrived[0]) * 1e3, 2), "gaps": len(gaps)}
+        if gaps:
+            q = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else [gaps[0]] * 99
+            rec |= {"p50_ms": round(statistics.median(gaps), 3), "p99_ms": round(q[98], 3),
+                    "p99_over_p50": round(q[98] / max(statistics.median(gaps), 1e-9), 2)}
+        out[label] = rec
+        say(f"  itl {label}: {rec}")
+    return out
