@@ -10,12 +10,14 @@
 #             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
+#   prefill   the chunked-prefill engine tests, then `warploop bench prefill --json` ($MODELS, default all three)
+#             -> $OUT/prefill-<device>-<date>.json
 # Commit a bench's JSON unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json (BENCHMARKS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,13p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,15p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -81,6 +83,11 @@ for part in "$@"; do
       done ;;
     mk) bash scripts/device_mk.sh ;;
     stream) bash scripts/device_stream.sh ;;
+    prefill)
+      environment; gpu_tests tests/test_chunked_prefill.py
+      timeout "${BENCH_S:-500}" python -m warploop.cli bench prefill --json ${MODELS:+--models "$MODELS"} \
+        --save "$OUT/prefill-$(stamp).json" > /dev/null
+      echo "bench prefill rc=$?"; head -c 3000 "$OUT/prefill-$(stamp).json"; echo ;;
     *) echo "device.sh: no part '$part' (bash scripts/device.sh --help lists them)" >&2; exit 2 ;;
   esac
 done
