@@ -77,3 +77,38 @@ def test_64_concurrent_streams_on_the_megakernel(tmp_path):
         assert m[ok] - m0.get(ok, 0) == 2 * STREAMS and m.get(ABORTED, 0) == m0.get(ABORTED, 0)
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def test_64_concurrent_streams_on_the_stream_backend(tmp_path):
+    """`--backend stream` (bfloat16): batch 1 on the streaming executor's decode loop, larger batches
+    per op; 64 concurrent streams all finish, each with a finish reason, and the server ends idle
+    with every KV block free. (Texts are not compared with solo requests: a row batched per op in
+    bf16 and the same row alone on the streaming kernel sum in other orders.)"""
+    srv = Server(["--device", "cuda", "--backend", "stream", "--dtype", "bfloat16", "--max-num-seqs", "32"],
+                 tmp_path / "serve.log", start_timeout_s=START_S, env={"CUDA_MODULE_LOADING": "EAGER"})
+    try:
+        texts = prompts(STREAMS)
+        lengths = [8 + (i * 7) % 40 for i in range(STREAMS)]
+
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=300) as client:
+                solo = await completion(client, texts[0], 40, False)
+                streams = await asyncio.gather(*(completion(client, p, n, True)
+                                                 for p, n in zip(texts, lengths, strict=True)))
+            return solo, streams
+
+        m0 = srv.metrics()
+        solo, streams = asyncio.run(run())
+        assert solo[1] in ("length", "stop") and solo[0]
+        assert all(reason in ("length", "stop") for _, reason in streams), "a stream ended without a finish reason"
+        deadline = time.monotonic() + 30
+        while True:
+            m = srv.metrics()
+            if m["warploop_num_requests_running"] == 0 and m["warploop_kv_blocks_used"] == 0:
+                break
+            assert time.monotonic() < deadline, f"not idle: {m}"
+            time.sleep(0.1)
+        ok = "warploop_http_requests_total{route=/v1/completions,status=200}"
+        assert m[ok] - m0.get(ok, 0) == STREAMS + 1 and m.get(ABORTED, 0) == m0.get(ABORTED, 0)
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
