@@ -100,6 +100,10 @@ class StreamBackend(Backend):
 
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)
+        if self.device.type == "cuda":
+            # the kernel compiles on its first launch (seconds): here, not in a request. It writes a
+            # k and v row into block 0, which no sequence holds yet
+            self.decoder.step(0, 0, [0])
 
 
 class StreamLoopRun:
