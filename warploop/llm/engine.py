@@ -16,6 +16,7 @@ from warploop.llm import loop_step
 from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.config import ModelConfig
 from warploop.llm.detokenizer import Detokenizer
+from warploop.llm.engine_config import EngineConfig
 from warploop.llm.kv_cache import BlockManager
 from warploop.llm.loop_step import LoopStep
 from warploop.llm.params import Completion, SamplingParams, StreamEvent
@@ -43,9 +44,9 @@ class Engine:
         False: one step per host round trip (a reference, or to debug). max_prefill_tokens: a prompt
         with more uncached tokens is prefilled in chunks of this many, taking turns with decode steps
         of the running requests (Scheduler)."""
-        if not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens={max_prefill_tokens!r}: use a positive number of tokens "
-                             "(--max-prefill-tokens)")
+        EngineConfig(max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens,   # the same checks
+                     max_prefill_tokens=max_prefill_tokens, enable_prefix_caching=enable_prefix_caching,
+                     decode_loop=decode_loop)
         layout = backend.layout
         if max_context > layout.num_blocks * layout.block_size:
             raise ValueError(f"max_context {max_context} exceeds the KV cache ({layout.num_blocks} blocks of "
@@ -71,19 +72,20 @@ class Engine:
         self._thread.start()
 
     @classmethod
-    def from_model(cls, model: str, *, max_num_seqs: int = 32, max_batch_tokens: int = 2048,
-                   enable_prefix_caching: bool = True, decode_loop: bool = True, max_prefill_tokens: int = 2048,
-                   **options) -> Engine:
-        """`tiny`, a Hugging Face-format directory or a .gguf file; options as in
-        warploop.llm.parts.load_parts (device, dtype, block_size, num_kv_blocks, max_model_len, progress,
-        use_cuda_graphs, backend, tensor_parallel). decode_loop: let a backend that can (the
-        megakernel) run decode steps in a loop on the device."""
-        parts = load_parts(model, max_num_seqs=max_num_seqs, **options)
+    def from_model(cls, model: str, config: EngineConfig | None = None, **options) -> Engine:
+        """`tiny`, a Hugging Face-format directory or a .gguf file, with the settings of `config` or
+        of keyword options (EngineConfig's fields: device, dtype, backend, block_size, num_kv_blocks,
+        max_model_len, max_num_seqs, max_batch_tokens, max_prefill_tokens, enable_prefix_caching,
+        decode_loop, use_cuda_graphs, tensor_parallel, progress), checked before anything loads."""
+        if config is not None and options:
+            raise ValueError("pass an EngineConfig or keyword options, not both")
+        config = config if config is not None else EngineConfig.from_options(options)
+        parts = load_parts(model, config)
         try:
             return cls(parts.cfg, parts.backend, parts.tokenizer, model_name=parts.name,
-                       max_context=parts.max_context, max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens,
-                       enable_prefix_caching=enable_prefix_caching, decode_loop=decode_loop,
-                       max_prefill_tokens=max_prefill_tokens)
+                       max_context=parts.max_context, max_num_seqs=config.max_num_seqs,
+                       max_batch_tokens=config.max_batch_tokens, enable_prefix_caching=config.enable_prefix_caching,
+                       decode_loop=config.decode_loop, max_prefill_tokens=config.max_prefill_tokens)
         except BaseException:
             parts.backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
             raise

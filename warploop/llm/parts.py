@@ -8,8 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from warploop.llm.build import build_backend, check_backend, torch_device, torch_dtype
+from warploop.llm.build import build_backend, torch_device, torch_dtype
 from warploop.llm.config import ModelConfig
+from warploop.llm.engine_config import EngineConfig
 from warploop.llm.loader import checkpoint_dtype, load_config, load_weights, open_gguf, resolve_model_dir
 from warploop.llm.tokenizer import Tokenizer
 from warploop.llm.tp.build import RankJob, build_tp_backend
@@ -24,15 +25,14 @@ class ModelParts:
     max_context: int
 
 
-def load_parts(model: str, *, device: str | None = None, dtype: str | None = None, block_size: int = 16,
-               num_kv_blocks: int | None = None, max_num_seqs: int = 32, max_model_len: int | None = None,
-               progress: bool = True, use_cuda_graphs: bool = True, backend: str | None = None,
-               tensor_parallel: int = 1) -> ModelParts:
+def load_parts(model: str, config: EngineConfig) -> ModelParts:
     """The parts of an engine for `tiny`, a Hugging Face-format directory, or a .gguf file (or a
-    directory holding one); backend: 'torch' or 'megakernel'; with `tensor_parallel` N > 1, over N
-    ranks (N GPUs, or N processes on the CPU), each holding 1/N of the model (warploop/llm/tp)."""
-    if backend is not None:
-        check_backend(backend)     # before loading anything
+    directory holding one), as `config` says (its checks ran when it was made); with
+    tensor_parallel N > 1, over N ranks (N GPUs, or N processes on the CPU), each holding 1/N of
+    the model (warploop/llm/tp)."""
+    device, dtype, block_size, backend = config.device, config.dtype, config.block_size, config.backend
+    num_kv_blocks, max_num_seqs, max_model_len = config.num_kv_blocks, config.max_num_seqs, config.max_model_len
+    progress, use_cuda_graphs, tensor_parallel = config.progress, config.use_cuda_graphs, config.tensor_parallel
     gguf = open_gguf(model)
     if gguf is not None:
         if tensor_parallel != 1:
@@ -47,8 +47,6 @@ def load_parts(model: str, *, device: str | None = None, dtype: str | None = Non
         dev = torch_device(device)
         torch_type = torch_dtype(dtype, cfg, checkpoint_dtype(path))
     if tensor_parallel != 1:
-        if backend not in (None, "torch"):
-            raise ValueError(f"--backend {backend} does not run under --tensor-parallel yet: use --backend torch")
         max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         job = RankJob(cfg, str(path), str(torch_type).removeprefix("torch."), block_size, num_kv_blocks, max_num_seqs,
                       max_len, use_cuda_graphs)
