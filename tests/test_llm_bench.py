@@ -24,7 +24,7 @@ def test_bench_decode_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     check = entry["warploop"]["check"]
     assert check["rel_err_vs_fp32"] < 1e-4 and check["positions"] == 9    # float32 on the CPU: prefill + 8 steps
     assert entry["warploop"]["host_cpu_us_per_token_bs1"] > 0
-    assert "skipped" in entry["torch_compile"] and "skipped" in entry["megakernel"]
+    assert "skipped" in entry["torch_compile"] and "skipped" in entry["megakernel"] and "skipped" in entry["stream"]
     assert entry["ratios"]["floor_over_warploop_bs1"] > 0
 
 

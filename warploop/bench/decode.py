@@ -1,5 +1,5 @@
-"""`warploop bench decode`: LLM decode speed of the engine's two backends (the decode megakernel
-and the per-op torch backend) against HF transformers eager and a gpt-fast-style torch.compile
+"""`warploop bench decode`: LLM decode speed of the engine's backends (the decode megakernel, the
+streaming executor's `stream` and the per-op torch backend) against HF transformers eager and a gpt-fast-style torch.compile
 model, per model shape (Llama-3.2-1B, Qwen3-0.6B, SmolLM2-135M; random bf16 weights).
 
 Every system is measured in one run, the same way: ms per output token at batch 1 and tokens/s at
@@ -9,7 +9,8 @@ over the measured device-to-device copy bandwidth (bytes read + written). Before
 backend's decode-step logits are checked against transformers on the same weights (float32 reference).
 
 Without a GPU the command runs a small config on the CPU (the JSON says so) and skips the
-torch.compile peer (it needs CUDA graphs) and the megakernel (the CPU executor runs its graph
+torch.compile peer (it needs CUDA graphs), the stream backend (its CPU reference is a check, not a
+speed) and the megakernel (the CPU executor runs its graph
 through the Triton interpreter: a reference for correctness, not a speed).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from warploop.bench.decode_check import check_logits
 from warploop.llm.config import ModelConfig
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS, LLAMA_3_2_1B, QWEN3_0_6B, SMALL_CPU, SMOLLM2_135M  # noqa: F401
 
-SYSTEMS = ("megakernel", "warploop", "torch_compile", "hf_eager")
+SYSTEMS = ("megakernel", "stream", "warploop", "torch_compile", "hf_eager")
 PROMPT_LEN, TTFT_LEN, BATCHES = 32, 1024, (1, 8, 32)
 # a 1,024-token TTFT is 5-20 ms, host-bound, and one backend's moves by 2x from run to run (BENCHMARKS.md,
 # Decode, session 19): its median takes at least this many runs (each costs milliseconds)
@@ -82,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if gpu else "cpu")
     models = _parse_models(args.models, gpu)
     batches = _parse_batches(args.batches)
-    skip = set(args.skip) | (set() if gpu else {"megakernel", "torch_compile"})
+    skip = set(args.skip) | (set() if gpu else {"megakernel", "stream", "torch_compile"})
     steps = args.steps or (128 if gpu else 16)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     result = header("decode")
@@ -139,10 +140,15 @@ def _bench_model(title, cfg, device, gpu, skip, steps, repeats, batches, ttft, c
         weights = fuse(cfg, lambda n: state[n], device, dtype)
         del state
     check_prompt = prompts(1)[0].tolist()
-    for system, backend in (("warploop", "torch"), ("megakernel", "megakernel")):
+    for system, backend in (("warploop", "torch"), ("megakernel", "megakernel"), ("stream", "stream")):
         if system in skip:
-            entry[system] = {"skipped": "--skip" if gpu or system != "megakernel" else
-                             "CPU: the graph runs through the Triton interpreter (a reference, not a speed)"}
+            entry[system] = {"skipped": "--skip" if gpu or system == "warploop" else
+                             "CPU: the graph runs through the Triton interpreter (a reference, not a speed)"
+                             if system == "megakernel" else "CPU: the streaming program runs its CPU reference "
+                             "(a check, not a speed)"}
+            continue
+        if system == "stream" and dtype != torch.bfloat16:
+            entry[system] = {"skipped": "the streaming backend runs bfloat16 models"}
             continue
         entry[system] = _guard(_measure_system, cfg, weights, device, backend, hf, hf32, check_prompt, prompts,
                                repeats, steps, batches, ttft)
@@ -342,11 +348,11 @@ def _ratios(entry: dict, batches=BATCHES[1:]) -> dict:
         return value if isinstance(value, (int, float)) and value > 0 else None
 
     out = {}
-    for ours_name in ("megakernel", "warploop"):
+    for ours_name in ("megakernel", "stream", "warploop"):
         ours = get(ours_name, "ms_per_token_bs1")
         if ours:
             out[f"floor_over_{ours_name}_bs1"] = round(entry["floor_ms"] / ours, 3)
-            for peer in ("hf_eager", "torch_compile", "warploop"):
+            for peer in ("hf_eager", "torch_compile", "warploop", "megakernel"):
                 theirs = get(peer, "ms_per_token_bs1")
                 if theirs and peer != ours_name:
                     out[f"{peer}_ms_over_{ours_name}_ms_bs1"] = round(theirs / ours, 3)
