@@ -1,6 +1,6 @@
 """`warploop bench decode`: LLM decode speed of the engine's backends (the decode megakernel, the
-streaming executor's `stream` and the per-op torch backend) against HF transformers eager and a gpt-fast-style torch.compile
-model, per model shape (Llama-3.2-1B, Qwen3-0.6B, SmolLM2-135M; random bf16 weights).
+streaming executor's `stream` and the per-op torch backend) against HF transformers eager and a
+gpt-fast-style torch.compile model, per model shape (Llama-3.2-1B, Qwen3-0.6B, SmolLM2-135M; random bf16 weights).
 
 Every system is measured in one run, the same way: ms per output token at batch 1 and tokens/s at
 batch 8 and 32 count decode steps only (prompt 32 tokens, prefill excluded), TTFT is one 1,024-token
