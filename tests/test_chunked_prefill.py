@@ -99,3 +99,19 @@ def test_a_running_stream_keeps_making_tokens_while_a_long_prompt_is_chunked():
 def test_max_prefill_tokens_is_checked_by_name():
     with pytest.raises(ValueError, match="--max-prefill-tokens"):
         Engine.from_model("tiny", device="cpu", progress=False, max_prefill_tokens=0)
+
+
+def test_ttft_splits_into_queueing_and_prefill_and_the_first_step():
+    """A Completion's TTFT parts: a request waiting behind another (one sequence at a time) shows
+    its wait as queue_ms; queue + prefill is the TTFT; first_step_ms is the first token to the second."""
+    with Engine.from_model("tiny", device="cpu", progress=False, num_kv_blocks=64, max_num_seqs=1) as engine:
+        done = threading.Event()
+        first = engine.add_request(engine.tokenizer.encode(LONG), SamplingParams(max_tokens=40, temperature=0.0,
+                                                                                 ignore_eos=True),
+                                   lambda e: done.set() if e.finish_reason else None)
+        second = engine.generate("def main(", SamplingParams(max_tokens=3, temperature=0.0))
+        assert done.wait(60) and first
+        alone = engine.generate("def main(", SamplingParams(max_tokens=3, temperature=0.0))
+    for c in (second, alone):
+        assert abs(c.queue_ms + c.prefill_ms - c.ttft_ms) < 0.05 * c.ttft_ms + 1.0 and c.first_step_ms > 0
+    assert second.queue_ms > 5 * alone.queue_ms and second.queue_ms > 10.0   # it waited for the first's 40 tokens

@@ -135,17 +135,20 @@ class Engine:
             prompt = self.tokenizer.encode(prompt)
         start = time.perf_counter()
         ids, text, times = [], [], []
-        last = None
+        last, queue_ms = None, 0.0
         for event in self.stream(prompt, params):
             if event.token_id is not None:
                 ids.append(event.token_id)
                 times.append(time.perf_counter())
+            if event.queue_ms is not None:
+                queue_ms = event.queue_ms
             text.append(event.text_delta)
             last = event
         ttft = (times[0] - start) * 1e3 if times else 0.0
         per_token = (times[-1] - times[0]) * 1e3 / (len(times) - 1) if len(times) > 1 else 0.0
+        first_step = (times[1] - times[0]) * 1e3 if len(times) > 1 else 0.0
         return Completion(last.request_id, ids, "".join(text), last.finish_reason, len(prompt), ttft, per_token,
-                          last.error)
+                          last.error, queue_ms, max(0.0, ttft - queue_ms), first_step)
 
     def stats(self) -> dict:
         with self._cv:
@@ -380,14 +383,22 @@ class Engine:
                 len(seq) >= self.max_context:
             return self._finish(req, token, delta + req.detok.flush(), "length")
         self._deliver(req, StreamEvent(seq.request_id, token, delta, None, seq.num_prompt_tokens,
-                                       seq.num_completion_tokens))
+                                       seq.num_completion_tokens, queue_ms=self._queue_ms(seq)))
 
     def _finish(self, req: _Request, token: int | None, delta: str, reason: str, error: str | None = None) -> None:
         seq = req.seq
         self.scheduler.finish(seq)
         del self._requests[seq.request_id]
         self._deliver(req, StreamEvent(seq.request_id, token, delta, reason, seq.num_prompt_tokens,
-                                       seq.num_completion_tokens, error))
+                                       seq.num_completion_tokens, error,
+                                       self._queue_ms(seq) if token is not None else None))
+
+    @staticmethod
+    def _queue_ms(seq: Sequence) -> float | None:
+        """On a request's first token: its wait from add_request to admission, in ms."""
+        if seq.num_completion_tokens != 1 or seq.admitted_at is None:
+            return None
+        return (seq.admitted_at - seq.arrived_at) * 1e3
 
     @staticmethod
     def _deliver(req: _Request, event: StreamEvent) -> None:

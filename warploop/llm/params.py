@@ -104,6 +104,7 @@ class StreamEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None            # set when the engine failed this request
+    queue_ms: float | None = None       # on a request's first token: from add_request to its admission
 
 
 @dataclasses.dataclass
@@ -116,3 +117,6 @@ class Completion:
     ttft_ms: float
     ms_per_token: float
     error: str | None = None
+    queue_ms: float = 0.0               # TTFT's parts: waiting for admission,
+    prefill_ms: float = 0.0             # then the prompt's steps to the first token;
+    first_step_ms: float = 0.0          # and the first token to the second

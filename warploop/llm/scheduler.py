@@ -15,6 +15,7 @@ still in the prefix cache) when it returns.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from warploop.llm.kv_cache import BlockManager
@@ -54,6 +55,8 @@ class Scheduler:
                 break
             self.blocks.allocate(seq)
             seq.status = Status.RUNNING
+            if seq.admitted_at is None:
+                seq.admitted_at = time.perf_counter()
             if len(seq) - seq.num_computed_tokens > self.max_prefill_tokens:
                 self.waiting.popleft()
                 if batch:                  # the others run now; its chunks start with the next step

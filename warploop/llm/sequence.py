@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 
 _ids = itertools.count()
 
@@ -26,6 +27,8 @@ class Sequence:
         self.num_computed_tokens = 0        # tokens whose KV is in the cache
         self.chunk_end: int | None = None   # a chunked prefill's step runs tokens [num_computed_tokens, chunk_end)
         self.generator = None               # per-request torch.Generator when the request has a seed
+        self.arrived_at = time.perf_counter()
+        self.admitted_at: float | None = None   # when the scheduler first gave it blocks (its prefill began)
 
     def __len__(self) -> int:
         return len(self.token_ids)
