@@ -45,14 +45,16 @@ def torch_dtype(name: str | None, cfg: ModelConfig, fallback: str | None = None)
         raise ValueError(f"dtype {name!r} is not supported; use float32, bfloat16 or float16") from None
 
 
-def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: int, max_len: int) -> int:
-    """Enough blocks for every sequence at full length, or what memory allows."""
+def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: int, max_len: int,
+                  reserve_bytes: int = 0) -> int:
+    """Enough blocks for every sequence at full length, or what memory allows once `reserve_bytes`
+    more (a backend's own copy of the weights) are set aside."""
     import torch
 
     want = max_num_seqs * cdiv(max_len, layout_without_blocks.block_size)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int((free - GPU_RESERVE) * GPU_KV_FRACTION)
+        budget = int((free - GPU_RESERVE - reserve_bytes) * GPU_KV_FRACTION)
     else:
         budget = CPU_KV_BYTES
     return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
@@ -94,7 +96,9 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     dtype = str(weights.embed.dtype).removeprefix("torch.")
     probe = KVCacheLayout(cfg.num_layers, 1, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
-    blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len)
+    # the stream backend packs a bf16 copy of every matrix into its weight pools, beside the per-op ones
+    reserve = cfg.num_parameters() * 2 if backend == "stream" else 0
+    blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len, reserve)
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     max_context = min(max_len, blocks * block_size)
     if backend == "megakernel":
