@@ -12,12 +12,14 @@
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
 #   prefill   the chunked-prefill engine tests, then `warploop bench prefill --json` ($MODELS, default all three)
 #             -> $OUT/prefill-<device>-<date>.json
+#   soak      scripts/soak.py for $SOAK_MINUTES (default 8) on the GPU, backend $SOAK_BACKEND (default: the
+#             device's) -> $OUT/soak.json
 # Commit a bench's JSON unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json (BENCHMARKS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,15p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,17p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -83,6 +85,10 @@ for part in "$@"; do
       done ;;
     mk) bash scripts/device_mk.sh ;;
     stream) bash scripts/device_stream.sh ;;
+    soak)
+      environment
+      timeout $(( ${SOAK_MINUTES:-8} * 60 + 90 )) python scripts/soak.py --device cuda --minutes "${SOAK_MINUTES:-8}" \
+        ${SOAK_BACKEND:+--backend "$SOAK_BACKEND"} > "$OUT/soak.json"; echo "soak rc=$?"; tail -c 2000 "$OUT/soak.json"; echo ;;
     prefill)
       environment; gpu_tests tests/test_chunked_prefill.py
       timeout "${BENCH_S:-500}" python -m warploop.cli bench prefill --json ${MODELS:+--models "$MODELS"} \

@@ -269,7 +269,7 @@ def main() -> int:
     parser.add_argument("--pid", type=int, help="the running server's process id")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "hip"))
-    parser.add_argument("--backend", choices=("torch", "megakernel"))
+    parser.add_argument("--backend", choices=("torch", "megakernel", "stream"))
     args = parser.parse_args()
     seconds = args.minutes * 60
     if args.url:
