@@ -108,5 +108,5 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
                                  **env_options()), max_context
     if backend == "stream":
         from warploop.llm.stream_backend import StreamBackend
-        return StreamBackend(cfg, weights, layout, device, max_context), max_context
+        return StreamBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context

@@ -38,7 +38,9 @@ class StreamBackend(Backend):
     name = "stream"
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
-                 splits: int | None = None, timeout: float = 60.0) -> None:
+                 splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True) -> None:
+        """use_cuda_graphs: the per-op path's decode batches (2 sequences and more) replay CUDA graphs
+        (captured in warmup), as on the per-op backend."""
         super().__init__(config, layout, torch.device(device))
         if layout.dtype != "bfloat16":
             raise ValueError(f"the streaming backend keeps a bfloat16 KV cache, and this model runs in {layout.dtype}: "
@@ -47,7 +49,7 @@ class StreamBackend(Backend):
             raise ValueError("the streaming backend has no MLP bias yet: use --backend torch for this model")
         if self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
-        self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
+        self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
         self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                      block_size=layout.block_size, splits=splits, kv=self.per_op.kv)
         self.max_context, self.timeout = max_context, timeout
