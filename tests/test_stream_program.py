@@ -291,3 +291,30 @@ def test_decode_loop_back_edge_and_greedy_sample():
     assert int(ints[tok.offset]) == 20
     with pytest.raises(ValueError, match="decode loop"):
         p.decode_loop(e, smp)
+
+
+def test_ancestry_by_class_equals_the_transitive_closure():
+    """check_hazards' ancestors and descendants, worked out once per deps tuple, equal the plain
+    closure over every edge, on random DAGs where many nodes share a tuple (a stage's tiles)."""
+    import random
+    from collections import namedtuple
+
+    from warploop.runtime.stream.program import ancestry
+    N = namedtuple("N", "index deps")
+    rng = random.Random(7)
+    for _ in range(30):
+        nodes, tuples = [], []
+        for i in range(rng.randint(1, 60)):
+            if i and rng.random() < 0.5 and tuples:
+                deps = rng.choice(tuples)           # a tile of a stage already seen
+            else:
+                deps = tuple(sorted(rng.sample(range(i), rng.randint(0, min(i, 4))))) if i else ()
+                tuples.append(deps)
+            nodes.append(N(i, deps))
+        anc, desc = ancestry(nodes)
+        want_anc = [0] * len(nodes)
+        for n in nodes:
+            for d in n.deps:
+                want_anc[n.index] |= want_anc[d] | (1 << d)
+        want_desc = [sum(1 << j for j in range(len(nodes)) if want_anc[j] >> i & 1) for i in range(len(nodes))]
+        assert anc == want_anc and desc == want_desc

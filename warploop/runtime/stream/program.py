@@ -361,13 +361,7 @@ def check_hazards(program: StreamProgram) -> None:
     writers of the current segment as bitsets, so the check is a few big-integer operations per
     segment and writer, not one per pair of nodes."""
     nodes, br = program.nodes, program.config.block_rows
-    anc, desc = [0] * len(nodes), [0] * len(nodes)
-    for n in nodes:
-        for d in n.deps:
-            anc[n.index] |= anc[d] | (1 << d)
-    for n in reversed(nodes):
-        for d in n.deps:
-            desc[d] |= desc[n.index] | (1 << n.index)
+    anc, desc = ancestry(nodes)
     points: dict[int, list] = {}                 # arena offset -> [(delta, node, writes)]
     for n in nodes:
         reads, writes = n.kind.footprint(n.fields, br)
@@ -394,3 +388,32 @@ def check_hazards(program: StreamProgram) -> None:
                 a, b = sorted((i, j))
                 raise HazardError(f"nodes {a} ({nodes[a].kind.name}) and {b} ({nodes[b].kind.name}) both touch "
                                   f"arena offset {at} and one writes it, but neither depends on the other")
+
+
+def ancestry(nodes) -> tuple[list[int], list[int]]:
+    """Each node's ancestors and descendants as bitsets (bit j: node j), for nodes in recording order
+    (each with .index and .deps, its dependencies recorded earlier)."""
+    anc, desc = [0] * len(nodes), [0] * len(nodes)
+    # Nodes with one deps tuple (a stage's tiles) have one set of ancestors, and reach their
+    # dependencies as one class: each is worked out once per tuple, not once per node and edge.
+    shared: dict[tuple[int, ...], int] = {}
+    lowest: dict[tuple[int, ...], int] = {}      # a class's first member: its pushes wait for it
+    for n in nodes:
+        a = shared.get(n.deps)
+        if a is None:
+            a = 0
+            for d in n.deps:
+                a |= anc[d] | (1 << d)
+            shared[n.deps] = a
+            lowest[n.deps] = n.index
+        anc[n.index] = a
+    below: dict[tuple[int, ...], int] = {}       # a class's members and their descendants, so far
+    for n in reversed(nodes):
+        if not n.deps:
+            continue
+        u = below.get(n.deps, 0) | desc[n.index] | (1 << n.index)
+        below[n.deps] = u
+        if lowest[n.deps] == n.index:           # every member is done: its dependencies get them all
+            for d in n.deps:
+                desc[d] |= u
+    return anc, desc
