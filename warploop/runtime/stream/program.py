@@ -164,11 +164,19 @@ class StreamProgram:
     # -- nodes -----------------------------------------------------------------------------------
     def add(self, kind: NodeKind, after=(), worker: int | None = None, **fields) -> int:
         kind.encode(fields)                       # names and int32 ranges, before anything is recorded
+        deps = self._deps(after)
+        self.nodes.append(Node(len(self.nodes), kind, dict(fields), deps, worker))
+        return len(self.nodes) - 1
+
+    def _deps(self, after) -> tuple[int, ...]:
+        """`after` (node ids, nested lists of them) as a sorted tuple, checked: a stage's tiles share
+        the one tuple this makes (a builder passes it on), not a copy each."""
+        if isinstance(after, _Deps):
+            return after.ids
         deps = tuple(sorted({int(d) for d in _flat(after)}))
         if deps and (deps[0] < 0 or deps[-1] >= len(self.nodes)):
             raise ValueError(f"node {len(self.nodes)} depends on {deps}: dependencies must be recorded earlier")
-        self.nodes.append(Node(len(self.nodes), kind, dict(fields), deps, worker))
-        return len(self.nodes) - 1
+        return deps
 
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
@@ -198,7 +206,7 @@ class StreamProgram:
             raise ValueError(f"out ({out.size}) and bias must hold {n} rows")
         if bias is not None and epi == "silu_mul":
             raise ValueError("silu_mul takes no bias")
-        tiles = []
+        tiles, after = [], _Deps(self._deps(after))
         for t in range(-(-n // per)):
             tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=row + t * step,
                                   rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
@@ -236,7 +244,7 @@ class StreamProgram:
         if splits < 1 or (splits > 1 and (part is None or part.size < kv_heads * splits * group * (hd + 2))):
             raise ValueError(f"splits {splits}: need at least 1, and for more a part region of "
                              f"{kv_heads * splits * group * (hd + 2)} floats")
-        done = []
+        done, after = [], _Deps(self._deps(after))
         for g in range(kv_heads):
             here = -1 if part is None else part.offset + g * splits * group * (hd + 2)
             nodes = [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g,
@@ -344,6 +352,11 @@ def interleave_gate_up(gate, up, block_rows: int):
     u = torch.zeros_like(g)
     g[:f], u[:f] = gate, up
     return torch.stack([g.view(-1, half, k), u.view(-1, half, k)], dim=1).reshape(-1, k).contiguous()
+
+
+class _Deps(NamedTuple):
+    """Dependencies already normalised by StreamProgram._deps."""
+    ids: tuple[int, ...]
 
 
 def _flat(after):
