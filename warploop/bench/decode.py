@@ -25,6 +25,7 @@ import time
 
 from warploop.bench.common import emit, header, result_path
 from warploop.bench.decode_check import check_logits
+from warploop.bench.timing import seconds
 from warploop.llm.config import ModelConfig
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS, LLAMA_3_2_1B, QWEN3_0_6B, SMALL_CPU, SMOLLM2_135M  # noqa: F401
 
@@ -206,23 +207,8 @@ def _copy_gbps(device) -> float:
     n = (1 << 30) if device.type == "cuda" else (1 << 26)
     x = torch.randint(0, 255, (n,), dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    times = [_timed(lambda: y.copy_(x), device) for _ in range(20)]
+    times = [seconds(lambda: y.copy_(x), device) for _ in range(20)]
     return 2 * n / statistics.median(times[5:]) / 1e9
-
-
-def _timed(fn, device) -> float:
-    import torch
-
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _engine(cfg: ModelConfig, weights, device, backend: str):

@@ -18,6 +18,7 @@ import threading
 import time
 
 from warploop.bench.common import emit, header, result_path
+from warploop.bench.timing import seconds
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 
 GPU_LENGTHS, CPU_LENGTHS = (1024, 4096, 16384), (64, 256)
@@ -55,20 +56,6 @@ def _stats(times_s: list[float], tokens: int) -> dict:
     med = statistics.median(times_s)
     return {"ms": round(med * 1e3, 3), "p10_ms": round(q[0] * 1e3, 3), "p90_ms": round(q[-1] * 1e3, 3),
             "tok_s": round(tokens / med, 1), "runs": len(times_s)}
-
-
-def _timed(fn, device) -> float:
-    import torch
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -136,7 +123,7 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
         batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
         with torch.no_grad():
             backend.forward(batch)                 # warm-up: allocations, kernels' first use
-            times = [_timed(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
+            times = [seconds(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
         out[str(n)] = _stats(times, n)
         say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s")
     return out
@@ -159,7 +146,7 @@ def _prefill_peer(cfg, device, dtype, lengths, runs, say) -> dict:
                 model.setup_caches(1, n)
                 positions = torch.arange(n, device=device)
                 dec.prefill(prompt, positions)      # compile
-                times = [_timed(lambda p=prompt, at=positions: dec.prefill(p, at), device) for _ in range(runs)]
+                times = [seconds(lambda p=prompt, at=positions: dec.prefill(p, at), device) for _ in range(runs)]
             out[str(n)] = _stats(times, n)
             say(f"  torch.compile prefill {n}: {out[str(n)]['ms']} ms")
         except Exception as e:

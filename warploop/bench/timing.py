@@ -1,5 +1,5 @@
-"""Timing helpers shared by the runtime bench's sections: device time by CUDA events, CUDA graph
-capture, the copy rate that sets every floor, and the host's submit -> result latency."""
+"""Timing helpers shared by the benches: device time by CUDA events, CUDA graph capture, the copy
+rate that sets every floor, and the host's submit -> result latency."""
 from __future__ import annotations
 
 import statistics
@@ -27,6 +27,21 @@ def events_us(torch, fn, reps: int = 1, trials: int = 7, wait=None) -> float:
         e.synchronize() if wait is None else wait(e)
         times.append(s.elapsed_time(e) * 1e3 / reps)
     return statistics.median(times)
+
+
+def seconds(fn, device) -> float:
+    """One call of fn: device time by CUDA events on a GPU, wall time on the CPU."""
+    import torch
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def copy_gbs(torch) -> float:
