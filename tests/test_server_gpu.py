@@ -44,6 +44,17 @@ async def completion(client: httpx.AsyncClient, prompt: str, max_tokens: int, st
     return "".join(text), reason
 
 
+def idle_metrics(srv, within_s: float = 30.0) -> dict:
+    """The server's metrics once no request runs and every KV block is free (at most within_s)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        m = srv.metrics()
+        if m["warploop_num_requests_running"] == 0 and m["warploop_kv_blocks_used"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"not idle: {m}"
+        time.sleep(0.1)
+
+
 def test_64_concurrent_streams_on_the_megakernel(tmp_path):
     # float32: a row batched with others and the same row alone sum in another order; in bf16 a near
     # tie could flip a greedy token, in float32 it does not
@@ -66,13 +77,7 @@ def test_64_concurrent_streams_on_the_megakernel(tmp_path):
         assert all(reason in ("length", "stop") for _, reason in streams), "a stream ended without a finish reason"
         assert [t for t, _ in streams] == [t for t, _ in alone]
         assert len({t for t, _ in alone}) > 1
-        deadline = time.monotonic() + 30
-        while True:
-            m = srv.metrics()
-            if m["warploop_num_requests_running"] == 0 and m["warploop_kv_blocks_used"] == 0:
-                break
-            assert time.monotonic() < deadline, f"not idle: {m}"
-            time.sleep(0.1)
+        m = idle_metrics(srv)
         ok = "warploop_http_requests_total{route=/v1/completions,status=200}"
         assert m[ok] - m0.get(ok, 0) == 2 * STREAMS and m.get(ABORTED, 0) == m0.get(ABORTED, 0)
     finally:
@@ -101,13 +106,7 @@ def test_64_concurrent_streams_on_the_stream_backend(tmp_path):
         solo, streams = asyncio.run(run())
         assert solo[1] in ("length", "stop") and solo[0]
         assert all(reason in ("length", "stop") for _, reason in streams), "a stream ended without a finish reason"
-        deadline = time.monotonic() + 30
-        while True:
-            m = srv.metrics()
-            if m["warploop_num_requests_running"] == 0 and m["warploop_kv_blocks_used"] == 0:
-                break
-            assert time.monotonic() < deadline, f"not idle: {m}"
-            time.sleep(0.1)
+        m = idle_metrics(srv)
         ok = "warploop_http_requests_total{route=/v1/completions,status=200}"
         assert m[ok] - m0.get(ok, 0) == STREAMS + 1 and m.get(ABORTED, 0) == m0.get(ABORTED, 0)
     finally:

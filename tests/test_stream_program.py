@@ -8,8 +8,9 @@ import torch
 from warploop.bench import stream_chain
 from warploop.llm.config import ModelConfig
 from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.hazards import HazardError
 from warploop.runtime.stream.kinds import BY_NAME, GEMV, HEADER, NOP, WORDS, Field, Instruction, NodeKind
-from warploop.runtime.stream.program import HazardError, StreamProgram
+from warploop.runtime.stream.program import StreamProgram
 from warploop.runtime.stream.reference import first_difference, reference
 
 CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
@@ -299,7 +300,7 @@ def test_ancestry_by_class_equals_the_transitive_closure():
     import random
     from collections import namedtuple
 
-    from warploop.runtime.stream.program import ancestry
+    from warploop.runtime.stream.hazards import ancestry
     N = namedtuple("N", "index deps")
     rng = random.Random(7)
     for _ in range(30):

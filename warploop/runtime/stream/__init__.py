@@ -3,7 +3,8 @@ where a loader warp streams every node's weights and cached context into a share
 dependencies and a consumer warpgroup waits only on activations (docs/stream.md).
 
     kinds.py      node kinds and instruction words, declared once as data
-    program.py    a program: weight pools, arenas, nodes, placement, the hazard check
+    program.py    a program: weight pools, arenas, nodes, placement, instruction words
+    hazards.py    the hazard check: every write ordered against every other touch
     kernel.py     the Gluon kernel (loader and consumer roles, the GEMV body)
     attention.py  the attention kinds' bodies (the loader's context stream, the consumer's softmax)
     sync.py       waits with a way out, the clock, Triton-version aliases
