@@ -58,4 +58,6 @@ def waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN: gl.
 # Triton 3.6 and 3.9 name two builtins and one method differently; these take whichever exists.
 barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))   # 3.6: _reinterpret
+# 3.6 names it _reinterpret. Call sites branch on this themselves: a jit helper taking the layout
+# does not compile under 3.6 (a layout cannot be passed as an argument there).
+PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
