@@ -254,6 +254,18 @@ def test_executor_refuses_a_device_without_the_kernel():
         StreamExecutor(layer_chain().program, device="cpu")
 
 
+def test_counters_are_reset_before_int32_overflows():
+    """A counter grows by its signallers every run: Llama-3.2-1B's lm_head has 4,008 tiles feeding
+    SAMPLE's one counter, so resets come sooner than for a 32-tile stage; a program whose counters would
+    overflow within a thousand runs is refused, naming the fix."""
+    from warploop.runtime.stream.executor import MIN_RESET, RESET_EPOCH, reset_interval
+    assert reset_interval((32, 1)) == RESET_EPOCH
+    runs = reset_interval((4008, 96))
+    assert MIN_RESET <= runs < RESET_EPOCH and 4008 * (runs + 1) < 2 ** 31
+    with pytest.raises(ValueError, match="split the stage"):
+        reset_interval((3_000_000,))
+
+
 def test_decode_loop_back_edge_and_greedy_sample():
     """EMBED -> GEMV (amax pairs) -> SAMPLE as a decode loop: the build gives SAMPLE a counter of its
     own that EMBED waits on one run back (a negative need); the reference's runs feed each picked

@@ -184,15 +184,15 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     acc = gl.zeros([GP, HD], gl.float32, layout=QL)
     t0 = lo
     while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
-        s = it % NBUF
-        mbarrier.wait(full.index(s), (it // NBUF) & 1)
+        b = it % NBUF               # the ring slot (s is the step)
+        mbarrier.wait(full.index(b), (it // NBUF) & 1)
         if TRACE:
             if t0 == lo:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
         if PUBLIC_REINTERPRET:
-            chunk = bufs.index(s).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
         else:
-            chunk = bufs.index(s)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
         for sub in gl.static_range(KVT // TILE):
             toks = t0 + sub * TILE + tk
             live = (toks < hi)[:, None]
@@ -223,7 +223,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
             m_i = m_new
         barrier()                   # every warp is done with the slot before one thread frees it
         fence_async_shared()
-        mbarrier.arrive(empty.index(s))
+        mbarrier.arrive(empty.index(b))
         it += 1
         t0 += KVT
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))

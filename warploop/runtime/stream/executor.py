@@ -12,7 +12,19 @@ import time
 from warploop.runtime.stream.compiled import smem_layout
 from warploop.runtime.stream.program import StreamProgram
 
-RESET_EPOCH = 1 << 20                   # counters are zeroed before need * (epoch + 1) could overflow
+RESET_EPOCH = 1 << 20                   # counters are zeroed at least this often (runs)
+MIN_RESET = 1 << 10                     # a program whose counters overflow sooner is refused
+
+
+def reset_interval(counter_sizes) -> int:
+    """Runs between counter resets: a counter grows by its signallers a run (an lm_head's thousands of
+    tiles feed one), and a wait compares against need * (epoch + 1) in int32, so they are zeroed
+    before that could overflow; a program with too many signallers on one counter is refused."""
+    runs = min(RESET_EPOCH, (2 ** 31 - 1) // max(1, max(counter_sizes, default=1)) - 1)
+    if runs < MIN_RESET:
+        raise ValueError(f"a counter with {max(counter_sizes)} signallers a run overflows int32 within "
+                         f"{MIN_RESET} runs; split the stage")
+    return runs
 
 
 class StreamError(RuntimeError):
@@ -32,8 +44,7 @@ class StreamExecutor:
         self.program, self.device = program, dev
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.built = program.build(self.ctas)
-        if max(self.built.counter_sizes, default=0) * RESET_EPOCH >= 2 ** 31:
-            raise ValueError("a counter with more than 2,047 signallers a run would overflow; split the stage")
+        self.reset_every = reset_interval(self.built.counter_sizes)
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
         self.arena = program.arena(dev)
@@ -67,12 +78,12 @@ class StreamExecutor:
         """Queue `steps` runs of the program in one launch (a decode loop's steps: each run waits
         for the one before where the program says so) on the current stream; no wait."""
         from warploop.runtime.stream.kernel import CW, stream_kernel
-        if not 1 <= steps <= RESET_EPOCH:
-            raise ValueError(f"steps must be 1 to {RESET_EPOCH}, not {steps}")
+        if not 1 <= steps <= self.reset_every:
+            raise ValueError(f"steps must be 1 to {self.reset_every}, not {steps}")
         if steps > 1 and self.program.loop is None:
             raise ValueError("a launch of several steps needs a decode loop (StreamProgram.decode_loop): "
                              "without one, nothing orders a step after the one before")
-        if self.epoch + steps > RESET_EPOCH:
+        if self.epoch + steps > self.reset_every:
             self.counters.zero_()
             self.epoch = 0
         stream_kernel[(self.ctas,)](*self.descs, self.kv_desc, self.words, self.table, self.arena, self.ints, self.kv,
