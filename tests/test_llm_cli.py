@@ -59,19 +59,21 @@ def test_errors_are_one_clear_line(model_dir, tmp_path, capsys, monkeypatch):
     assert code == 2 and "embedded tiny model is missing" in err
 
 
-def test_default_backend_is_the_megakernel_on_hopper_only(monkeypatch):
-    """No --backend: the megakernel on an NVIDIA GPU of compute capability 9.x (where it was measured),
-    torch on the CPU, on ROCm and on other NVIDIA GPUs; a named backend is kept, a bad one refused."""
+def test_default_backend_is_the_stream_on_hopper_for_bfloat16(monkeypatch):
+    """No --backend: on an NVIDIA GPU of compute capability 9.x (where it was measured) the streaming
+    executor for bfloat16 models and the megakernel for other dtypes; torch on the CPU, on ROCm and on
+    other NVIDIA GPUs; a named backend is kept, a bad one refused."""
     import torch
 
     from warploop.llm.build import check_backend, default_backend
 
     assert default_backend(None) == default_backend("cpu") == check_backend(None, torch.device("cpu")) == "torch"
     monkeypatch.setattr(torch.version, "hip", None)
-    for capability, want in (((9, 0), "megakernel"), ((8, 0), "torch"), ((10, 0), "torch")):
+    for capability, want in (((9, 0), "stream"), ((8, 0), "torch"), ((10, 0), "torch")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert default_backend(torch.device("cuda", 0)) == want, capability
-        assert check_backend(None, "cuda") == want
+        assert check_backend(None, "cuda", "bfloat16") == want
+        assert check_backend(None, "cuda", torch.float32) == ("megakernel" if want == "stream" else want)
         assert check_backend("torch", "cuda") == "torch"
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert default_backend("cuda") == "torch"

@@ -64,3 +64,20 @@ def test_what_the_stream_backend_cannot_run_is_refused_by_name():
         Engine.from_model("tiny", device="cpu", backend="stream", dtype="float32", progress=False)
     with pytest.raises(ValueError, match="is not one of torch, megakernel, stream"):
         Engine.from_model("tiny", device="cpu", backend="streaming")
+
+
+def test_unsupported_names_why_a_model_falls_back_from_the_stream_default():
+    """On Hopper the default is the streaming backend only for models it runs (build_backend falls
+    back to the megakernel): bfloat16, no MLP bias, a power-of-two head_dim from 16 to 256."""
+    import dataclasses
+
+    import torch
+
+    from warploop.llm.config import ModelConfig
+    from warploop.llm.stream_step import unsupported
+    cfg = ModelConfig(family="llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16)
+    assert unsupported(cfg, torch.bfloat16) is None and unsupported(cfg, "bfloat16") is None
+    assert "float16" in unsupported(cfg, torch.float16)
+    assert "MLP bias" in unsupported(dataclasses.replace(cfg, mlp_bias=True), "bfloat16")
+    assert "head_dim" in unsupported(dataclasses.replace(cfg, head_dim=96, hidden_size=384), "bfloat16")

@@ -143,6 +143,35 @@ def test_reference_attention_equals_plain_torch(name, context, splits):
     assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
 
 
+def test_attention_shares_merge_by_ticket_or_by_combine_nodes_alike():
+    """merge="ticket": no COMBINE nodes, each KV head's shares share a counter of their own (after
+    the program's others, as many tickets a run as shares), and out is what COMBINE nodes make."""
+    from warploop.runtime.stream.kinds import ATTN, COMBINE
+    name = next(iter(SHAPES))
+    got = {}
+    for merge in ("ticket", "node"):
+        chain = stream_chain.layer_chain(SHAPES[name], StreamConfig(kmax=512, head_dim=SHAPES[name].head_dim,
+                                                                    attn_group=8), context=37, splits=3, merge=merge)
+        p = chain.program
+        kinds = [n.kind for n in p.nodes]
+        built = p.build(8)
+        attn = [i for i in built.instructions if i.kind is ATTN]
+        if merge == "ticket":
+            assert COMBINE not in kinds
+            tickets = sorted({i.fields["ticket"] for i in attn})
+            heads = SHAPES[name].num_kv_heads * SHAPES[name].num_layers
+            assert len(tickets) == heads and tickets[0] == built.counters - heads
+            assert built.counter_sizes[-heads:] == (3,) * heads
+        else:
+            assert kinds.count(COMBINE) == SHAPES[name].num_kv_heads * SHAPES[name].num_layers
+            assert all(i.fields["ticket"] == -1 for i in attn)
+        got[merge] = chain.view(reference(p), "logits")
+    torch.testing.assert_close(got["ticket"], got["node"], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="merge must be"):
+        stream_chain.layer_chain(SHAPES[name], StreamConfig(kmax=512, head_dim=SHAPES[name].head_dim, attn_group=8),
+                                 context=37, splits=3, merge="tree")
+
+
 @pytest.mark.parametrize("epi", ["store", "add"])
 def test_narrow_tiles_halve_the_rows_and_compute_the_same(epi):
     """A narrow GEMV's tiles are BR/2 pool rows (twice as many tiles, each chunk two column blocks),

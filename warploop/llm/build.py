@@ -13,10 +13,10 @@ GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
 GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
 CPU_KV_BYTES = 512 << 20
 BACKENDS = ("torch", "megakernel", "stream")
-BACKEND_HELP = ("the decode megakernel (the default on a Hopper GPU, H100/H200: batch 1 on its graph inside the "
-                "resident kernel, larger batches per op), per-op torch (elsewhere), or stream: the streaming "
-                "executor (Hopper or the CPU, bfloat16 models; batch-1 decode and greedy decode loops on it, the rest "
-                "per op; not yet the default)")
+BACKEND_HELP = ("stream: the streaming executor (the default on a Hopper GPU, H100/H200, for bfloat16 models: "
+                "batch-1 decode and greedy decode loops inside one resident kernel, larger batches per op), the "
+                "decode megakernel (the default there for other dtypes: batch 1 on its graph), or per-op torch "
+                "(the default elsewhere)")
 
 
 def torch_device(device: str | None):
@@ -60,28 +60,30 @@ def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: in
     return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
 
 
-def check_backend(name: str | None, device=None) -> str:
+def check_backend(name: str | None, device=None, dtype=None) -> str:
     """The backend's name: 'torch' (per-op), 'megakernel' or 'stream'; None picks the default for `device` (a
-    torch device; None: the CPU's), default_backend."""
+    torch device; None: the CPU's) and the model's `dtype`, default_backend."""
     if name is None:
-        return default_backend(device)
+        return default_backend(device, dtype)
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)} (--backend)")
     return name
 
 
-def default_backend(device) -> str:
-    """'megakernel' on an NVIDIA Hopper GPU (compute capability 9.x: the H100 and H200, where it was
-    measured faster than the per-op backend at batch 1 and level with it at larger batches, which
-    it runs per op: MegakernelBackend's graph_rows; BENCHMARKS.md, Decode, session 18); 'torch'
-    elsewhere: the CPU (the megakernel's graph runs there through the Triton interpreter, a
-    reference, not a speed), ROCm (compiled for gfx942, never run on one here) and other NVIDIA
-    GPUs (not measured yet). `--backend megakernel` runs it on any of them."""
+def default_backend(device, dtype=None) -> str:
+    """On an NVIDIA Hopper GPU (compute capability 9.x: the H100 and H200): 'stream', the streaming
+    executor, for a bfloat16 model (None: the bench models' dtype), where it was measured faster than
+    the megakernel and torch.compile at batch 1 on Llama-3.2-1B and Qwen3-0.6B shapes (BENCHMARKS.md,
+    Decode); 'megakernel' for other dtypes, which the streaming executor does not run. 'torch'
+    elsewhere: the CPU (both graphs run there as references, not speeds), ROCm (compiled for gfx942,
+    never run on one here) and other NVIDIA GPUs (not measured yet). `--backend` picks any of them."""
     import torch
 
     if device is None or torch.device(device).type != "cuda" or torch.version.hip:
         return "torch"
-    return "megakernel" if torch.cuda.get_device_capability(torch.device(device))[0] == 9 else "torch"
+    if torch.cuda.get_device_capability(torch.device(device))[0] != 9:
+        return "torch"
+    return "stream" if dtype in (None, "bfloat16", torch.bfloat16) else "megakernel"
 
 
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -90,11 +92,17 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     """(backend, max_context) for weights already on `device`; backend: 'torch', 'megakernel' or 'stream'."""
     from warploop.llm.backend_torch import TorchBackend
 
-    backend = check_backend(backend, device)
+    dtype = str(weights.embed.dtype).removeprefix("torch.")
+    if backend is None:
+        backend = check_backend(None, device, dtype)
+        if backend == "stream":
+            from warploop.llm.stream_step import unsupported
+            if unsupported(cfg, dtype):         # a model the streaming step cannot run: the megakernel's
+                backend = "megakernel"
+    backend = check_backend(backend, device, dtype)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    dtype = str(weights.embed.dtype).removeprefix("torch.")
     probe = KVCacheLayout(cfg.num_layers, 1, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     # the stream backend packs a bf16 copy of every matrix into its weight pools, beside the per-op ones
     reserve = cfg.num_parameters() * 2 if backend == "stream" else 0

@@ -22,7 +22,7 @@ from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
-from warploop.llm.stream_step import StreamDecoder
+from warploop.llm.stream_step import StreamDecoder, unsupported
 from warploop.llm.weights import ModelWeights
 
 MAX_STEPS = 32            # a loop's most steps: an arrival waits at most this many for its turn
@@ -42,11 +42,10 @@ class StreamBackend(Backend):
         """use_cuda_graphs: the per-op path's decode batches (2 sequences and more) replay CUDA graphs
         (captured in warmup), as on the per-op backend."""
         super().__init__(config, layout, torch.device(device))
-        if layout.dtype != "bfloat16":
-            raise ValueError(f"the streaming backend keeps a bfloat16 KV cache, and this model runs in {layout.dtype}: "
-                             "load it with --dtype bfloat16, or use --backend torch")
-        if config.mlp_bias:
-            raise ValueError("the streaming backend has no MLP bias yet: use --backend torch for this model")
+        why = unsupported(config, layout.dtype)
+        if why:
+            hint = "load it with --dtype bfloat16, or use" if layout.dtype != "bfloat16" else "use"
+            raise ValueError(f"the streaming backend cannot run this model: {why}; {hint} --backend torch")
         if self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)

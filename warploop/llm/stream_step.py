@@ -35,6 +35,17 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
 
 
+def unsupported(cfg: ModelConfig, dtype) -> str | None:
+    """Why the streaming step cannot run this model in `dtype` (a name or torch dtype), or None."""
+    if str(dtype).removeprefix("torch.") != "bfloat16":
+        return f"it runs bfloat16 models, and this one runs in {str(dtype).removeprefix('torch.')}"
+    if cfg.mlp_bias:
+        return "it has no MLP bias yet"
+    if cfg.head_dim not in (16, 32, 64, 128, 256):
+        return f"its attention takes a head_dim that is a power of two from 16 to 256, not {cfg.head_dim}"
+    return None
+
+
 def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
     """Whether a stage of `rows` output rows runs as narrow tiles (BR/2 rows): when even its narrow
     tiles do not outnumber the SMs, so halving the tiles' rows halves the stage's time."""
@@ -53,9 +64,10 @@ class StreamDecoder:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None) -> None:
+                 kv=None, merge: str = "ticket") -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
-        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context."""
+        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
+        merge: how a KV head's attention shares are merged (StreamProgram.attention)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -115,7 +127,7 @@ class StreamDecoder:
                        norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
             a = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=h, kv_heads=kvh, layer=i,
                             scale=hd ** -0.5, qn=vec(f"qn{i}", lw.q_norm), kn=vec(f"kn{i}", lw.k_norm), eps=eps,
-                            ctx=max_context, splits=splits, part=part, after=a)
+                            ctx=max_context, splits=splits, part=part, merge=merge, after=a)
             b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
                        narrow=narrow(cfg.hidden_size, self.config),
                        after=a)

@@ -26,7 +26,7 @@ A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhe
 A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
 A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
     A["eps"], A["scale"]
-A_SPLIT, A_SPLITS, A_PART = A["split"], A["splits"], A["part"]
+A_SPLIT, A_SPLITS, A_PART, A_TICKET = A["split"], A["splits"], A["part"], A["ticket"]
 OP_COMBINE = gl.constexpr(COMBINE.opcode)
 C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
     gl.constexpr(COMBINE.word("head"))
@@ -135,6 +135,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     split = gl.load(base + A_SPLIT)
     splits = gl.load(base + A_SPLITS)
     part = gl.load(base + A_PART)
+    ticket = gl.load(base + A_TICKET)
     pos0 = gl.load(ints + step)                 # the launch's first position: rows from it on are this launch's
     pos = pos0 + s
     n_ctx = gl.load(ints + step + 1) + s
@@ -236,12 +237,27 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
         gl.store(pb + grp * HD + js, m_i, mask=js < grp)
         gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+        if ticket >= 0:
+            # the share that takes the head's last ticket merges: the acq_rel add publishes these
+            # partials to it, and orders the other shares' before its reads
+            barrier()
+            taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
+            if (taken + 1) % splits == 0:
+                merge(arena, part, out, head0, grp, splits, CW, HD, GP)
     return it, failed
 
 
 @gluon.jit
 def combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
-    """The COMBINE kind's body: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
+    """The COMBINE kind's body."""
+    merge(arena, gl.load(base + C_PART), gl.load(base + C_OUT), gl.load(base + C_HEAD), gl.load(base + C_GROUP),
+          gl.load(base + C_SPLITS), CW, HD, GP)
+
+
+@gluon.jit
+def merge(arena, part, out, head0, grp, splits, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
+    """A KV head's shares' partials at `part` into its q heads' rows of out:
+    out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
     SB splits a round (one round trip for all their partials), the running M rescaling the sums.
     Lanes hold the splits and warps the q heads, so the sums over splits stay inside a warp."""
     WG: gl.constexpr = GP if GP < CW else CW
@@ -249,11 +265,6 @@ def combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
                                         [CW // WG, WG, 1], [2, 1, 0])
     ML: gl.constexpr = gl.SliceLayout(2, L3)          # [SB, GP]: running max and sum per split and head
     OL: gl.constexpr = gl.SliceLayout(0, L3)          # [GP, HD]: the output
-    part = gl.load(base + C_PART)
-    out = gl.load(base + C_OUT)
-    head0 = gl.load(base + C_HEAD)
-    grp = gl.load(base + C_GROUP)
-    splits = gl.load(base + C_SPLITS)
     stride = grp * (HD + 2)
     s1 = gl.arange(0, SB, layout=gl.SliceLayout(1, ML))
     jm = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(0, ML)), grp - 1)   # padded rows repeat the last head

@@ -169,9 +169,14 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     for name in ("qn", "kn"):
         if f[name] >= 0:
             reads.append((f[name], f["hd"]))
-    if f["splits"] > 1:                                   # this split's partials
-        return reads, [(f["part"] + f["split"] * f["group"] * (f["hd"] + 2), f["group"] * (f["hd"] + 2))]
-    return reads, [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
+    out = [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
+    if f["splits"] == 1:
+        return reads, out
+    writes = [(f["part"] + f["split"] * f["group"] * (f["hd"] + 2), f["group"] * (f["hd"] + 2))]  # its partials
+    # With a ticket, whichever share finishes last reads every share's partials and writes out: the
+    # ticket orders that after the other shares, which the static check cannot see, so the merge is
+    # declared on share 0 alone (every later reader of out descends from all the shares)
+    return reads, writes + out if f["ticket"] >= 0 and f["split"] == 0 else writes
 
 
 def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -188,14 +193,16 @@ def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
 # first step: step s of a launch (a decode loop) runs at pos + s over n_ctx + s tokens. Its cost is
 # the context's KV bytes, set by the builder (`ctx` tokens). With splits > 1 the node covers share
 # `split` of the context and writes its partials (the unnormalised output, the running max and sum
-# per q head: group * (hd + 2) floats at part + split * group * (hd + 2)), which a COMBINE node
-# merges into out.
+# per q head: group * (hd + 2) floats at part + split * group * (hd + 2)); with ticket >= 0 (a
+# counter of its own) each share then takes a ticket (an acq_rel atomic add) and the share that
+# takes a KV head's last one merges every share's partials into out before it signals, so out is
+# written when all the head's shares have signalled; with ticket -1 a COMBINE node merges them.
 ATTN = NodeKind(
     "attn", 2,
     fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
             Field("kvheads"), Field("hd"), Field("step"), Field("cos"), Field("sin"), Field("qn"), Field("kn"),
             Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx"),
-            Field("split"), Field("splits"), Field("part")),
+            Field("split"), Field("splits"), Field("part"), Field("ticket")),
     streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
 # Merge a KV head's attention splits (their partials at `part`) into its q heads' rows of out.

@@ -108,6 +108,7 @@ class StreamProgram:
         self.emb = None                          # the bf16 embedding table EMBED nodes read
         self.nodes: list[Node] = []
         self.loop: tuple[int, int] | None = None   # (SAMPLE node, EMBED node): the decode loop's back edge
+        self.tickets: list[int] = []             # an attention merge ticket's shares (build gives each a counter)
 
     # -- memory ----------------------------------------------------------------------------------
     def buffer(self, name: str, size: int, init=None) -> Region:
@@ -215,12 +216,13 @@ class StreamProgram:
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
                   kv_heads: int, layer: int, scale: float, qn: Region | None = None, kn: Region | None = None,
                   eps: float = 0.0, ctx: int = 1024, splits: int = 1, part: Region | None = None,
-                  after=()) -> list[int]:
+                  merge: str = "ticket", after=()) -> list[int]:
         """One ATTN node per KV head (kinds.ATTN): qkv holds [heads + 2 kv_heads] rows of head_dim;
         step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2].
         With splits > 1, `splits` ATTN nodes per KV head over shares of the context write their
-        partials to `part` and a COMBINE node per KV head merges them; returns the nodes whose
-        completion means out is written."""
+        partials to `part`, merged into out by the share that finishes last (merge="ticket") or by a
+        COMBINE node per KV head (merge="node"); returns the nodes whose completion means out is
+        written."""
         cfg, kv = self.config, self.kv
         if kv is None:
             raise ValueError("attention needs the KV cache: call kv_cache() first")
@@ -238,19 +240,25 @@ class StreamProgram:
             raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
         if cos.size % (hd // 2) or cos.size != sin.size:
             raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
+        if merge not in ("ticket", "node"):
+            raise ValueError(f"merge must be 'ticket' or 'node', not {merge!r}")
         if splits < 1 or (splits > 1 and (part is None or part.size < kv_heads * splits * group * (hd + 2))):
             raise ValueError(f"splits {splits}: need at least 1, and for more a part region of "
                              f"{kv_heads * splits * group * (hd + 2)} floats")
         done, after = [], _Deps(self._deps(after))
         for g in range(kv_heads):
             here = -1 if part is None else part.offset + g * splits * group * (hd + 2)
+            ticket = -1
+            if splits > 1 and merge == "ticket":
+                ticket = len(self.tickets)
+                self.tickets.append(splits)
             nodes = [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g,
                               group=group, heads=heads, kvheads=kv_heads, hd=hd, step=step.offset, cos=cos.offset,
                               sin=sin.offset, qn=-1 if qn is None else qn.offset, kn=-1 if kn is None else kn.offset,
                               layer=layer, blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx, split=s,
-                              splits=splits, part=here)
+                              splits=splits, part=here, ticket=ticket)
                      for s in range(splits)]
-            if splits > 1:
+            if splits > 1 and merge == "node":
                 nodes = [self.add(COMBINE, after=nodes, part=here, out=out.offset, head=g * group, group=group,
                                   hd=hd, splits=splits)]
             done += nodes
@@ -304,6 +312,11 @@ class StreamProgram:
                                                                      signal=back, signals=1)
             j = node_of.index(self.loop[1])
             insts[j] = dataclasses.replace(insts[j], waits=insts[j].waits + ((back, -1),))
+        if self.tickets:                          # each merge ticket: a counter after the others
+            base = len(sizes)
+            sizes = sizes + tuple(self.tickets)
+            insts = [dataclasses.replace(i, fields={**i.fields, "ticket": base + i.fields["ticket"]})
+                     if i.kind is ATTN and i.fields["ticket"] >= 0 else i for i in insts]
         # one NOP's words past the last instruction: a CTA with no instructions reads its first
         # (unused) words there, inside the array
         words = np.array([w for i in insts for w in i.serialize()] + [0] * WORDS, dtype=np.int32)

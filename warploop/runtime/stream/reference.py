@@ -60,6 +60,8 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     arena[base:base + grp * hd] = (e @ vals[lo:hi]).reshape(-1)
     arena[base + grp * hd:base + grp * hd + grp] = m
     arena[base + grp * hd + grp:base + grp * (hd + 2)] = e.sum(-1)
+    if f["ticket"] >= 0 and f["split"] == f["splits"] - 1:   # the last share here (nodes run in order) merges
+        run_combine(arena, f)
 
 
 def run_combine(arena, f) -> None:
