@@ -2,11 +2,10 @@
 weights of the exact shapes, one token at position CONTEXT - 1 (the cache's earlier tokens are
 zeros: the bytes read are the same), the kernel alone (CUDA events, median), the host-driven step
 (token and step words written, launch, wait), and the decode loop: `--loop` greedy steps in one
-launch (StreamDecoder.generate), per token. With several `--merge` ways (attention shares merged by
-the last share's ticket, or by COMBINE nodes) each gets its own decoder over the same weights, and
-their kernels are timed in turn, ROUNDS times. Prints one JSON object.
+launch (StreamDecoder.generate), per token. The kernel is timed ROUNDS times (RUNS launches each);
+the median of the rounds is reported. Prints one JSON object.
 
-    PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512 --merge ticket,node
+    PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512
 """
 import argparse
 import json
@@ -31,48 +30,37 @@ def main():
     ap.add_argument("--splits", type=int, default=0, help="attention shares per KV head (0: the decoder's choice)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--loop", type=int, default=32, help="steps of the timed decode loop")
-    ap.add_argument("--merge", default="ticket", help="comma-separated: ticket, node (each timed in turn)")
     args = ap.parse_args()
-    merges = [m for m in args.merge.split(",") if m]
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
-    decs = {m: StreamDecoder(cfg, w, device="cuda", max_context=args.context + args.loop,
-                             splits=args.splits or None, merge=m) for m in merges}
-    build_s = (time.time() - t0) / len(merges)
+    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.context + args.loop, splits=args.splits or None)
+    build_s = time.time() - t0
     del w
     pos = args.context - 1
-    for dec in decs.values():
-        dec.step(7, pos)                       # compiles, and warms
-    kernel = {m: [] for m in merges}
-    for _ in range(ROUNDS):
-        for m, dec in decs.items():
-            kernel[m].append(time_ms(dec.executor.launch, args.runs, after=dec.executor.wait))
-    wbytes = sum(p.numel() * 2 for p in decs[merges[0]].program.pools)
-    kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
-    rate = copy_rate()
-    floor = (wbytes + kv) / rate * 1e3
-    out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
-           "build_s": round(build_s, 1), "loop_steps": args.loop, "floor_ms": floor, "weight_bytes": wbytes,
-           "kv_bytes": kv, "merges": {}}
-    for m, dec in decs.items():
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(args.runs):
-            dec.step(7, pos)
-        host = (time.perf_counter() - t) / args.runs * 1e3
+    dec.step(7, pos)                           # compiles, and warms
+    rounds = [time_ms(dec.executor.launch, args.runs, after=dec.executor.wait) for _ in range(ROUNDS)]
+    kernel = statistics.median(rounds)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(args.runs):
+        dec.step(7, pos)
+    host = (time.perf_counter() - t) / args.runs * 1e3
+    dec.generate(7, pos, args.loop)
+    loop = time_ms(lambda: dec.executor.launch(args.loop), max(3, args.runs // 4), after=dec.executor.wait)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(3):
         dec.generate(7, pos, args.loop)
-        loop = time_ms(lambda: dec.executor.launch(args.loop), max(3, args.runs // 4), after=dec.executor.wait)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(3):
-            dec.generate(7, pos, args.loop)
-        loop_host = (time.perf_counter() - t) / 3 / args.loop * 1e3
-        k = statistics.median(kernel[m])
-        out["merges"][m] = {"splits": dec.splits, "nodes": len(dec.program.nodes), "kernel_ms": k,
-                            "kernel_ms_rounds": kernel[m], "step_ms_host_driven": host,
-                            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
-                            "pct_of_floor": 100 * floor / k}
+    loop_host = (time.perf_counter() - t) / 3 / args.loop * 1e3
+    wbytes = sum(p.numel() * 2 for p in dec.program.pools)
+    kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
+    floor = (wbytes + kv) / copy_rate() * 1e3
+    out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
+           "splits": dec.splits, "nodes": len(dec.program.nodes), "build_s": round(build_s, 1),
+           "kernel_ms": kernel, "kernel_ms_rounds": rounds, "step_ms_host_driven": host, "loop_steps": args.loop,
+           "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
+           "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}
     print(json.dumps(out, indent=1))
     return 0
 

@@ -1,7 +1,7 @@
 """The streaming kernel compiles for sm_90 with no GPU, and its PTX holds the ring and the roles:
 TMA bulk copies into the ring, mbarrier waits and arrivals, setmaxnreg (a small budget for the
 loader, the rest for the consumer), acquire loads for waits and release atomics for publishing; with
-attention (kinds.ATTN, COMBINE) compiled in too, and no configuration spills."""
+attention (kinds.ATTN) compiled in too, and no configuration spills."""
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")

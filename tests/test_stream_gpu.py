@@ -52,19 +52,16 @@ ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(f
                                                          (5, 4, 4), (300, 7, 16), (300, 3, 64), (130, 1, 32),
                                                          (1000, 5, 16)])
 @pytest.mark.parametrize("name", ATTN_SHAPES)
-@pytest.mark.parametrize("merge", ["ticket", "node"])
-def test_gpu_attention_layers_equal_reference(name, context, splits, block_size, merge):
+def test_gpu_attention_layers_equal_reference(name, context, splits, block_size):
     """Whole layers with attention (ATTN nodes: q/k norm, RoPE, the paged KV write, GQA softmax over
     a shuffled block table, the context streamed by the loader in TMA boxes of up to a block, the
-    shares merged by the last one's ticket or by COMBINE nodes) against the reference, node by node,
-    and the KV caches they leave."""
+    shares merged by the last one to finish) against the reference, node by node, and the KV caches
+    they leave."""
     import dataclasses
-    if merge == "node" and splits == 1:
-        pytest.skip("one share: nothing to merge")
     m = ATTN_SHAPES[name]
     cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
-                                      splits=splits, merge=merge)
+                                      splits=splits)
     p = chain.program
     start, kv0 = p.arena("cuda"), p.kv.clone()
     for region in ("qkv", "act", "logits", "attn") + (("part",) if splits > 1 else ()):

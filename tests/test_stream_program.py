@@ -143,33 +143,22 @@ def test_reference_attention_equals_plain_torch(name, context, splits):
     assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
 
 
-def test_attention_shares_merge_by_ticket_or_by_combine_nodes_alike():
-    """merge="ticket": no COMBINE nodes, each KV head's shares share a counter of their own (after
-    the program's others, as many tickets a run as shares), and out is what COMBINE nodes make."""
-    from warploop.runtime.stream.kinds import ATTN, COMBINE
-    name = next(iter(SHAPES))
-    got = {}
-    for merge in ("ticket", "node"):
-        chain = stream_chain.layer_chain(SHAPES[name], StreamConfig(kmax=512, head_dim=SHAPES[name].head_dim,
-                                                                    attn_group=8), context=37, splits=3, merge=merge)
-        p = chain.program
-        kinds = [n.kind for n in p.nodes]
-        built = p.build(8)
+def test_attention_shares_take_tickets_of_their_own_kv_head():
+    """Each KV head's shares share a merge ticket: a counter after the program's others, taken as
+    many times a run as there are shares; one share alone takes none."""
+    from warploop.runtime.stream.kinds import ATTN
+    model = SHAPES["llama_gqa"]
+    for splits in (3, 1):
+        built = layer_chain(model, 37, splits).program.build(8)
         attn = [i for i in built.instructions if i.kind is ATTN]
-        if merge == "ticket":
-            assert COMBINE not in kinds
-            tickets = sorted({i.fields["ticket"] for i in attn})
-            heads = SHAPES[name].num_kv_heads * SHAPES[name].num_layers
-            assert len(tickets) == heads and tickets[0] == built.counters - heads
-            assert built.counter_sizes[-heads:] == (3,) * heads
-        else:
-            assert kinds.count(COMBINE) == SHAPES[name].num_kv_heads * SHAPES[name].num_layers
-            assert all(i.fields["ticket"] == -1 for i in attn)
-        got[merge] = chain.view(reference(p), "logits")
-    torch.testing.assert_close(got["ticket"], got["node"], rtol=0, atol=0)
-    with pytest.raises(ValueError, match="merge must be"):
-        stream_chain.layer_chain(SHAPES[name], StreamConfig(kmax=512, head_dim=SHAPES[name].head_dim, attn_group=8),
-                                 context=37, splits=3, merge="tree")
+        tickets = sorted({i.fields["ticket"] for i in attn})
+        if splits == 1:
+            assert tickets == [-1]
+            continue
+        heads = model.num_kv_heads * model.num_layers
+        assert len(tickets) == heads and tickets[0] == built.counters - heads
+        assert built.counter_sizes[-heads:] == (splits,) * heads
+        assert all(sum(i.fields["ticket"] == t for i in attn) == splits for t in tickets)
 
 
 @pytest.mark.parametrize("epi", ["store", "add"])

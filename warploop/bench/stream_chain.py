@@ -50,12 +50,11 @@ class Chain:
 
 
 def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = None, seed: int = 0,
-                context: int = 0, block_size: int = 16, splits: int = 1, narrow: bool = True,
-                merge: str = "ticket") -> Chain:
+                context: int = 0, block_size: int = 16, splits: int = 1, narrow: bool = True) -> Chain:
     """The chain of `model` (a ModelConfig). With `context` > 0 each layer has attention too (one
     ATTN node per KV head, cfg.head_dim set): a decode token at position context - 1 over a random
     paged bf16 KV cache of `context` tokens whose block table is shuffled, each KV head's context in
-    `splits` shares merged as `merge` says (StreamProgram.attention). narrow: the stages
+    `splits` shares, the last to finish merging them. narrow: the stages
     llm.stream_step.narrow picks run as narrow tiles (else every tile is BR rows)."""
     import torch
 
@@ -131,13 +130,11 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
         stages.append((f"qkv{i}", a))
         x_o = Region(r["qkv"].offset, q)
         if context:
-            first = len(p.nodes)
             at_n = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=model.num_heads,
                                kv_heads=model.num_kv_heads, layer=i, scale=model.head_dim ** -0.5,
                                qn=r.get(f"qn{i}"), kn=r.get(f"kn{i}"), eps=eps, ctx=context, splits=splits,
-                               part=r["part"], merge=merge, after=a)
-            shares = [j for j in range(first, len(p.nodes)) if j not in set(at_n)]
-            stages += [(f"attn{i}", shares or at_n)] + ([(f"combine{i}", at_n)] if shares else [])
+                               part=r["part"], after=a)
+            stages.append((f"attn{i}", at_n))
             a, x_o = at_n, r["attn"]
         b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a, narrow=thin(hidden))
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",

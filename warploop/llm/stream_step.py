@@ -53,9 +53,9 @@ def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
 
 
 def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132) -> int:
-    """Shares of the context per KV head: at most one attention node per SM, the heads' COMBINE
-    nodes included (a CTA running two shares finishes last and holds up the layer), each share
-    at least a ring chunk of tokens."""
+    """Shares of the context per KV head: at most one attention node per SM with one SM a KV head
+    to spare (a CTA running two shares finishes last and holds up the layer; the figures were
+    measured this way), each share at least a ring chunk of tokens."""
     return max(1, min((ctas - cfg.num_kv_heads) // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
 
 
@@ -64,10 +64,9 @@ class StreamDecoder:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, merge: str = "ticket") -> None:
+                 kv=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
-        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
-        merge: how a KV head's attention shares are merged (StreamProgram.attention)."""
+        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -127,7 +126,7 @@ class StreamDecoder:
                        norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
             a = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=h, kv_heads=kvh, layer=i,
                             scale=hd ** -0.5, qn=vec(f"qn{i}", lw.q_norm), kn=vec(f"kn{i}", lw.k_norm), eps=eps,
-                            ctx=max_context, splits=splits, part=part, merge=merge, after=a)
+                            ctx=max_context, splits=splits, part=part, after=a)
             b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
                        narrow=narrow(cfg.hidden_size, self.config),
                        after=a)

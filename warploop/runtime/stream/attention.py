@@ -1,4 +1,4 @@
-"""The attention node kinds' bodies for the streaming kernel (kinds.ATTN, kinds.COMBINE), in Gluon.
+"""The attention node kind's body for the streaming kernel (kinds.ATTN), in Gluon.
 
 An ATTN node's cached context is its streamed operand (kinds.StreamedKV): the loader walks the
 node's share of the context in ring chunks of KVT tokens, each chunk the keys then the values of
@@ -17,7 +17,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from warploop.runtime.stream.kinds import ATTN, COMBINE
+from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
 
 OP_ATTN = gl.constexpr(ATTN.opcode)
@@ -27,11 +27,7 @@ A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], 
 A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
     A["eps"], A["scale"]
 A_SPLIT, A_SPLITS, A_PART, A_TICKET = A["split"], A["splits"], A["part"], A["ticket"]
-OP_COMBINE = gl.constexpr(COMBINE.opcode)
-C_PART, C_OUT, C_HEAD = gl.constexpr(COMBINE.word("part")), gl.constexpr(COMBINE.word("out")), \
-    gl.constexpr(COMBINE.word("head"))
-C_GROUP, C_SPLITS = gl.constexpr(COMBINE.word("group")), gl.constexpr(COMBINE.word("splits"))
-SB = gl.constexpr(16)           # splits a COMBINE merges per round: their loads are issued together
+SB = gl.constexpr(16)           # shares a merge takes per round: their loads are issued together
 
 
 @gluon.jit
@@ -245,13 +241,6 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
             if (taken + 1) % splits == 0:
                 merge(arena, part, out, head0, grp, splits, CW, HD, GP)
     return it, failed
-
-
-@gluon.jit
-def combine(arena, base, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
-    """The COMBINE kind's body."""
-    merge(arena, gl.load(base + C_PART), gl.load(base + C_OUT), gl.load(base + C_HEAD), gl.load(base + C_GROUP),
-          gl.load(base + C_SPLITS), CW, HD, GP)
 
 
 @gluon.jit

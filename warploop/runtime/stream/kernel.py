@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from warploop.runtime.stream.attention import OP_ATTN, OP_COMBINE, attn, combine, stream_kv
+from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
 from warploop.runtime.stream.kinds import EMBED, EPILOGUES, GEMV, SAMPLE, WORDS, header_word
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
@@ -172,14 +172,11 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 
 @gluon.jit
 def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
-    """A node with no streamed operand (COMBINE, EMBED, SAMPLE, NOP): its waits, then its body."""
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr):
+    """A node with no streamed operand (EMBED, SAMPLE, NOP): its waits, then its body."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
-    if HD != 0:
-        if op == OP_COMBINE:
-            combine(arena, base, CW, HD, GP)
     if op == OP_EMBED:
         _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
@@ -311,16 +308,16 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
             if (out < staged_x + staged_k) & (out + BR > staged_x):
                 staged_x = -1         # this node wrote over the staged input
         else:
-            if HD != 0:
+            if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
                                       failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
                     failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
-                                    epoch, failed, cta, i, trace, SPIN, TRACE, CW, HD, GP)
+                                    epoch, failed, cta, i, trace, SPIN, TRACE, CW)
             else:
                 failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
-                                failed, cta, i, trace, SPIN, TRACE, CW, HD, GP)
+                                failed, cta, i, trace, SPIN, TRACE, CW)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             _barrier()                # every thread's stores precede the one release below

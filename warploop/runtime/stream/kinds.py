@@ -173,15 +173,10 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     if f["splits"] == 1:
         return reads, out
     writes = [(f["part"] + f["split"] * f["group"] * (f["hd"] + 2), f["group"] * (f["hd"] + 2))]  # its partials
-    # With a ticket, whichever share finishes last reads every share's partials and writes out: the
-    # ticket orders that after the other shares, which the static check cannot see, so the merge is
-    # declared on share 0 alone (every later reader of out descends from all the shares)
-    return reads, writes + out if f["ticket"] >= 0 and f["split"] == 0 else writes
-
-
-def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
-    return ([(f["part"], f["splits"] * f["group"] * (f["hd"] + 2))],
-            [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])])
+    # whichever share finishes last reads every share's partials and writes out: its ticket orders
+    # that after the other shares, which the static check cannot see, so the merge is declared on
+    # share 0 alone (every later reader of out descends from all the shares)
+    return reads, writes + out if f["split"] == 0 else writes
 
 
 # One decode token's attention for one KV head and its group of q heads (batch 1): the q and k heads
@@ -193,10 +188,10 @@ def _combine_footprint(f: dict, br: int) -> tuple[list, list]:
 # first step: step s of a launch (a decode loop) runs at pos + s over n_ctx + s tokens. Its cost is
 # the context's KV bytes, set by the builder (`ctx` tokens). With splits > 1 the node covers share
 # `split` of the context and writes its partials (the unnormalised output, the running max and sum
-# per q head: group * (hd + 2) floats at part + split * group * (hd + 2)); with ticket >= 0 (a
-# counter of its own) each share then takes a ticket (an acq_rel atomic add) and the share that
-# takes a KV head's last one merges every share's partials into out before it signals, so out is
-# written when all the head's shares have signalled; with ticket -1 a COMBINE node merges them.
+# per q head: group * (hd + 2) floats at part + split * group * (hd + 2)), then takes a ticket (an
+# acq_rel atomic add on counter `ticket`, the KV head's own) and the share that takes the head's
+# last one merges every share's partials into out before it signals: out is written once all the
+# head's shares have signalled.
 ATTN = NodeKind(
     "attn", 2,
     fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
@@ -205,12 +200,6 @@ ATTN = NodeKind(
             Field("split"), Field("splits"), Field("part"), Field("ticket")),
     streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
-# Merge a KV head's attention splits (their partials at `part`) into its q heads' rows of out.
-COMBINE = NodeKind(
-    "combine", 3,
-    fields=(Field("part"), Field("out"), Field("head"), Field("group"), Field("hd"), Field("splits")),
-    cost=lambda f, br: float(4 * f["splits"] * f["group"] * (f["hd"] + 2)), footprint=_combine_footprint)
-
 # The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [rows, k]
 # table (StreamProgram.embedding); a token outside [0, rows) reads row 0 or rows - 1, never outside
 # the table (NaN logits leave SAMPLE no largest value). The first node of a decode step.
@@ -225,7 +214,7 @@ SAMPLE = NodeKind(
     "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens")),
     cost=lambda f, br: float(8 * f["count"]), footprint=lambda f, br: ([(f["pairs"], 2 * f["count"])], []))
 
-KINDS = (NOP, GEMV, ATTN, COMBINE, EMBED, SAMPLE)
+KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE)      # opcode 3 was COMBINE (merged into ATTN by ticket)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

@@ -25,7 +25,6 @@ from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.hazards import check_hazards
 from warploop.runtime.stream.kinds import (
     ATTN,
-    COMBINE,
     EMBED,
     EPILOGUES,
     GEMV,
@@ -216,13 +215,12 @@ class StreamProgram:
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
                   kv_heads: int, layer: int, scale: float, qn: Region | None = None, kn: Region | None = None,
                   eps: float = 0.0, ctx: int = 1024, splits: int = 1, part: Region | None = None,
-                  merge: str = "ticket", after=()) -> list[int]:
+                  after=()) -> list[int]:
         """One ATTN node per KV head (kinds.ATTN): qkv holds [heads + 2 kv_heads] rows of head_dim;
         step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2].
         With splits > 1, `splits` ATTN nodes per KV head over shares of the context write their
-        partials to `part`, merged into out by the share that finishes last (merge="ticket") or by a
-        COMBINE node per KV head (merge="node"); returns the nodes whose completion means out is
-        written."""
+        partials to `part`, and the share that finishes last merges them into out (its ticket);
+        returns the nodes whose completion means out is written."""
         cfg, kv = self.config, self.kv
         if kv is None:
             raise ValueError("attention needs the KV cache: call kv_cache() first")
@@ -240,8 +238,6 @@ class StreamProgram:
             raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
         if cos.size % (hd // 2) or cos.size != sin.size:
             raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
-        if merge not in ("ticket", "node"):
-            raise ValueError(f"merge must be 'ticket' or 'node', not {merge!r}")
         if splits < 1 or (splits > 1 and (part is None or part.size < kv_heads * splits * group * (hd + 2))):
             raise ValueError(f"splits {splits}: need at least 1, and for more a part region of "
                              f"{kv_heads * splits * group * (hd + 2)} floats")
@@ -249,7 +245,7 @@ class StreamProgram:
         for g in range(kv_heads):
             here = -1 if part is None else part.offset + g * splits * group * (hd + 2)
             ticket = -1
-            if splits > 1 and merge == "ticket":
+            if splits > 1:
                 ticket = len(self.tickets)
                 self.tickets.append(splits)
             nodes = [self.add(ATTN, after=after, qkv=qkv.offset, out=out.offset, head=g * group, kvhead=g,
@@ -258,9 +254,6 @@ class StreamProgram:
                               layer=layer, blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx, split=s,
                               splits=splits, part=here, ticket=ticket)
                      for s in range(splits)]
-            if splits > 1 and merge == "node":
-                nodes = [self.add(COMBINE, after=nodes, part=here, out=out.offset, head=g * group, group=group,
-                                  hd=hd, splits=splits)]
             done += nodes
         return done
 

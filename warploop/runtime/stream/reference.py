@@ -6,7 +6,7 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, COMBINE, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_rows
+from warploop.runtime.stream.kinds import ATTN, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_rows
 
 
 def _rope(x, c, s, w, eps):
@@ -60,11 +60,11 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     arena[base:base + grp * hd] = (e @ vals[lo:hi]).reshape(-1)
     arena[base + grp * hd:base + grp * hd + grp] = m
     arena[base + grp * hd + grp:base + grp * (hd + 2)] = e.sum(-1)
-    if f["ticket"] >= 0 and f["split"] == f["splits"] - 1:   # the last share here (nodes run in order) merges
-        run_combine(arena, f)
+    if f["split"] == f["splits"] - 1:           # the last share (nodes run in order) merges
+        merge_shares(arena, f)
 
 
-def run_combine(arena, f) -> None:
+def merge_shares(arena, f) -> None:
     import torch
     hd, grp, splits = f["hd"], f["group"], f["splits"]
     parts = arena[f["part"]:f["part"] + splits * grp * (hd + 2)].view(splits, grp * (hd + 2))
@@ -81,9 +81,6 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
         return
     if node.kind is ATTN:
         run_attention(program, arena, ints, kv, node.fields, s)
-        return
-    if node.kind is COMBINE:
-        run_combine(arena, node.fields)
         return
     f = node.fields
     if node.kind is EMBED:
