@@ -81,3 +81,20 @@ def test_unsupported_names_why_a_model_falls_back_from_the_stream_default():
     assert "float16" in unsupported(cfg, torch.float16)
     assert "MLP bias" in unsupported(dataclasses.replace(cfg, mlp_bias=True), "bfloat16")
     assert "head_dim" in unsupported(dataclasses.replace(cfg, head_dim=96, hidden_size=384), "bfloat16")
+
+
+def test_the_per_op_path_reads_the_stream_pools_one_copy_of_the_model():
+    """build_backend packs the weight pools before the KV cache, and every matrix of the per-op
+    path (and a tied embedding) becomes a view of a pool: the model is held once."""
+    with Engine.from_model("tiny", backend="stream", **TINY) as engine:
+        backend = engine.backend
+        pools = backend.decoder.program.pools
+        w = backend.per_op.w
+        spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in pools]
+        inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in spans)
+        mats = [getattr(lw, n) for lw in w.layers for n in ("qkv", "o", "gate_up", "down")] + [w.lm_head]
+        assert all(inside(m) for m in mats)
+        if engine.config.tie_word_embeddings:
+            assert w.embed is w.lm_head
+        out = engine.generate("def main(", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        assert len(out.token_ids) == 8

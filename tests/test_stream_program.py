@@ -18,7 +18,7 @@ CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
 
 def test_instruction_round_trips_every_field_by_name():
     fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5, narrow=1,
-                  amax=-1)
+                  amax=-1, row2=96)
     inst = Instruction(GEMV, waits=((3, 64), (7, 1)), signal=5, fields=fields)
     words = inst.serialize()
     assert len(words) == WORDS and words[0] == GEMV.opcode and words[GEMV.word("k")] == 2048
@@ -34,12 +34,12 @@ def test_kind_declarations_refuse_what_does_not_fit():
         NodeKind("big", 9, tuple(Field(f"f{i}") for i in range(WORDS)))
     with pytest.raises(ValueError, match="unknown fields"):
         from warploop.runtime.stream.kinds import Streamed
-        NodeKind("s", 9, (Field("a"),), streamed=Streamed("a", "b", "c"))
+        NodeKind("s", 9, (Field("a"),), streamed=Streamed("a", "b", "c", "d"))
     with pytest.raises(TypeError, match="missing fields"):
         GEMV.encode(dict(pool=0))
     with pytest.raises(ValueError, match="int32"):
         Instruction(GEMV, fields=dict(pool=0, row=2 ** 31, rows=1, k=8, x=0, out=0, norm=-1, bias=-1, epi=0,
-                                      eps=0.0, narrow=0, amax=-1)).serialize()
+                                      eps=0.0, narrow=0, amax=-1, row2=0)).serialize()
     with pytest.raises(ValueError, match="opcode"):
         Instruction.parse([99] + [0] * (WORDS - 1))
 
@@ -83,9 +83,9 @@ def attention(chain, arena, x, i, model):
 
 
 def torch_chain(chain, arena, model=None):
-    """The chain in plain PyTorch: fp32 activations, bf16 weights upcast, gate/up de-interleaved."""
+    """The chain in plain PyTorch: fp32 activations, bf16 weights upcast."""
     get = lambda name: chain.view(arena, name)
-    d, half = chain.dims, CFG.block_rows // 2
+    d = chain.dims
     res = get("res").clone()
     norm = lambda x, n: x * torch.rsqrt(x.pow(2).mean() + d["eps"]) * get(n)
     bias = lambda name: get(name) if name in chain.regions else 0.0
@@ -93,8 +93,8 @@ def torch_chain(chain, arena, model=None):
         qkv = chain.mats[f"qkv{i}"].float() @ norm(res, f"n{2 * i}") + bias(f"bqkv{i}")
         x_o = attention(chain, arena, qkv, i, model) if d["context"] else qkv[:d["q"]]
         res = res + chain.mats[f"o{i}"].float() @ x_o + bias(f"bo{i}")
-        gu = (chain.mats[f"gu{i}"].float() @ norm(res, f"n{2 * i + 1}")).view(-1, 2, half)
-        act = (torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]).reshape(-1)[:d["inter"]]
+        gate, up = (chain.mats[f"gu{i}"].float() @ norm(res, f"n{2 * i + 1}")).chunk(2)
+        act = torch.nn.functional.silu(gate) * up
         res = res + chain.mats[f"down{i}"].float() @ act
     return res, chain.mats["head"].float() @ norm(res, f"n{2 * d['layers']}")
 
@@ -182,7 +182,11 @@ def test_narrow_tiles_halve_the_rows_and_compute_the_same(epi):
     torch.testing.assert_close(outs[True], want, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(outs[False], outs[True])
     with pytest.raises(ValueError, match="narrow"):
-        p.gemv(pool, 0, 8, x, y, epi="silu_mul", narrow=True)
+        p.gemv(pool, 0, 8, x, y, epi="silu_mul", up=8, narrow=True)
+    with pytest.raises(ValueError, match="up"):
+        p.gemv(pool, 0, 8, x, y, epi="silu_mul")
+    with pytest.raises(ValueError, match="do not fit"):
+        p.gemv(pool, 0, 8, x, y, epi="silu_mul", up=w.shape[0] - 4)
 
 
 def test_build_places_every_node_and_counts_waits():

@@ -16,7 +16,7 @@ from warploop.runtime.stream.program import Region, StreamProgram
 @dataclasses.dataclass
 class Chain:
     program: StreamProgram
-    mats: dict                      # name -> [rows, K] view of its pool (gate_up: interleaved)
+    mats: dict                      # name -> [rows, K] view of its pool (gate_up: [gate; up])
     regions: dict                   # res, qkv, act, logits, norms
     dims: dict
     weight_bytes: int
@@ -31,7 +31,7 @@ class Chain:
         takes): the same weight bytes, one kernel per op (run it in a CUDA graph)."""
         import torch
         from torch.nn.functional import rms_norm, silu
-        d, half = self.dims, self.program.config.block_rows // 2
+        d = self.dims
         arena = self.program.arena(self.mats["head"].device)
         norms = [self.view(arena, f"n{i}").to(torch.bfloat16) for i in range(2 * d["layers"] + 1)]
         bias = {k: self.view(arena, k).to(torch.bfloat16) for k in self.regions if k.startswith("b")}
@@ -43,8 +43,8 @@ class Chain:
                 qkv = torch.mv(self.mats[f"qkv{i}"], rms_norm(res, shape, norms[2 * i], eps))
                 qkv = qkv + bias.get(f"bqkv{i}", zero)
                 res = res + torch.mv(self.mats[f"o{i}"], qkv[:d["q"]]) + bias.get(f"bo{i}", zero)
-                gu = torch.mv(self.mats[f"gu{i}"], rms_norm(res, shape, norms[2 * i + 1], eps)).view(-1, 2, half)
-                res = res + torch.mv(self.mats[f"down{i}"], (silu(gu[:, 0]) * gu[:, 1]).reshape(-1)[:d["inter"]])
+                gate, up = torch.mv(self.mats[f"gu{i}"], rms_norm(res, shape, norms[2 * i + 1], eps)).chunk(2)
+                res = res + torch.mv(self.mats[f"down{i}"], silu(gate) * up)
             return torch.mv(self.mats["head"], rms_norm(res, shape, norms[-1], eps))
         return step
 
@@ -63,13 +63,10 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
     hidden, q, kv, inter = model.hidden_size, model.num_heads * model.head_dim, \
         model.num_kv_heads * model.head_dim, model.intermediate_size
     layers = layers or model.num_layers
-    br = cfg.block_rows
-    half = br // 2
-    inter_pad = -(-inter // half) * half
     # (name, rows, width) in recording order; one pool per width, matrices packed in this order
     shapes = []
     for i in range(layers):
-        shapes += [(f"qkv{i}", q + 2 * kv, hidden), (f"o{i}", hidden, q), (f"gu{i}", 2 * inter_pad, hidden),
+        shapes += [(f"qkv{i}", q + 2 * kv, hidden), (f"o{i}", hidden, q), (f"gu{i}", 2 * inter, hidden),
                    (f"down{i}", hidden, inter)]
     shapes.append(("head", model.vocab_size, hidden))
     widths = sorted({k for _, _, k in shapes})
@@ -138,7 +135,7 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
             a, x_o = at_n, r["attn"]
         b = p.gemv(*at[f"o{i}"], hidden, x_o, r["res"], epi="add", bias=r.get(f"bo{i}"), after=a, narrow=thin(hidden))
         c = p.gemv(*at[f"gu{i}"], inter, r["res"], r["act"], norm=r[f"n{2 * i + 1}"], eps=eps, epi="silu_mul",
-                   after=b)
+                   up=at[f"gu{i}"][1] + inter, after=b)
         prev = p.gemv(*at[f"down{i}"], hidden, r["act"], r["res"], epi="add", after=c, narrow=thin(hidden))
         stages += [(f"o{i}", b), (f"gu{i}", c), (f"down{i}", prev)]
     stages.append(("head", p.gemv(*at["head"], model.vocab_size, r["res"], r["logits"], norm=r[f"n{2 * layers}"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
+from warploop.llm.stream_step import unsupported as unsupported_stream
 
 GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
 GPU_RESERVE = 2 << 30            # activations, CUDA graphs, the sampler's [batch, vocab] buffers
@@ -92,21 +93,27 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     """(backend, max_context) for weights already on `device`; backend: 'torch', 'megakernel' or 'stream'."""
     from warploop.llm.backend_torch import TorchBackend
 
+    import torch
+
     dtype = str(weights.embed.dtype).removeprefix("torch.")
     if backend is None:
         backend = check_backend(None, device, dtype)
-        if backend == "stream":
-            from warploop.llm.stream_step import unsupported
-            if unsupported(cfg, dtype):         # a model the streaming step cannot run: the megakernel's
-                backend = "megakernel"
+        if backend == "stream" and unsupported_stream(cfg, dtype):
+            backend = "megakernel"              # a model the streaming step cannot run: the megakernel's
     backend = check_backend(backend, device, dtype)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     probe = KVCacheLayout(cfg.num_layers, 1, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
-    # the stream backend packs a bf16 copy of every matrix into its weight pools, beside the per-op ones
-    reserve = cfg.num_parameters() * 2 if backend == "stream" else 0
-    blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len, reserve)
+    packed = None
+    if backend == "stream" and dtype == "bfloat16" and not unsupported_stream(cfg, dtype):
+        # the weight pools first, the matrices becoming views of them (one copy of the model, which
+        # the per-op path reads too), then the KV cache from what is left
+        from warploop.llm.stream_step import pack_pools
+        packed = pack_pools(weights, device, share=True)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()             # the originals' blocks, back to the device
+    blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len)
     layout = KVCacheLayout(cfg.num_layers, blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     max_context = min(max_len, blocks * block_size)
     if backend == "megakernel":
@@ -116,5 +123,6 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
                                  **env_options()), max_context
     if backend == "stream":
         from warploop.llm.stream_backend import StreamBackend
-        return StreamBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context
+        return StreamBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs,
+                             pools=packed), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context

@@ -38,9 +38,12 @@ class StreamBackend(Backend):
     name = "stream"
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
-                 splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True) -> None:
+                 splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True,
+                 pools=None) -> None:
         """use_cuda_graphs: the per-op path's decode batches (2 sequences and more) replay CUDA graphs
-        (captured in warmup), as on the per-op backend."""
+        (captured in warmup), as on the per-op backend. pools: stream_step.pack_pools(weights, device,
+        share=True)'s result (build_backend packs them before sizing the KV cache), else packed here,
+        a copy beside the weights."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -50,7 +53,8 @@ class StreamBackend(Backend):
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
         self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
-                                     block_size=layout.block_size, splits=splits, kv=self.per_op.kv)
+                                     block_size=layout.block_size, splits=splits, kv=self.per_op.kv,
+                                     pools=pools)
         self.max_context, self.timeout = max_context, timeout
         self.last_logits = None
 

@@ -21,7 +21,7 @@ from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.program import Region, StreamProgram, interleave_gate_up
+from warploop.runtime.stream.program import Region, StreamProgram
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
@@ -59,14 +59,44 @@ def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas:
     return max(1, min((ctas - cfg.num_kv_heads) // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
 
 
+MATRICES = ("qkv", "o", "gate_up", "down")       # a layer's matrices, in the order the program records them
+
+
+def pack_pools(weights: ModelWeights, device, share: bool = False) -> tuple[dict, list[tuple[int, int]]]:
+    """Every matrix in bfloat16, packed into one pool per input width (each layer's qkv, o, gate_up
+    [gate; up] and down, then lm_head): ({width: pool}, (width, first row) per matrix). share: each
+    matrix of `weights` already bfloat16 on `device` becomes a view of its pool (a per-op backend over
+    the same weights then reads the pools: one copy of the model, not two), the tied embedding too."""
+    import torch
+    device = torch.device(device)
+    owners = [(lw, name) for lw in weights.layers for name in MATRICES] + [(weights, "lm_head")]
+    tied = weights.embed is weights.lm_head
+    rows, at = {}, []
+    for owner, name in owners:
+        m = getattr(owner, name)
+        at.append((m.shape[1], rows.get(m.shape[1], 0)))
+        rows[m.shape[1]] = rows.get(m.shape[1], 0) + m.shape[0]
+    pools = {k: torch.empty(n, k, dtype=torch.bfloat16, device=device) for k, n in rows.items()}
+    for (owner, name), (k, row) in zip(owners, at):
+        m = getattr(owner, name)
+        view = pools[k][row:row + m.shape[0]]
+        view.copy_(m.detach())
+        if share and m.dtype == torch.bfloat16 and m.device == device:
+            setattr(owner, name, view)           # the original is freed once nothing else holds it
+    if share and tied and weights.lm_head.device == device and weights.lm_head.dtype == torch.bfloat16:
+        weights.embed = weights.lm_head
+    return pools, at
+
+
 class StreamDecoder:
     MAX_STEPS = 256                               # the most steps one launch (generate) runs
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None) -> None:
+                 kv=None, pools=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
-        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context."""
+        the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
+        pools: pack_pools(weights, device)'s result, when the caller packed them (default: packed here)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -79,20 +109,9 @@ class StreamDecoder:
         p = self.program = StreamProgram(self.config)
         bf = lambda t: t.detach().to(device=self.device, dtype=torch.bfloat16)
         f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)
-        br = self.config.block_rows
-        # one pool per input width, every matrix in recording order
-        mats = []
-        for lw in weights.layers:
-            gate, up = lw.gate_up.chunk(2)
-            mats += [bf(lw.qkv), bf(lw.o), interleave_gate_up(bf(gate), bf(up), br), bf(lw.down)]
-        mats.append(bf(weights.lm_head))
-        at, by_width = [], {}
-        for m in mats:
-            lst = by_width.setdefault(m.shape[1], [])
-            at.append((m.shape[1], sum(t.shape[0] for t in lst)))
-            lst.append(m)
-        pool = {k: p.pool(torch.cat(lst)) for k, lst in by_width.items()}
-        at = [(pool[k], row) for k, row in at]
+        pools, at = pools or pack_pools(weights, self.device)
+        index = {k: p.pool(pool) for k, pool in pools.items()}
+        at = [(index[k], row) for k, row in at]
         hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
         self.block_size, self.max_context = block_size, max_context
         if kv is None:
@@ -131,7 +150,7 @@ class StreamDecoder:
                        narrow=narrow(cfg.hidden_size, self.config),
                        after=a)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
-                       eps=eps, epi="silu_mul", after=b)
+                       eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, after=b)
             prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c,
                           narrow=narrow(cfg.hidden_size, self.config))
         head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,

@@ -43,6 +43,7 @@ OP_GEMV = gl.constexpr(GEMV.opcode)
 G_POOL = gl.constexpr(GEMV.word(GEMV.streamed.pool))
 G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
 G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
+G_ROW2 = gl.constexpr(GEMV.word(GEMV.streamed.second))
 G_ROWS = gl.constexpr(GEMV.word("rows"))
 G_X = gl.constexpr(GEMV.word("x"))
 G_OUT = gl.constexpr(GEMV.word("out"))
@@ -75,6 +76,7 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
     op = gl.load(instr + H_OP)
     pool = gl.load(instr + G_POOL)
     row = gl.load(instr + G_ROW)
+    row2 = gl.load(instr + G_ROW2)
     k = gl.load(instr + G_K)
     narrow = gl.load(instr + G_NARROW)
     # instruction j of the launch is instruction j % n of step j // n (a decode loop runs the list
@@ -86,12 +88,12 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
         n_op = gl.load(nb + H_OP)
         n_pool = gl.load(nb + G_POOL)
         n_row = gl.load(nb + G_ROW)
+        n_row2 = gl.load(nb + G_ROW2)
         n_k = gl.load(nb + G_K)
         n_narrow = gl.load(nb + G_NARROW)
         if op == OP_GEMV:
-            # a chunk is two [BR/2, BK] boxes: the tile's two row halves at one column block, or a
-            # narrow tile's BR/2 rows at two consecutive column blocks
-            row2 = row + HALF * (1 - narrow)
+            # a chunk is two [BR/2, BK] boxes: rows from row and from row2 at one column block, or
+            # a narrow tile's BR/2 rows at two consecutive column blocks
             kk = 0
             while kk < k:
                 slot = it % NBUF
@@ -120,7 +122,7 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
         if HD != 0:
             if op == OP_ATTN:
                 it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, NBUF, HD, KVT)
-        op, pool, row, k, narrow = n_op, n_pool, n_row, n_k, n_narrow
+        op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
         j += 1
 
 

@@ -48,11 +48,14 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Streamed:
-    """Which fields name a node's streamed operand: rows [row, row + tile rows) of weight pool
-    `pool`, columns [0, width)."""
+    """Which fields name a node's streamed operand: columns [0, width) of weight pool `pool`, as
+    ring chunks of two [BR/2, BK] boxes: the first at pool row `row`, the second at pool row
+    `second` (row + BR/2 for a tile of BR contiguous rows, the up rows of a silu_mul tile, row
+    itself for a narrow tile, whose second box is the next column block)."""
     pool: str
     row: str
     width: str
+    second: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,13 @@ class NodeKind:
         return out
 
 
+def tile_pool_rows(f: dict, br: int) -> list[tuple[int, int]]:
+    """The (first pool row, count) ranges a GEMV tile streams: its two boxes' rows, or a narrow
+    tile's BR/2 rows."""
+    half = br // 2
+    return [(f["row"], half)] if f["narrow"] else [(f["row"], half), (f["row2"], half)]
+
+
 def tile_rows(f: dict, br: int) -> int:
     """The pool rows a GEMV tile streams: BR, or BR/2 for a narrow tile."""
     return br // 2 if f["narrow"] else br
@@ -147,10 +157,11 @@ def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
 
 
 NOP = NodeKind("nop", 0, ())
-# One tile of a matrix-vector product: `rows` output rows from pool rows [row, row + BR) times the
-# arena vector x[0:k], optionally RMS-normalised first (x * rsqrt(mean(x^2) + eps) * norm), then an
-# epilogue: "store" y (+ bias), "add" y (+ bias) into out, or "silu_mul": the tile's first BR/2 rows
-# are gate rows, the next BR/2 the matching up rows, and out gets silu(gate) * up (rows <= BR/2).
+# One tile of a matrix-vector product: `rows` output rows from pool rows [row, row + BR/2) and
+# [row2, row2 + BR/2) times the arena vector x[0:k], optionally RMS-normalised first
+# (x * rsqrt(mean(x^2) + eps) * norm), then an epilogue: "store" y (+ bias), "add" y (+ bias) into
+# out, or "silu_mul": rows from `row` are gate rows, those from `row2` the matching up rows, and out
+# gets silu(gate) * up (rows <= BR/2).
 # A narrow tile (narrow=1; no silu_mul) is BR/2 pool rows, each ring chunk two [BR/2, BK] boxes of
 # consecutive columns: twice the tiles for a stage with fewer tiles than SMs, chunks as large.
 # With amax >= 0 the tile also writes its largest output and that output's arena offset (a float,
@@ -159,8 +170,8 @@ NOP = NodeKind("nop", 0, ())
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
-            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax")),
-    streamed=Streamed("pool", "row", "k"), cost=_gemv_cost, footprint=_gemv_footprint)
+            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2")),
+    streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     reads = [(f["qkv"] + f["head"] * f["hd"], f["group"] * f["hd"]),                    # the group's q heads

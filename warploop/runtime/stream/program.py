@@ -177,11 +177,12 @@ class StreamProgram:
 
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
-             amax: Region | None = None, after=(), worker: int | None = None) -> list[int]:
+             amax: Region | None = None, up: int | None = None, after=(), worker: int | None = None) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
-        stage with fewer tiles than SMs). For "silu_mul" the pool rows come as tiles of BR/2 gate
-        rows then their BR/2 up rows (interleave_gate_up). amax: a region of two floats a tile where
-        each tile leaves its largest output and that output's offset (a SAMPLE node's pairs)."""
+        stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
+        (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
+        each a tile. amax: a region of two floats a tile where each tile leaves its largest output
+        and that output's offset (a SAMPLE node's pairs)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -191,12 +192,14 @@ class StreamProgram:
             raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles")
         if narrow and epi == "silu_mul":
             raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
+        if (epi == "silu_mul") != (up is not None):
+            raise ValueError("up (the pool row of the up rows) is given for a silu_mul GEMV, and only there")
         w = self.pools[pool]
         k = int(w.shape[1])
-        per = br // 2 if epi == "silu_mul" or narrow else br
-        step = per if narrow else br              # pool rows from one tile to the next
-        if n <= 0 or row < 0 or row + (2 * n if epi == "silu_mul" else n) > w.shape[0]:
-            raise ValueError(f"rows [{row}, {row} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
+        per = br // 2 if epi == "silu_mul" or narrow else br      # output rows a tile
+        for first in (row, up) if up is not None else (row,):
+            if n <= 0 or first < 0 or first + n > w.shape[0]:
+                raise ValueError(f"rows [{first}, {first} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
         if x.size < k or (norm is not None and norm.size < k):
             raise ValueError(f"x ({x.size}) and norm must hold the pool's width {k}")
         if out.size < n or (bias is not None and bias.size < n):
@@ -205,7 +208,9 @@ class StreamProgram:
             raise ValueError("silu_mul takes no bias")
         tiles, after = [], _Deps(self._deps(after))
         for t in range(-(-n // per)):
-            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=row + t * step,
+            first = row + t * per
+            second = up + t * per if up is not None else first if narrow else first + br // 2
+            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=first, row2=second,
                                   rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
                                   norm=-1 if norm is None else norm.offset,
                                   bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
@@ -342,19 +347,6 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
                                          signal=out[m].signal if m == j else -1, signals=last if m == j else 1)
         i = j + 1
     return out
-
-
-def interleave_gate_up(gate, up, block_rows: int):
-    """Pack gate [F, K] and up [F, K] as tiles of block_rows/2 gate rows, then the same up rows
-    (a "silu_mul" GEMV's pool rows). F is padded to a multiple of block_rows/2 with zero rows."""
-    import torch
-    half = block_rows // 2
-    f, k = gate.shape
-    pad = -(-f // half) * half
-    g = torch.zeros(pad, k, dtype=gate.dtype, device=gate.device)
-    u = torch.zeros_like(g)
-    g[:f], u[:f] = gate, up
-    return torch.stack([g.view(-1, half, k), u.view(-1, half, k)], dim=1).reshape(-1, k).contiguous()
 
 
 class _Deps(NamedTuple):

@@ -6,7 +6,7 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_rows
+from warploop.runtime.stream.kinds import ATTN, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_pool_rows, tile_rows
 
 
 def _rope(x, c, s, w, eps):
@@ -101,10 +101,12 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
     x = arena[f["x"]:f["x"] + k]
     if f["norm"] >= 0:
         x = x * torch.rsqrt(x.pow(2).mean() + f["eps"]) * arena[f["norm"]:f["norm"] + k]
-    w = program.pools[f["pool"]][f["row"]:f["row"] + br, :k].float().to(arena.device)
-    y = w @ x
-    if y.shape[0] < br:                          # a tile past the pool's last row reads zeros (TMA)
-        y = torch.cat([y, y.new_zeros(br - y.shape[0])])
+    pool = program.pools[f["pool"]]
+    ys = []
+    for first, count in tile_pool_rows(f, program.config.block_rows):
+        y = pool[first:first + count, :k].float().to(arena.device) @ x
+        ys.append(torch.cat([y, y.new_zeros(count - y.shape[0])]))   # rows past the pool's end: zeros (TMA)
+    y = torch.cat(ys)
     n, out = f["rows"], f["out"]
     if f["epi"] == EPILOGUES["silu_mul"]:
         g, u = y[:br // 2], y[br // 2:]
