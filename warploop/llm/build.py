@@ -91,9 +91,9 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
                   max_num_seqs: int = 32, max_model_len: int | None = None, use_cuda_graphs: bool = True,
                   backend: str | None = None):
     """(backend, max_context) for weights already on `device`; backend: 'torch', 'megakernel' or 'stream'."""
-    from warploop.llm.backend_torch import TorchBackend
-
     import torch
+
+    from warploop.llm.backend_torch import TorchBackend
 
     dtype = str(weights.embed.dtype).removeprefix("torch.")
     if backend is None:

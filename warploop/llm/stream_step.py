@@ -77,7 +77,7 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> tuple[dict
         at.append((m.shape[1], rows.get(m.shape[1], 0)))
         rows[m.shape[1]] = rows.get(m.shape[1], 0) + m.shape[0]
     pools = {k: torch.empty(n, k, dtype=torch.bfloat16, device=device) for k, n in rows.items()}
-    for (owner, name), (k, row) in zip(owners, at):
+    for (owner, name), (k, row) in zip(owners, at, strict=True):
         m = getattr(owner, name)
         view = pools[k][row:row + m.shape[0]]
         view.copy_(m.detach())
