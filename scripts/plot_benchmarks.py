@@ -24,7 +24,8 @@ NAME = re.compile(r"^(decode|runtime|bundle|hostcall|stream)-([a-z0-9]+)-(\d{8})
 FIGURES: dict[str, list[tuple[str, str, str, dict[str, str]]]] = {
     "decode": [
         ("decode ms/token, batch 1 (floor: weights / copy bandwidth)", "ms", "floor_ms",
-         {"megakernel": "megakernel.ms_per_token_bs1", "warploop (per-op)": "warploop.ms_per_token_bs1",
+         {"warploop streaming executor": "stream.ms_per_token_bs1", "megakernel": "megakernel.ms_per_token_bs1",
+          "warploop (per-op)": "warploop.ms_per_token_bs1",
           "torch.compile": "torch_compile.ms_per_token_bs1", "HF eager": "hf_eager.ms_per_token_bs1"}),
     ],
     "runtime": [

@@ -7,7 +7,7 @@ measured copy rate); then the same step with attention (ATTN nodes over a paged 
 of --contexts, against a floor that counts the KV bytes. Then the cost of one dependent stage: a
 chain of one-chunk GEMVs, within one CTA and alternating between two.
 
-    warploop bench stream --json --out bench/results/stream-h100-20261128.json
+    warploop bench stream --json --out bench/results/stream-h200-20261128.json
 """
 from __future__ import annotations
 
