@@ -98,3 +98,22 @@ def test_the_per_op_path_reads_the_stream_pools_one_copy_of_the_model():
             assert w.embed is w.lm_head
         out = engine.generate("def main(", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
         assert len(out.token_ids) == 8
+
+
+def test_pack_pools_shares_only_bfloat16_weights_on_the_device_and_counts_the_rest():
+    import torch
+    from test_stream_step import CONFIGS
+
+    from warploop.llm.stream_step import pack_pools
+    from warploop.llm.weights import random_weights
+    cfg = CONFIGS["llama3"]
+    w32 = random_weights(cfg, "cpu", torch.float32)
+    packed = pack_pools(w32, "cpu", share=True)
+    assert packed.copied_bytes == sum(p.numel() * 2 for p in packed.pools.values())
+    assert w32.layers[0].qkv.dtype == torch.float32                  # left as it was
+    w16 = random_weights(cfg, "cpu", torch.bfloat16)
+    qkv = w16.layers[0].qkv.clone()
+    packed = pack_pools(w16, "cpu", share=True)
+    assert packed.copied_bytes == 0 and torch.equal(w16.layers[0].qkv, qkv)
+    pool = packed.pools[cfg.hidden_size]
+    assert w16.layers[0].qkv.data_ptr() == pool.data_ptr()           # the first matrix of its width

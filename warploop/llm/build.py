@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
+from warploop.llm.stream_step import pack_pools
 from warploop.llm.stream_step import unsupported as unsupported_stream
 
 GPU_KV_FRACTION = 0.8            # of the memory free after loading weights
@@ -109,8 +110,10 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     if backend == "stream" and dtype == "bfloat16" and not unsupported_stream(cfg, dtype):
         # the weight pools first, the matrices becoming views of them (one copy of the model, which
         # the per-op path reads too), then the KV cache from what is left
-        from warploop.llm.stream_step import pack_pools
         packed = pack_pools(weights, device, share=True)
+        if packed.copied_bytes:                 # the loader put the weights elsewhere: a bug, not the user's
+            raise RuntimeError(f"{packed.copied_bytes} bytes of weights were copied into the stream's pools, "
+                               f"not shared: the weights must be bfloat16 on {device}")
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()             # the originals' blocks, back to the device
     blocks = num_kv_blocks or kv_blocks_for(probe, device, max_num_seqs, max_len)

@@ -16,6 +16,8 @@ first token, the position and the block table (covering every step) before it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
@@ -62,13 +64,23 @@ def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas:
 MATRICES = ("qkv", "o", "gate_up", "down")       # a layer's matrices, in the order the program records them
 
 
-def pack_pools(weights: ModelWeights, device, share: bool = False) -> tuple[dict, list[tuple[int, int]]]:
+@dataclasses.dataclass
+class Packed:
+    pools: dict                        # input width -> bf16 [rows, width] pool
+    at: list                           # (width, first row) of each matrix, in recording order
+    copied_bytes: int                  # bytes of matrices the pools copy rather than replace
+
+
+def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     """Every matrix in bfloat16, packed into one pool per input width (each layer's qkv, o, gate_up
-    [gate; up] and down, then lm_head): ({width: pool}, (width, first row) per matrix). share: each
-    matrix of `weights` already bfloat16 on `device` becomes a view of its pool (a per-op backend over
-    the same weights then reads the pools: one copy of the model, not two), the tied embedding too."""
+    [gate; up] and down, then lm_head). share: each matrix of `weights` already bfloat16 on `device`
+    becomes a view of its pool (a per-op backend over the same weights then reads the pools: one copy
+    of the model, not two), the tied embedding too; what could not be shared is counted in
+    copied_bytes (the memory a caller sets aside for the copy)."""
     import torch
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:    # "cuda" is the current device: compare as cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
     owners = [(lw, name) for lw in weights.layers for name in MATRICES] + [(weights, "lm_head")]
     tied = weights.embed is weights.lm_head
     rows, at = {}, []
@@ -77,15 +89,18 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> tuple[dict
         at.append((m.shape[1], rows.get(m.shape[1], 0)))
         rows[m.shape[1]] = rows.get(m.shape[1], 0) + m.shape[0]
     pools = {k: torch.empty(n, k, dtype=torch.bfloat16, device=device) for k, n in rows.items()}
+    copied = 0
     for (owner, name), (k, row) in zip(owners, at, strict=True):
         m = getattr(owner, name)
         view = pools[k][row:row + m.shape[0]]
         view.copy_(m.detach())
         if share and m.dtype == torch.bfloat16 and m.device == device:
             setattr(owner, name, view)           # the original is freed once nothing else holds it
+        else:
+            copied += view.numel() * 2
     if share and tied and weights.lm_head.device == device and weights.lm_head.dtype == torch.bfloat16:
         weights.embed = weights.lm_head
-    return pools, at
+    return Packed(pools, at, copied)
 
 
 class StreamDecoder:
@@ -96,7 +111,7 @@ class StreamDecoder:
                  kv=None, pools=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
-        pools: pack_pools(weights, device)'s result, when the caller packed them (default: packed here)."""
+        pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -109,7 +124,8 @@ class StreamDecoder:
         p = self.program = StreamProgram(self.config)
         bf = lambda t: t.detach().to(device=self.device, dtype=torch.bfloat16)
         f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)
-        pools, at = pools or pack_pools(weights, self.device)
+        packed = pools or pack_pools(weights, self.device)
+        pools, at = packed.pools, packed.at
         index = {k: p.pool(pool) for k, pool in pools.items()}
         at = [(index[k], row) for k, row in at]
         hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
