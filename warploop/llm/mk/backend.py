@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
-import types
 
 import numpy as np
 import torch
@@ -36,7 +35,7 @@ from warploop.llm.mk.layout import F_ROWS, RowSampling, StepInputs
 from warploop.llm.mk.loop import MAX_STEPS, LoopRun, Mailbox
 from warploop.llm.mk.plans import kernel_plans
 from warploop.llm.mk.tasks import tasks_for
-from warploop.llm.sampler import sample_on_device
+from warploop.llm.sampler import SampleRow, sample_on_device
 from warploop.llm.weights import ModelWeights
 
 COMPILE_NOTICE_S = 5.0
@@ -235,8 +234,7 @@ class MegakernelBackend(Backend):
         if missed:      # the graph already applied these rows' penalty to the logits
             if self.device.type == "cuda":
                 self.last.graph.runtime.park()  # the host sampler's kernels need SM slots (it may hold all)
-            rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
-                                          token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
+            rows = [SampleRow.of(seqs[i], repetition_penalty=1.0) for i in missed]
             index = torch.tensor(missed, device=self.last.buffers.logits.device)
             tokens[torch.tensor(missed)] = sample_on_device(self.last.buffers.logits[index], rows).to(tokens.device)
         return tokens
