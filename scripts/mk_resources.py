@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from warploop.llm.mk.plans import BACKEND_OPTIONS, kernel_plans
+from warploop.llm.mk.plans import MegakernelOptions, kernel_plans
 from warploop.llm.mk.tasks import tasks_for
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 from warploop.runtime import codegen
@@ -34,12 +34,9 @@ def plans_of(cfg, overrides: dict, dtype=torch.bfloat16, block_size: int = 16):
     graph_rows 1 named (the GPU backend's default: batches run per op) the batches' kernel is left out,
     as such a backend starts none; unnamed, both are compiled (scripts/mk_probe.py runs every batch
     on the graph)."""
-    warps, regs = overrides.get("worker_warps", 4), overrides.get("max_registers")
-    one = overrides.get("batch1_kernel")
-    graph_rows = overrides.get("graph_rows", 0)
-    overrides = {k: v for k, v in overrides.items() if k not in BACKEND_OPTIONS}
-    first, many, two = kernel_plans(cfg, dtype, block_size, "cuda", one, **overrides)
-    return ([first, many] if two and graph_rows != 1 else [first]), warps, regs
+    options = MegakernelOptions.of(overrides)
+    first, many, two = kernel_plans(cfg, dtype, block_size, "cuda", options)
+    return ([first, many] if two and options.graph_rows != 1 else [first]), options.worker_warps, options.max_registers
 
 
 def plan_of(cfg, overrides: dict, dtype=torch.bfloat16):

@@ -9,7 +9,7 @@ import torch
 from llm_helpers import engine_for, make_model_dir
 
 from warploop.llm.params import SamplingParams
-from warploop.llm.sampler import make_generator, sample
+from warploop.llm.sampler import SampleRow, make_generator, sample
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
@@ -70,6 +70,15 @@ def test_repetition_penalty_pushes_seen_tokens_down():
     assert sample(logits, [Seq(penalised, [0])]) == [1]        # 3.0 / 1.2 < 2.9
     assert sample(torch.tensor([[-1.0, -1.1]]), [Seq(penalised, [0])]) == [1]  # negatives are multiplied
     assert sample(logits, [Seq(penalised, [3])]) == [0]        # unseen tokens are untouched
+
+
+def test_a_sample_row_is_its_sequence_with_parameters_replaced():
+    logits = torch.tensor([[3.0, 2.9, -1.0, -1.1]])
+    seq = Seq(SamplingParams(temperature=0, repetition_penalty=1.2, seed=5), [0])
+    row = SampleRow.of(seq, repetition_penalty=1.0)
+    assert row.token_ids is seq.token_ids and row.generator is seq.generator
+    assert row.params == SamplingParams(temperature=0, repetition_penalty=1.0, seed=5)
+    assert sample(logits, [seq]) == [1] and sample(logits, [row]) == [0]     # the penalty is the only change
 
 
 def test_seed_reproduces_independently_of_the_batch():

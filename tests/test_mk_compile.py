@@ -222,6 +222,30 @@ def test_megakernel_plan_keys_are_these_and_removed_ones_are_refused_by_name(mon
     config.reload()
 
 
+def test_megakernel_options_are_checked_in_one_place_and_take_the_devices_defaults():
+    """MegakernelOptions: the backend's keywords split into its own fields and Plan overrides; an
+    unknown name, one_row and a bad graph_rows, fused_upto or batch1_kernel are refused on building
+    it, before any kernel or weight is touched; None takes the device's default."""
+    from warploop.llm.mk.plans import FUSED_UPTO, GPU_GRAPH_ROWS, PARK_AFTER_US, MegakernelOptions
+
+    options = MegakernelOptions.of({"tile_kb": 64, "workers": 3, "graph_rows": 0, "hidden": 64, "inter": 128})
+    assert options.workers == 3 and options.graph_rows == 0 and options.park_after_us == PARK_AFTER_US
+    assert options.plan == {"tile_kb": 64, "hidden": 64, "inter": 128}
+    assert MegakernelOptions.of(options.keywords()) == options
+    with pytest.raises(TypeError, match="no option batch_tiles; use any of .*graph_rows.*tile_kb"):
+        MegakernelOptions.of({"batch_tiles": 2})
+    with pytest.raises(ValueError, match="one_row is the batch-1 kernel's own plan field: use batch1_kernel"):
+        MegakernelOptions(plan={"one_row": 1})
+    for bad, match in (({"graph_rows": -1}, "graph_rows=-1"), ({"graph_rows": 1.5}, "graph_rows=1.5"),
+                       ({"fused_upto": -1}, "fused_upto=-1"), ({"batch1_kernel": 2}, "batch1_kernel=2")):
+        with pytest.raises(ValueError, match=match):
+            MegakernelOptions.of(bad)
+    gpu, cpu = MegakernelOptions().resolved("cuda"), MegakernelOptions().resolved("cpu")
+    assert (gpu.workers, gpu.graph_rows, gpu.fused_upto) == ("fill", GPU_GRAPH_ROWS, FUSED_UPTO)
+    assert (cpu.workers, cpu.graph_rows, cpu.fused_upto) == (None, 0, 0)
+    assert MegakernelOptions(workers=5, graph_rows=4, fused_upto=0).resolved("cuda").workers == 5
+
+
 def test_plan_tiles_hold_at_most_eight_chunks_and_refuse_bad_sizes():
     # Llama-3.2-1B widths: 64 KB tiles of 8 chunks (gate_up: 8 gate rows and 8 up rows)
     t = Plan("bf16", 32, 8, 64, 16, hidden=2048, inter=8192, tile_kb=64).tile_constexprs()

@@ -1,4 +1,4 @@
-"""What every benchmark shares: the header (device, date, versions), median timing, result files.
+"""What every benchmark shares: the header (device, date, versions) and result files.
 
 Results of device runs are committed unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json.
 """
@@ -9,9 +9,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 
 from warploop.target import select_device
 
@@ -58,19 +55,3 @@ def emit(data: dict, save_to: str | None = None) -> None:
         with open(save_to, "w") as f:
             f.write(text + "\n")
 
-
-def median_us(fn: Callable[[], object], reps: int = 200, warmup: int = 20,
-              sync: Callable[[], object] | None = None) -> float:
-    """Median wall time of `fn` in microseconds, synchronising after each call if `sync` is given."""
-    for _ in range(warmup):
-        fn()
-    if sync:
-        sync()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from warploop.bench.runtime_kernels import noop
+from warploop.bench.timing import pct
 from warploop.runtime import layout as L
 from warploop.runtime.sync import clock_after
 
@@ -49,15 +50,10 @@ SPIN_LIMIT = tl.constexpr(1 << 24)   # a probe's GPU poll gives up after this ma
 ANSWERS = ("release_sys_atomic", "relaxed_sys_atomic", "plain_store")
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _summary(values: list[float]) -> dict | None:
     if not values:
         return None
-    return {"p50_us": statistics.median(values), "p90_us": _pct(values, 0.9), "p99_us": _pct(values, 0.99),
+    return {"p50_us": statistics.median(values), "p90_us": pct(values, 0.9), "p99_us": pct(values, 0.99),
             "mean_us": statistics.fmean(values)}
 
 

@@ -7,11 +7,28 @@ does not depend on what else is in the batch.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleRow:
+    """What the sampler reads of a sequence: its parameters, its tokens so far (the repetition
+    penalty's history) and its generator (None: the global one). A Sequence has these three fields;
+    a caller that samples a row with other parameters than its sequence's passes one of these."""
+    params: object
+    token_ids: list[int]
+    generator: torch.Generator | None = None
+
+    @classmethod
+    def of(cls, seq, **params) -> SampleRow:
+        """The row of `seq`, with `params` replacing fields of its SamplingParams."""
+        return cls(dataclasses.replace(seq.params, **params), seq.token_ids, seq.generator)
+
+
 def sample(logits: torch.Tensor, seqs: list) -> list[int]:
-    """logits [B, V] float32 -> one token id per sequence (seqs[i].params, .token_ids, .generator)."""
+    """logits [B, V] float32 -> one token id per sequence or SampleRow (.params, .token_ids, .generator)."""
     return sample_on_device(logits, seqs).tolist()
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
-import types
 
 import numpy as np
 import torch
@@ -34,25 +33,14 @@ from warploop.llm.kv_cache import KVCacheLayout
 from warploop.llm.mk.graph import DecodeGraph, StepBuffers, build_decode_graph, loop_block
 from warploop.llm.mk.layout import F_ROWS, RowSampling, StepInputs
 from warploop.llm.mk.loop import MAX_STEPS, LoopRun, Mailbox
-from warploop.llm.mk.plans import kernel_plans
+from warploop.llm.mk.plans import MegakernelOptions, kernel_plans
 from warploop.llm.mk.tasks import tasks_for
-from warploop.llm.sampler import sample_on_device
+from warploop.llm.sampler import SampleRow, sample_on_device
 from warploop.llm.weights import ModelWeights
 
 COMPILE_NOTICE_S = 5.0
 COMPILE_NOTICE = ("warploop: compiling the decode megakernel for this model shape (the first start of a shape "
                   "takes a few minutes on a GPU; later starts read Triton's cache) ...")
-# Idle time before the resident kernel parks (Runtime): longer than the engine's host work between
-# two decode steps, so a decode stream does not relaunch the kernel every step; a prefill's first
-# use of a CUDA module (a context-wide synchronisation) waits this long once.
-PARK_AFTER_US = 5000.0
-# Steps whose longest context (to the end of a decode loop) is at most this many tokens run the
-# graph with one attention node per (row, KV head group), one stage a layer; longer ones spread
-# each context over Plan.splits nodes (three stages: rope_kv, attn, combine). GPU plans only.
-FUSED_UPTO = 128
-# On a GPU, decode batches of more sequences than this run per op (through CUDA graphs), not on the
-# graph: measured on an H100 the per-op path is faster from 2 rows on (BENCHMARKS.md, Decode, session 18).
-GPU_GRAPH_ROWS = 1
 
 
 def _aligned(t):
@@ -71,22 +59,17 @@ class MegakernelBackend(Backend):
     name = "megakernel"
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
-                 workers: int | None = None, timeout: float = 60.0, trace: bool = False,
-                 worker_warps: int = 4, park_after_us: float | None = PARK_AFTER_US, fused_upto: int | None = None,
-                 max_registers: int | None = None, batch1_kernel: bool | None = None,
-                 graph_rows: int | None = None, use_cuda_graphs: bool = True, **plan_overrides) -> None:
+                 options: MegakernelOptions | None = None, **keywords) -> None:
+        """`options`, or the same as keywords (MegakernelOptions' fields and Plan overrides; keywords
+        given with `options` replace its)."""
         super().__init__(config, layout, torch.device(device))
+        if options is None or keywords:
+            options = MegakernelOptions.of({**(options.keywords() if options else {}), **keywords})
         dtype, bs, where = weights.embed.dtype, layout.block_size, self.device.type
+        self.options = options.resolved(where)
         # plan: the batch-1 graph's kernel; plan_many: the other graphs' (the same one without batch1_kernel)
-        self.plan, self.plan_many, self.batch1_kernel = kernel_plans(config, dtype, bs, where, batch1_kernel,
-                                                                     **plan_overrides)
-        if graph_rows is not None and (not isinstance(graph_rows, int) or graph_rows < 0):
-            raise ValueError(f"graph_rows={graph_rows!r}: use the most sequences a decode step runs on the graph "
-                             f"with (>= 1; larger batches run per op, through CUDA graphs on a GPU), 0 for every "
-                             f"batch on the graph, or leave it out ({GPU_GRAPH_ROWS} on a GPU, 0 on the CPU)")
-        if graph_rows is None:
-            graph_rows = GPU_GRAPH_ROWS if where == "cuda" else 0
-        self.graph_rows, self.use_cuda_graphs = graph_rows, use_cuda_graphs
+        self.plan, self.plan_many, self.batch1_kernel = kernel_plans(config, dtype, bs, where, self.options)
+        self.graph_rows, self.use_cuda_graphs = self.options.graph_rows, self.options.use_cuda_graphs
         # the per-op path: prefill, and decode batches past graph_rows (CUDA graphs for those: warmup)
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=False)
         self.w, self.kv, self.max_context = aligned_norms(weights), self.per_op.kv, max_context
@@ -94,17 +77,8 @@ class MegakernelBackend(Backend):
         self.tasks = tasks_for(self.plan)
         self.tasks_many = tasks_for(self.plan_many)
         self.width = -(max_context // -layout.block_size)
-        if workers is None and self.device.type == "cuda":
-            workers = "fill"        # tiles want every SM slot; prefill parks the kernel first (per_op_forward)
-        self.workers, self.timeout, self.trace, self.worker_warps = workers, timeout, trace, worker_warps
-        self.park_after_us, self.max_registers = park_after_us, max_registers
-        if fused_upto is None:
-            fused_upto = 0 if self.device.type == "cpu" else FUSED_UPTO
-        if not isinstance(fused_upto, int) or fused_upto < 0:
-            raise ValueError(f"fused_upto={fused_upto!r}: use a number of context tokens >= 0 (0: always split "
-                             f"attention over Plan.splits nodes)")
         # with one split every graph is the fused one; else buckets get a fused graph too when asked
-        self.fused_upto = fused_upto if self.plan.splits > 1 else 0
+        self.fused_upto = self.options.fused_upto if self.plan.splits > 1 else 0
         self.rt = None              # the runtime of the batch-1 graph
         self.rt_many = None         # ... of the others: self.rt unless batch 1 has a kernel of its own
         self.last: DecodeGraph | None = None      # the graph of the latest decode step
@@ -121,9 +95,9 @@ class MegakernelBackend(Backend):
         # the runtime runs where the weights are, whatever WARPLOOP_DEVICE says (torch calls a ROCm GPU
         # "cuda" too)
         where = "cpu" if self.device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
-        return Runtime(device=where, workers=self.workers, tasks=tasks.all, timeout=self.timeout, trace=self.trace,
-                       worker_warps=self.worker_warps, park_after_us=self.park_after_us,
-                       max_registers=self.max_registers)
+        o = self.options    # workers "fill" on a GPU: tiles want every SM slot; prefill parks the kernel first
+        return Runtime(device=where, workers=o.workers, tasks=tasks.all, timeout=o.timeout, trace=o.trace,
+                       worker_warps=o.worker_warps, park_after_us=o.park_after_us, max_registers=o.max_registers)
 
     @property
     def runtimes(self) -> list:
@@ -235,8 +209,7 @@ class MegakernelBackend(Backend):
         if missed:      # the graph already applied these rows' penalty to the logits
             if self.device.type == "cuda":
                 self.last.graph.runtime.park()  # the host sampler's kernels need SM slots (it may hold all)
-            rows = [types.SimpleNamespace(params=dataclasses.replace(seqs[i].params, repetition_penalty=1.0),
-                                          token_ids=seqs[i].token_ids, generator=seqs[i].generator) for i in missed]
+            rows = [SampleRow.of(seqs[i], repetition_penalty=1.0) for i in missed]
             index = torch.tensor(missed, device=self.last.buffers.logits.device)
             tokens[torch.tensor(missed)] = sample_on_device(self.last.buffers.logits[index], rows).to(tokens.device)
         return tokens
@@ -259,7 +232,7 @@ class MegakernelBackend(Backend):
         (default: greedy)."""
         dg = self.step_inputs(batch, sampling, history)
         self._use(dg)
-        dg.graph.run(timeout=self.timeout)
+        dg.graph.run(timeout=self.options.timeout)
         self.last = dg
         return dg.buffers.logits[:batch.num_seqs].clone() if logits else None
 
@@ -311,7 +284,7 @@ class MegakernelBackend(Backend):
         block = loop_block(dg.batch, self.plan.block_size)
         self.upload(dg.buffers.loop, block.serialize(steps, remaining, stops, free), self.host_loop)
         run = LoopRun(dg.graph, dg.buffers.mail, Mailbox(dg.batch, MAX_STEPS), batch.num_seqs, dg.graph.runtime,
-                      self.timeout)
+                      self.options.timeout)
         self.last = dg
         self._use(dg)
         run.start(repeat=steps)
