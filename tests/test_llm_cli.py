@@ -66,6 +66,9 @@ def test_default_backend_is_the_stream_on_hopper_for_bfloat16(monkeypatch):
     import torch
 
     from warploop.llm.build import check_backend, default_backend
+    from warploop.llm.config import ModelConfig
+    biased = ModelConfig(family="llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=16, mlp_bias=True)   # not a stream model
 
     assert default_backend(None) == default_backend("cpu") == check_backend(None, torch.device("cpu")) == "torch"
     monkeypatch.setattr(torch.version, "hip", None)
@@ -74,6 +77,7 @@ def test_default_backend_is_the_stream_on_hopper_for_bfloat16(monkeypatch):
         assert default_backend(torch.device("cuda", 0)) == want, capability
         assert check_backend(None, "cuda", "bfloat16") == want
         assert check_backend(None, "cuda", torch.float32) == ("megakernel" if want == "stream" else want)
+        assert check_backend(None, "cuda", "bfloat16", biased) == ("megakernel" if want == "stream" else want)
         assert check_backend("torch", "cuda") == "torch"
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert default_backend("cuda") == "torch"

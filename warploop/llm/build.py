@@ -62,21 +62,22 @@ def kv_blocks_for(layout_without_blocks: KVCacheLayout, device, max_num_seqs: in
     return max(1, min(want, budget // layout_without_blocks.bytes_per_block))
 
 
-def check_backend(name: str | None, device=None, dtype=None) -> str:
+def check_backend(name: str | None, device=None, dtype=None, cfg: ModelConfig | None = None) -> str:
     """The backend's name: 'torch' (per-op), 'megakernel' or 'stream'; None picks the default for `device` (a
-    torch device; None: the CPU's) and the model's `dtype`, default_backend."""
+    torch device; None: the CPU's) and the model (its `dtype` and `cfg`), default_backend."""
     if name is None:
-        return default_backend(device, dtype)
+        return default_backend(device, dtype, cfg)
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)} (--backend)")
     return name
 
 
-def default_backend(device, dtype=None) -> str:
+def default_backend(device, dtype=None, cfg: ModelConfig | None = None) -> str:
     """On an NVIDIA Hopper GPU (compute capability 9.x: the H100 and H200): 'stream', the streaming
-    executor, for a bfloat16 model (None: the bench models' dtype), where it was measured faster than
-    the megakernel and torch.compile at batch 1 on Llama-3.2-1B and Qwen3-0.6B shapes (BENCHMARKS.md,
-    Decode); 'megakernel' for other dtypes, which the streaming executor does not run. 'torch'
+    executor, for a bfloat16 model it runs (dtype None: the bench models' bfloat16; cfg None: any),
+    where it was measured faster than the megakernel and torch.compile at batch 1 on Llama-3.2-1B and
+    Qwen3-0.6B shapes (BENCHMARKS.md, Decode); 'megakernel' for the rest (stream_step.unsupported says
+    why). 'torch'
     elsewhere: the CPU (both graphs run there as references, not speeds), ROCm (compiled for gfx942,
     never run on one here) and other NVIDIA GPUs (not measured yet). `--backend` picks any of them."""
     import torch
@@ -85,7 +86,10 @@ def default_backend(device, dtype=None) -> str:
         return "torch"
     if torch.cuda.get_device_capability(torch.device(device))[0] != 9:
         return "torch"
-    return "stream" if dtype in (None, "bfloat16", torch.bfloat16) else "megakernel"
+    dtype = "bfloat16" if dtype is None else str(dtype).removeprefix("torch.")
+    if cfg is not None:
+        return "megakernel" if unsupported_stream(cfg, dtype) else "stream"
+    return "stream" if dtype == "bfloat16" else "megakernel"
 
 
 def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -97,17 +101,13 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
     from warploop.llm.backend_torch import TorchBackend
 
     dtype = str(weights.embed.dtype).removeprefix("torch.")
-    if backend is None:
-        backend = check_backend(None, device, dtype)
-        if backend == "stream" and unsupported_stream(cfg, dtype):
-            backend = "megakernel"              # a model the streaming step cannot run: the megakernel's
-    backend = check_backend(backend, device, dtype)
+    backend = check_backend(backend, device, dtype, cfg)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     probe = KVCacheLayout(cfg.num_layers, 1, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
     packed = None
-    if backend == "stream" and dtype == "bfloat16" and not unsupported_stream(cfg, dtype):
+    if backend == "stream" and not unsupported_stream(cfg, dtype):
         # the weight pools first, the matrices becoming views of them (one copy of the model, which
         # the per-op path reads too), then the KV cache from what is left
         packed = pack_pools(weights, device, share=True)
