@@ -18,7 +18,9 @@ spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.p
 soak = sys.modules["soak"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(soak)
 
-WARMUP_S, SOAK_S = 10, 20
+# RSS climbs to a plateau during the first requests (a 4-minute soak: +6.9%, then level); 10 s of warm-up
+# were not enough to reach it when the test shares 2 cores with another worker (CI: 427.8 -> 470.8 MB)
+WARMUP_S, SOAK_S = 20, 20
 
 
 def test_short_soak_leaks_nothing():
