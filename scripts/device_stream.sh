@@ -5,6 +5,8 @@
 #   step    each of $STEP_MODELS' whole decode step and 32-step loop (scripts/stream_step_time.py, context
 #           $STEP_CONTEXT) -> $OUT/step-MODEL.json
 #   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and 8 -> $OUT/decode.json
+#   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
+#           server's wheels from .carry/whl, as in scripts/device_mk.sh)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   bash scripts/device_stream.sh
 set -uo pipefail
@@ -20,6 +22,12 @@ for part in ${PART//,/ }; do
              || echo "tests: rc $?" ;;
     bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
              > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
+    server) if [ -d .carry/whl ]; then
+              pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl
+              export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
+            fi
+            (cd tests && timeout "${SERVER_S:-300}" python -m pytest -q --timeout=280 test_server_gpu.py -k stream) \
+              || echo "server: rc $?" ;;
     trace) for m in ${TRACE_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
              timeout 200 python scripts/stream_trace.py --model "$m" ${TRACE_ARGS:-} > "$OUT/trace-$m.json" \
                || echo "trace $m: rc $?"; python -c "import json,sys; d=json.load(open(sys.argv[1])); \
@@ -31,7 +39,7 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
 {s: e[s].get('ms_per_token_bs1') for s in ('stream', 'torch_compile')}, e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
-            timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" \
-              > "$OUT/step-$m.json" || echo "step $m: rc $?"; cat "$OUT/step-$m.json"; done ;;
+            timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
+              > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;
   esac
 done

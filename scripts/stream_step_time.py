@@ -28,13 +28,16 @@ def main():
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--splits", type=int, default=0, help="attention shares per KV head (0: the decoder's choice)")
+    ap.add_argument("--max-context", type=int, default=0,
+                    help="the decoder's max_context, as an engine sizes it (0: context + loop)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--loop", type=int, default=32, help="steps of the timed decode loop")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
-    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.context + args.loop, splits=args.splits or None)
+    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.max_context or args.context + args.loop,
+                         splits=args.splits or None)
     build_s = time.time() - t0
     del w
     pos = args.context - 1
@@ -57,7 +60,10 @@ def main():
     kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
     out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
-           "splits": dec.splits, "nodes": len(dec.program.nodes), "build_s": round(build_s, 1),
+           "max_context": dec.max_context,
+           "splits": dec.splits, "level": dec.level(args.context),
+           "loop_level": dec.level(args.context + args.loop - 1), "nodes": len(dec.program.nodes),
+           "build_s": round(build_s, 1),
            "kernel_ms": kernel, "kernel_ms_rounds": rounds, "step_ms_host_driven": host, "loop_steps": args.loop,
            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
            "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}

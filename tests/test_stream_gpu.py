@@ -10,7 +10,7 @@ os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 import torch  # noqa: E402
 from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
-from test_stream_step import greedy  # noqa: E402
+from test_stream_step import greedy, levels_against_one_program  # noqa: E402
 
 from warploop.bench import stream_chain  # noqa: E402
 from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
@@ -86,12 +86,34 @@ def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
     assert err < 2e-2
 
 
+def test_gpu_stream_step_levels_give_the_one_program_logits():
+    """The decoder's split-level programs, run by executors over one arena, against one program
+    of the largest level: the same logits step by step across both level boundaries, and the
+    same decode loop."""
+    levels, err, looped, ref = levels_against_one_program("cuda")
+    assert levels == [1, 2, 4]
+    assert err < 1e-3, f"logits differ by {err:.3g}"
+    assert looped == ref
+
+
 @pytest.mark.parametrize("cross", [False, True], ids=["same_cta", "cross_cta"])
 def test_dependent_stage_chain(cross):
     p = stream_chain.stage_chain(StreamConfig(kmax=256), 200, cross, device="cuda")
     ex = StreamExecutor(p)
     ex.run(timeout=60)
     assert first_difference(p, ex.arena, reference(p, p.arena("cuda")), rtol=1e-4) is None
+
+
+def test_an_executor_shares_memory_only_with_a_variant_of_its_program():
+    a = stream_chain.stage_chain(StreamConfig(kmax=256), 8, True, device="cuda")
+    b = stream_chain.stage_chain(StreamConfig(kmax=256), 9, True, device="cuda")     # one region more
+    ex = StreamExecutor(a)
+    with pytest.raises(ValueError, match="same regions"):
+        StreamExecutor(b, share=ex)
+    twin = StreamExecutor(a, share=ex)                   # the same program: the same memory
+    assert twin.arena is ex.arena and twin.ints is ex.ints
+    twin.run(timeout=60)
+    assert first_difference(a, ex.arena, reference(a, a.arena("cuda")), rtol=1e-4) is None
 
 
 def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():

@@ -9,7 +9,7 @@ from warploop.llm.backend import ModelBatch
 from warploop.llm.build import build_backend
 from warploop.llm.config import ModelConfig
 from warploop.llm.rope import RopeConfig
-from warploop.llm.stream_step import StreamDecoder
+from warploop.llm.stream_step import StreamDecoder, attention_splits, split_levels, stream_config
 from warploop.llm.weights import random_weights
 
 CONFIGS = {
@@ -98,3 +98,46 @@ def test_stream_step_refuses_what_it_cannot_run():
     import dataclasses
     with pytest.raises(NotImplementedError, match="MLP bias"):
         StreamDecoder(dataclasses.replace(cfg, mlp_bias=True), w)
+
+
+def levels_against_one_program(device, steps=70):
+    """A decoder with its split levels (max_context 128, ring chunks of 32 tokens: programs with 1,
+    2 and 4 shares a KV head) against one that always runs 4: each step's logits over contexts
+    1 to `steps` (crossing both level boundaries), then a decode loop that starts in one level and
+    ends in the next. Returns (levels, the largest relative logits error, looped, one's loop)."""
+    cfg = CONFIGS["qwen3_qk_norm"]
+    config = stream_config(cfg, block_rows=16, block_k=64)          # 16 x 64 bf16 / (2 x 16) = 32 tokens
+    w = bf16_exact_weights(cfg, device)
+    opts = dict(device=device, max_context=128, block_size=4, config=config)
+    many, one = StreamDecoder(cfg, w, **opts), StreamDecoder(cfg, w, splits=4, **opts)
+    errs, tok = [], 3
+    for pos in range(steps):
+        a, b = many.step(tok, pos).float(), one.step(tok, pos).float()
+        errs.append(((a - b).norm() / b.norm()).item())
+        tok = int(b.argmax())
+    # positions 20 to 49: level 2 (at most 64 tokens) picked for the whole launch
+    return many.levels, max(errs), many.generate(tok, 20, 30), one.generate(tok, 20, 30)
+
+
+def test_split_levels_and_the_level_a_context_runs():
+    cfg = CONFIGS["qwen3_qk_norm"]
+    config = stream_config(cfg, block_rows=16, block_k=64)
+    assert config.kv_tokens == 32
+    assert split_levels(cfg, config, 128) == [1, 2, 4]
+    assert split_levels(cfg, config, 32) == [1]
+    big = stream_config(cfg)
+    top = attention_splits(cfg, big, 100_000)
+    assert top == (132 - 2) // 2 and split_levels(cfg, big, 100_000) == [1, 2, 4, 8, 16, 32, 64, top]
+    w = bf16_exact_weights(cfg)
+    dec = StreamDecoder(cfg, w, max_context=128, block_size=4, config=config)
+    assert dec.splits == 4 and list(dec.programs) == [1, 2, 4]
+    assert [dec.level(n) for n in (1, 32, 33, 64, 65, 128)] == [1, 1, 2, 2, 4, 4]
+    assert all(p.regions == dec.program.regions for p in dec.programs.values())
+    assert StreamDecoder(cfg, w, max_context=128, block_size=4, config=config, splits=3).levels == [3]
+
+
+def test_stream_step_levels_give_the_one_program_logits():
+    levels, err, looped, ref = levels_against_one_program("cpu")
+    assert levels == [1, 2, 4]
+    assert err < 1e-5, f"logits differ by {err:.3g} between a decoder's split levels and one program"
+    assert looped == ref

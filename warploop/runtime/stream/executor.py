@@ -4,6 +4,11 @@ per run (one CTA per SM). Counters only grow, so a run needs no reset: run e wai
     ex = StreamExecutor(program)        # builds, uploads, compiles (Gluon; about a second)
     ex.run()                            # raises StreamError if a wait gave up, TimeoutError if the GPU hangs
     ex.arena                            # the fp32 arena on the GPU
+    ex2 = StreamExecutor(program2, share=ex)   # another program over ex's arena, int arena, cache and pools
+
+Programs that share an executor's memory declare the same regions (a variant of one graph: the same
+buffers, other nodes); each keeps its own instructions and counters. Their launches go to one stream,
+one after another.
 """
 from __future__ import annotations
 
@@ -31,8 +36,23 @@ class StreamError(RuntimeError):
     pass
 
 
+def _check_shareable(program: StreamProgram, other: StreamProgram) -> None:
+    """Refuse to run `program` over `other`'s memory unless both declare the same regions, cache,
+    embedding, pools and kernel shape."""
+    same = (program.config == other.config and program.floats.regions == other.floats.regions
+            and program.ints_space.regions == other.ints_space.regions and program.kv is other.kv
+            and program.emb is other.emb and len(program.pools) == len(other.pools)
+            and all(a is b for a, b in zip(program.pools, other.pools, strict=True)))
+    if not same:
+        raise ValueError("an executor shares another's memory only for a program with the same regions, KV cache, "
+                         "embedding, pools and StreamConfig (a variant of the same graph)")
+
+
 class StreamExecutor:
-    def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None) -> None:
+    def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None,
+                 share: StreamExecutor | None = None) -> None:
+        """share: an executor whose arena, int arena, KV cache, embedding and pools this one runs
+        over (its program declares the same regions, the same cache and pools)."""
         import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         dev = torch.device(device)
@@ -41,17 +61,22 @@ class StreamExecutor:
         if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
             raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
                                "elsewhere run the program with reference.reference()")
+        if share is not None:
+            _check_shareable(program, share.program)
+            dev, ctas = share.device, ctas or share.ctas
         self.program, self.device = program, dev
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.built = program.build(self.ctas)
         self.reset_every = reset_interval(self.built.counter_sizes)
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
-        self.arena = program.arena(dev)
-        self.ints = program.int_arena(dev)
+        self.arena = program.arena(dev) if share is None else share.arena
+        self.ints = program.int_arena(dev) if share is None else share.ints
         self.kv = program.kv if program.kv is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
         self.emb = program.emb if program.emb is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
-        if self.emb.device != dev:
+        if share is not None:
+            self.emb = share.emb
+        elif self.emb.device != dev:
             self.emb = self.emb.to(dev)
         if self.kv.device != dev:
             raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
@@ -61,7 +86,7 @@ class StreamExecutor:
         self.trace = torch.zeros((len(self.built.instructions) if program.config.trace else 1, 4), dtype=torch.int64,
                                  device=dev)
         cfg = program.config
-        pools = [p if p.device == dev else p.to(dev) for p in program.pools]
+        pools = [p if p.device == dev else p.to(dev) for p in program.pools] if share is None else share._pools
         self._pools = pools                         # the descriptors point into these
         descs = [TensorDescriptor.from_tensor(p, list(cfg.weight_box), smem_layout()) for p in pools]
         self.descs = (descs + descs[:1] * 4)[:4]
