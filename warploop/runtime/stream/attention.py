@@ -83,6 +83,15 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD:
 
 
 @gluon.jit
+def _fresh_rows(ints, step, bs, toks, f0, f1, fresh, row_words, g, HD: gl.constexpr):
+    """Element offsets, in a layer's k (or v) cache, of KV head g's rows for tokens `toks`, and
+    which of them are in [f0, f1) (none unless `fresh`)."""
+    live = fresh & (toks >= f0) & (toks < f1)
+    blk = gl.load(ints + step + 3 + toks // bs, mask=live, other=0)
+    return (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD, live
+
+
+@gluon.jit
 def _rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
     """Heads x ([R, HD]; xp: the same rows with the halves swapped) RMS-normed by w (when NORM; wp
     its halves swapped) and rotated by the RoPE rows cs, sn ([HD], the half-rows repeated): the
@@ -155,6 +164,20 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     snk = gl.load(arena + sin_t + pos * HALF + dk % HALF)
     wk = gl.load(arena + kn + dk, mask=kn >= 0, other=0.0)
     wkp = gl.load(arena + kn + dkp, mask=kn >= 0, other=0.0)
+    # rows [f0, f1) of the share were written by earlier steps of this launch (plain stores another
+    # SM made, ordered before this node by the chain of waits): the ring may hold what TMA read
+    # before them, so the chunks holding them are patched from L2. Their cache rows are found here,
+    # before the waits (the block table is the host's), for the first and the last such chunk
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
+    f0 = gl.maximum(lo, pos0)
+    f1 = gl.minimum(hi, pos)
+    fresh = (s > 0) & (f0 < f1)
+    ca = lo + (f0 - lo) // KVT * KVT
+    cb = lo + (f1 - 1 - lo) // KVT * KVT
+    rf = gl.arange(0, KVT, layout=gl.SliceLayout(1, FL))
+    df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
+    row_a, in_a = _fresh_rows(ints, step, bs, ca + rf, f0, f1, fresh, row_words, g, HD)
+    row_b, in_b = _fresh_rows(ints, step, bs, cb + rf, f0, f1, fresh, row_words, g, HD)
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     # q heads of the group in the scores' row layout; the new k and v as row 0 of a [1, HD] tile.
     # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line
@@ -190,6 +213,23 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
             chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
         else:
             chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+        if fresh & (t0 < f1) & (t0 + KVT > f0):
+            # one round trip for the chunk's rows of this launch, written over the ring's copy
+            if t0 == ca:
+                rows_f, in_f = row_a, in_a
+            elif t0 == cb:
+                rows_f, in_f = row_b, in_b
+            else:                   # a chunk between the first and the last (more steps than a chunk)
+                rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
+            m2 = in_f[:, None]
+            at = rows_f[:, None] + df[None, :]
+            k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
+            v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
+            k_r = chunk.slice(0, KVT).load(FL)
+            v_r = chunk.slice(KVT, KVT).load(FL)
+            chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
+            chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
+            barrier()               # the patched rows before any warp reads them
         for sub in gl.static_range(KVT // TILE):
             toks = t0 + sub * TILE + tk
             live = (toks < hi)[:, None]
@@ -197,18 +237,6 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
             # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
             kt = gl.where(new, knew, gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
             vt = gl.where(new, vnew, gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-            if (s > 0) & (t0 + sub * TILE < pos) & (t0 + sub * TILE + TILE > pos0):
-                # rows an earlier step of this launch wrote (plain stores another SM made, ordered
-                # before this node by the chain of waits): the ring holds what TMA read, maybe
-                # before them, so these come from L2
-                fresh = (toks >= pos0) & (toks < pos)
-                blk = gl.load(ints + step + 3 + toks // bs, mask=fresh, other=0)
-                at = (blk.to(gl.int64) * bs + toks % bs) * row_words + g * HD
-                m2 = fresh[:, None]
-                kt = gl.where(m2, gl.load(kc + at[:, None] + dk[None, :], mask=m2, other=0.0,
-                                          cache_modifier=".cg").to(gl.float32), kt)
-                vt = gl.where(m2, gl.load(vc + at[:, None] + dk[None, :], mask=m2, other=0.0,
-                                          cache_modifier=".cg").to(gl.float32), vt)
             sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
             sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=1))
