@@ -143,6 +143,23 @@ def test_reference_attention_equals_plain_torch(name, context, splits):
     assert changed.nonzero()[:, 2:].unique(dim=0).tolist() == [[slot // bs, slot % bs]]
 
 
+def test_shares_past_the_context_write_nothing_and_the_merge_skips_them():
+    """5 tokens over 4 shares: one share holds them (shares are whole ring chunks), the other three
+    leave their partials as they found them (poisoned here), and the logits are plain attention's."""
+    name = "llama_gqa"
+    chain = layer_chain(SHAPES[name], 5, 4)
+    p = chain.program
+    start = p.arena()
+    chain.view(start, "part").fill_(float("nan"))
+    got = reference(p, start.clone(), kv=p.kv.clone())
+    _, logits = torch_chain(chain, p.arena(), SHAPES[name])
+    torch.testing.assert_close(chain.view(got, "logits"), logits, rtol=2e-4, atol=2e-4)
+    part = chain.view(got, "part").view(SHAPES[name].num_kv_heads, 4, -1)
+    assert part[:, 0].isfinite().all() and part[:, 1:].isnan().all()
+    assert first_difference(p, got, got) is not None            # NaN is no value: it never agrees
+    assert first_difference(p, got, got, start=start) is None   # unless neither run wrote it
+
+
 def test_attention_shares_take_tickets_of_their_own_kv_head():
     """Each KV head's shares share a merge ticket: a counter after the program's others, taken as
     many times a run as there are shares; one share alone takes none."""

@@ -133,6 +133,9 @@ def test_split_levels_and_the_level_a_context_runs():
     assert dec.splits == 4 and list(dec.programs) == [1, 2, 4]
     assert [dec.level(n) for n in (1, 32, 33, 64, 65, 128)] == [1, 1, 2, 2, 4, 4]
     assert all(p.regions == dec.program.regions for p in dec.programs.values())
+    from warploop.runtime.stream.hazards import check_hazards
+    for p in dec.programs.values():             # on the GPU only the largest level is checked
+        check_hazards(p)
     assert StreamDecoder(cfg, w, max_context=128, block_size=4, config=config, splits=3).levels == [3]
 
 

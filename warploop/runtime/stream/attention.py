@@ -39,6 +39,13 @@ def share(n_ctx, split, splits, KVT: gl.constexpr):
 
 
 @gluon.jit
+def live_shares(n_ctx, splits, KVT: gl.constexpr):
+    """How many of `splits` shares hold tokens of an n_ctx context (`share`'s chunks)."""
+    chunk = ((n_ctx + splits - 1) // splits + KVT - 1) // KVT * KVT
+    return gl.minimum(splits, (n_ctx + chunk - 1) // chunk)
+
+
+@gluon.jit
 def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
     """The loader's part of an ATTN node at step s of the launch: its share of the cached context
     into the ring (rows this launch wrote are streamed too, stale: the consumer reloads them). A box past
@@ -178,18 +185,21 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
     row_a, in_a = _fresh_rows(ints, step, bs, ca + rf, f0, f1, fresh, row_words, g, HD)
     row_b, in_b = _fresh_rows(ints, step, bs, cb + rf, f0, f1, fresh, row_words, g, HD)
+    # a share past the context (a program of more shares than the context fills) only waits and
+    # signals: it loads, stores and merges nothing, and takes no ticket
+    busy = lo < hi
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     # q heads of the group in the scores' row layout; the new k and v as row 0 of a [1, HD] tile.
     # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line
     src = qkv + (head0 + jq) * HD
-    q = _rope(gl.load(arena + src[:, None] + dq[None, :], cache_modifier=".cg"),
-              gl.load(arena + src[:, None] + dqp[None, :], cache_modifier=".cg"), wq, wqp, csq, snq, eps, qn >= 0,
-              HD, dq)
+    q = _rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+              gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wq, wqp,
+              csq, snq, eps, qn >= 0, HD, dq)
     ksrc = qkv + (heads + g) * HD + one
-    knew = _rope(gl.load(arena + ksrc[:, None] + dk[None, :], cache_modifier=".cg"),
-                 gl.load(arena + ksrc[:, None] + dkp[None, :], cache_modifier=".cg"), wk, wkp, csk, snk, eps, kn >= 0,
-                 HD, dk).to(gl.bfloat16)
-    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :],
+    knew = _rope(gl.load(arena + ksrc[:, None] + dk[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+                 gl.load(arena + ksrc[:, None] + dkp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wk, wkp,
+                 csk, snk, eps, kn >= 0, HD, dk).to(gl.bfloat16)
+    vnew = gl.load(arena + qkv + (heads + kvh + g) * HD + one[:, None] + dk[None, :], mask=busy, other=0.0,
                    cache_modifier=".cg").to(gl.bfloat16)
     if (write >= 0) & (lo <= n_ctx - 1) & (n_ctx - 1 < hi):     # the share holding the new token
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
@@ -255,19 +265,23 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     if splits == 1:
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
         gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
-    else:
+    elif busy:
         pb = arena + part + split * grp * (HD + 2)
         gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
         js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
         gl.store(pb + grp * HD + js, m_i, mask=js < grp)
         gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
         if ticket >= 0:
-            # the share that takes the head's last ticket merges: the acq_rel add publishes these
-            # partials to it, and orders the other shares' before its reads
+            # the share that takes the head's last ticket merges the shares the context fills:
+            # the acq_rel add publishes these partials to it, and orders the other shares' before
+            # its reads. It sets the ticket back to 0 for the next run; its signal (a release after
+            # this) orders that before any share of the next run takes one
             barrier()
             taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
-            if (taken + 1) % splits == 0:
-                merge(arena, part, out, head0, grp, splits, CW, HD, GP)
+            live = live_shares(n_ctx, splits, KVT)
+            if taken + 1 == live:
+                merge(arena, part, out, head0, grp, live, CW, HD, GP)
+                gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")
     return it, failed
 
 

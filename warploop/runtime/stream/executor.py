@@ -50,9 +50,10 @@ def _check_shareable(program: StreamProgram, other: StreamProgram) -> None:
 
 class StreamExecutor:
     def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None,
-                 share: StreamExecutor | None = None) -> None:
+                 share: StreamExecutor | None = None, check: bool = True) -> None:
         """share: an executor whose arena, int arena, KV cache, embedding and pools this one runs
-        over (its program declares the same regions, the same cache and pools)."""
+        over (its program declares the same regions, the same cache and pools). check: the
+        program's hazard check (StreamProgram.build)."""
         import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         dev = torch.device(device)
@@ -66,7 +67,7 @@ class StreamExecutor:
             dev, ctas = share.device, ctas or share.ctas
         self.program, self.device = program, dev
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.built = program.build(self.ctas)
+        self.built = program.build(self.ctas, check=check)
         self.reset_every = reset_interval(self.built.counter_sizes)
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
@@ -140,7 +141,10 @@ class StreamExecutor:
             time.sleep(1e-4)
         err = self.err.tolist()
         if err[0]:
+            # the runs after a wait gave up left counters (and merge tickets) part-way: start afresh
             self.err.zero_()
+            self.counters.zero_()
+            self.epoch = 0
             raise StreamError(f"CTA {err[2]} instruction {err[3]}: the wait on counter {err[1]} gave up after "
                               f"{self.program.config.spin} polls (a producer never published; the run's outputs "
                               "are not valid)")

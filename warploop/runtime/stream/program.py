@@ -288,11 +288,13 @@ class StreamProgram:
         self.loop = (sample, embed)
 
     # -- compiling -------------------------------------------------------------------------------
-    def build(self, ctas: int) -> Built:
-        """Place the nodes on `ctas` CTAs and encode every CTA's instruction list."""
+    def build(self, ctas: int, check: bool = True) -> Built:
+        """Place the nodes on `ctas` CTAs and encode every CTA's instruction list. check: run the
+        hazard check first (a caller building variants of one recording checks one of them)."""
         if not self.nodes:
             raise ValueError("a program needs at least one node")
-        check_hazards(self)
+        if check:
+            check_hazards(self)
         br = self.config.block_rows
         sched = place([NodeSpec(n.deps, n.kind.cost(n.fields, br), n.worker) for n in self.nodes], ctas)
         insts, table = [], np.zeros(2 * ctas, dtype=np.int32)
