@@ -55,3 +55,18 @@ def test_bench_prefill_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     assert {"p50_ms", "p99_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
     with pytest.raises(SystemExit, match="--lengths"):
         cli.main(["bench", "prefill", "--lengths", "0"])
+
+
+def test_transformers_peer_has_the_same_random_weights_every_run():
+    """bench decode's check counts greedy tokens equal to transformers' on random weights (nearly
+    flat logits, where one rounding flips a pick): the peer's weights are seeded, so runs compare."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    import torch
+
+    from warploop.bench.decode_peers import hf_model
+    from warploop.llm.shapes import GPU_MODELS
+    cfg = dataclasses.replace(GPU_MODELS["smollm2-135m"][1], num_layers=1, vocab_size=512)
+    a, b = hf_model(cfg, "cpu", torch.float32), hf_model(cfg, "cpu", torch.float32)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))

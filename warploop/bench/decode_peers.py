@@ -41,8 +41,12 @@ def hf_config(cfg: ModelConfig):
 def hf_model(cfg: ModelConfig, device, dtype):
     import transformers
 
-    with torch.device(device):
-        model = getattr(transformers, HF_CLASSES[cfg.family][1])(hf_config(cfg))
+    # seeded: the same random weights every run, so the check against transformers (greedy tokens
+    # on nearly flat random logits) compares run to run
+    with torch.random.fork_rng(devices=[torch.device(device)] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = getattr(transformers, HF_CLASSES[cfg.family][1])(hf_config(cfg))
     return model.to(dtype).eval()
 
 
