@@ -83,10 +83,14 @@ def place(nodes: list[NodeSpec], workers: int, hop: float = 0.5) -> Schedule:
             w = n.worker
             ready = max(free[w], deps_ready[w])
         else:
-            done = np.maximum(free, deps_ready) + n.cost
-            ties = np.flatnonzero(done == done.min())
-            w = int(ties[np.argmin(counts[ties])]) if len(ties) > 1 else int(ties[0])
-            ready = max(free[w], deps_ready[w])
+            start = np.maximum(free, deps_ready)
+            done = start + n.cost
+            w = int(done.argmin())
+            ties = done == done[w]
+            if np.count_nonzero(ties) > 1:    # of those finishing first, the worker with the fewest nodes
+                cand = np.flatnonzero(ties)
+                w = int(cand[np.argmin(counts[cand])])
+            ready = start[w]
         worker_of[i], finish[i], free[w] = w, ready + n.cost, ready + n.cost
         counts[w] += 1
         order[w].append(i)
@@ -125,12 +129,19 @@ def _counters(nodes: list[NodeSpec], worker_of: list[int], order: list[list[int]
     members = list(groups.values())
     group_of = {i: g for g, m in enumerate(members) for i in m}
     groups_of_deps = {deps: sorted({group_of[d] for d in deps}) for deps in classes}
+    # a group's signals are local to node i when all of them ran before it on its own worker: the
+    # group's one worker (None: several) and its last position there
+    home = []
+    for m in members:
+        ws = {worker_of[x] for x in m}
+        home.append((ws.pop() if len(ws) == 1 else None, max(position[x] for x in m)))
     waits: list[list[tuple[int, int]]] = []
     used: set[int] = set()
     for i, n in enumerate(nodes):
         mine = []
         for g in groups_of_deps.get(n.deps, ()):
-            local = all(worker_of[m] == worker_of[i] and position[m] < position[i] for m in members[g])
+            w, last = home[g]
+            local = w == worker_of[i] and last < position[i]
             if not local:
                 mine.append(g)
                 used.add(g)

@@ -238,12 +238,13 @@ class Instruction:
     fields: dict = dataclasses.field(default_factory=dict)
     signals: int = 1                            # by how much (the run of tiles this one closes)
 
-    def serialize(self) -> list[int]:
+    def serialize(self, body=None) -> list[int]:
+        """The instruction's words; body: its fields already encoded (kind.encode), if at hand."""
         if len(self.waits) > MAX_WAITS:
             raise ValueError(f"an instruction holds at most {MAX_WAITS} waits (the builder adds NOPs for more)")
         waits = list(self.waits) + [(-1, 0)] * (MAX_WAITS - len(self.waits))
         head = [self.kind.opcode, waits[0][0], waits[0][1], waits[1][0], waits[1][1], self.signal, self.signals]
-        body = self.kind.encode(self.fields)
+        body = list(self.kind.encode(self.fields) if body is None else body)
         return head + body + [0] * (WORDS - len(head) - len(body))
 
     @classmethod

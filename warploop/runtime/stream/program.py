@@ -51,6 +51,7 @@ class Node:
     fields: dict
     deps: tuple[int, ...]
     worker: int | None
+    body: tuple[int, ...] = ()            # the fields as instruction words (kind.encode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +161,9 @@ class StreamProgram:
 
     # -- nodes -----------------------------------------------------------------------------------
     def add(self, kind: NodeKind, after=(), worker: int | None = None, **fields) -> int:
-        kind.encode(fields)                       # names and int32 ranges, before anything is recorded
+        body = tuple(kind.encode(fields))         # names and int32 ranges, before anything is recorded
         deps = self._deps(after)
-        self.nodes.append(Node(len(self.nodes), kind, dict(fields), deps, worker))
+        self.nodes.append(Node(len(self.nodes), kind, dict(fields), deps, worker, body))
         return len(self.nodes) - 1
 
     def _deps(self, after) -> tuple[int, ...]:
@@ -318,8 +319,13 @@ class StreamProgram:
             insts = [dataclasses.replace(i, fields={**i.fields, "ticket": base + i.fields["ticket"]})
                      if i.kind is ATTN and i.fields["ticket"] >= 0 else i for i in insts]
         # one NOP's words past the last instruction: a CTA with no instructions reads its first
-        # (unused) words there, inside the array
-        words = np.array([w for i in insts for w in i.serialize()] + [0] * WORDS, dtype=np.int32)
+        # (unused) words there, inside the array. A node's fields were encoded when it was added
+        # (Node.body); an instruction whose fields build replaced (a ticket) is encoded here
+        bodies = {id(n.fields): n.body for n in self.nodes}
+        words = np.zeros((len(insts) + 1, WORDS), dtype=np.int32)
+        for r, inst in enumerate(insts):
+            words[r] = inst.serialize(bodies.get(id(inst.fields)))
+        words = words.reshape(-1)
         return Built(sched, words, table,
                      len(sizes), tuple(insts), sizes)
 
@@ -345,8 +351,8 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
             j += 1
         last = j - i + 1 if out[i].signal >= 0 else 1
         for m in range(i, j + 1):
-            out[m] = dataclasses.replace(out[m], waits=out[m].waits if m == i else (),
-                                         signal=out[m].signal if m == j else -1, signals=last if m == j else 1)
+            out[m] = Instruction(out[m].kind, out[m].waits if m == i else (), out[m].signal if m == j else -1,
+                                 out[m].fields, last if m == j else 1)
         i = j + 1
     return out
 
