@@ -31,24 +31,30 @@ SB = gl.constexpr(16)           # shares a merge takes per round: their loads ar
 
 
 @gluon.jit
+def share_tokens(n_ctx, splits, KVT: gl.constexpr):
+    """Tokens a share of an n_ctx context holds: whole ring chunks, as evenly as chunks allow."""
+    return ((n_ctx + splits - 1) // splits + KVT - 1) // KVT * KVT
+
+
+@gluon.jit
 def share(n_ctx, split, splits, KVT: gl.constexpr):
-    """Tokens [lo, hi) of split `split` of `splits`: whole ring chunks, the last split what is left."""
-    chunk = ((n_ctx + splits - 1) // splits + KVT - 1) // KVT * KVT
+    """Tokens [lo, hi) of split `split` of `splits`: share_tokens each, the last split what is left."""
+    chunk = share_tokens(n_ctx, splits, KVT)
     lo = gl.minimum(split * chunk, n_ctx)
     return lo, gl.minimum(lo + chunk, n_ctx)
 
 
 @gluon.jit
 def live_shares(n_ctx, splits, KVT: gl.constexpr):
-    """How many of `splits` shares hold tokens of an n_ctx context (`share`'s chunks)."""
-    chunk = ((n_ctx + splits - 1) // splits + KVT - 1) // KVT * KVT
+    """How many of `splits` shares hold tokens of an n_ctx context."""
+    chunk = share_tokens(n_ctx, splits, KVT)
     return gl.minimum(splits, (n_ctx + chunk - 1) // chunk)
 
 
 @gluon.jit
 def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
     """The loader's part of an ATTN node at step s of the launch: its share of the cached context
-    into the ring (rows this launch wrote are streamed too, stale: the consumer reloads them). A box past
+    into the ring (rows this launch wrote are streamed too, stale: the consumer patches them). A box past
     the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
     carries its whole byte count (an mbarrier's expected bytes are a compile-time constant)."""
     KVB: gl.constexpr = dkv.block_type.shape[0]
