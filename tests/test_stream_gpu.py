@@ -117,6 +117,17 @@ def test_an_executor_shares_memory_only_with_a_variant_of_its_program():
     assert first_difference(a, ex.arena, reference(a, a.arena("cuda")), rtol=1e-4) is None
 
 
+def test_the_kernel_refuses_a_batched_program():
+    from test_stream_step import CONFIGS as STEP
+    from test_stream_step import bf16_exact_weights
+
+    from warploop.llm.stream_step import StreamDecoder
+    cfg = STEP["llama3"]
+    dec = StreamDecoder(cfg, bf16_exact_weights(cfg), max_context=16, block_size=4, batch=2)   # on the CPU
+    with pytest.raises(ValueError, match="batch 1"):
+        StreamExecutor(dec.program, "cuda")
+
+
 def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():
     p = stream_chain.stage_chain(StreamConfig(kmax=256, spin=20000), 8, True, device="cuda")
     ex = StreamExecutor(p)

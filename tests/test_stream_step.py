@@ -144,3 +144,82 @@ def test_stream_step_levels_give_the_one_program_logits():
     assert levels == [1, 2, 4]
     assert err < 1e-5, f"logits differ by {err:.3g} between a decoder's split levels and one program"
     assert looped == ref
+
+
+def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu"):
+    """Rows with prompts of different lengths (mixed contexts), each its own blocks, decoded by the
+    per-op backend (greedy, the whole batch a step at a time) and by a batched decoder fed the same
+    tokens (step_rows), over the cache the per-op prefill wrote (rounded to the decoder's bf16); then
+    a second batched decoder's own greedy loop in one launch (generate_rows) and the first one's
+    own greedy steps. Returns (per-op logits, decoder logits: [steps, batch, vocab] each, looped
+    tokens, stepped tokens)."""
+    w = bf16_exact_weights(cfg, device)
+    per_row = 16                                          # blocks a row: 64 tokens of 4
+    lengths = [3 + (5 * b) % 23 for b in range(batch)]
+    prompts = [[(7 * b + 3 * i) % cfg.vocab_size for i in range(n)] for b, n in enumerate(lengths)]
+    tables = [list(range(b * per_row, (b + 1) * per_row)) for b in range(batch)]
+
+    def prefilled():
+        backend, _ = build_backend(cfg, w, torch.device(device), block_size=4, num_kv_blocks=batch * per_row,
+                                   use_cuda_graphs=False)
+        firsts = []
+        for prompt, table in zip(prompts, tables, strict=True):
+            n = len(prompt)
+            firsts.append(int(backend.forward(ModelBatch(prompt, list(range(n)), [n], [n], [table]))[-1].argmax()))
+        return backend, firsts
+
+    def decoder():
+        backend, firsts = prefilled()
+        return StreamDecoder(cfg, w, device=device, max_context=per_row * 4, block_size=4,
+                             kv=backend.kv.to(torch.bfloat16), batch=batch), firsts
+
+    ref, firsts = prefilled()
+    dec, _ = decoder()
+    toks, pos, want, got = list(firsts), list(lengths), [], []
+    for _ in range(steps):
+        want.append(ref.forward(ModelBatch(toks, pos, [1] * batch, [p + 1 for p in pos], tables)).float())
+        got.append(dec.step_rows(toks, pos, tables).float().clone())
+        toks, pos = [int(t) for t in want[-1].argmax(-1)], [p + 1 for p in pos]
+    loop, firsts = decoder()
+    looped = loop.generate_rows(firsts, lengths, steps, tables)
+    own, _ = decoder()
+    toks, pos, stepped = list(firsts), list(lengths), []
+    for _ in range(steps):
+        toks, pos = [int(t) for t in own.step_rows(toks, pos, tables).argmax(-1)], [p + 1 for p in pos]
+        stepped.append(toks)
+    return torch.stack(want), torch.stack(got), looped, [list(r) for r in zip(*stepped, strict=True)]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8, 32])
+def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
+    """Batches on the streaming program (CPU reference), every row its own position and blocks:
+    the per-op backend's logits within bf16 KV rounding and its greedy picks wherever they are not
+    a near tie (the cache's bf16 rounding may flip one), every step; its own greedy loop in one
+    launch equals its greedy steps."""
+    want, got, looped, stepped = batch_against_per_op(CONFIGS["qwen3_qk_norm"], batch)
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-2 * want.abs().amax(-1)
+    assert clear.float().mean() > 0.8                                   # the check has picks to check
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+    assert looped == stepped
+    assert batch == 1 or len({tuple(r) for r in stepped}) > 1         # the rows differ
+
+
+def test_batched_decoder_refuses_what_it_cannot_run():
+    cfg = CONFIGS["llama3"]
+    w = bf16_exact_weights(cfg)
+    dec = StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2)
+    with pytest.raises(ValueError, match="2 row"):
+        dec.step_rows([1], [0], [[0]])
+    with pytest.raises(ValueError, match="row 1: token"):
+        dec.step_rows([1, cfg.vocab_size], [0, 0], [[0], [1]])
+    with pytest.raises(ValueError, match="row 0: positions"):
+        dec.generate_rows([1, 1], [15, 0], 2, [[0, 1, 2, 3], [0]])
+    with pytest.raises(ValueError, match="step_rows"):
+        dec.step(1, 0)
+    with pytest.raises(ValueError, match="batch"):
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=0)
+    with pytest.raises(ValueError, match="runs batch 1"):          # before anything touches a GPU
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, device="cuda")

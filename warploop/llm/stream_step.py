@@ -118,22 +118,28 @@ class StreamDecoder:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, pools=None) -> None:
+                 kv=None, pools=None, batch: int = 1) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
         pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here).
         splits: attention shares per KV head, one program; default: one program per split_levels
-        level, each launch running the one its context needs."""
+        level, each launch running the one its context needs.
+        batch: rows a step decodes, each at its own position over its own block table (the CPU
+        reference runs batches; the streaming kernel, batch 1)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
-        if max_context < 1 or block_size < 1 or (splits is not None and splits < 1):
-            raise ValueError("max_context, block_size and splits must be positive")
-        self.cfg, self.device = cfg, torch.device(device)
+        if max_context < 1 or block_size < 1 or batch < 1 or (splits is not None and splits < 1):
+            raise ValueError("max_context, block_size, batch and splits must be positive")
+        self.cfg, self.device, self.batch = cfg, torch.device(device), batch
+        if batch > 1 and self.device.type == "cuda":
+            raise ValueError(f"batch {batch}: the streaming kernel runs batch 1 (batches run per op on a GPU); "
+                             "a batched decoder runs on the CPU reference (device='cpu')")
         self.config = config or stream_config(cfg)
         self.levels = [splits] if splits else split_levels(cfg, self.config, max_context)
         self.splits = self.levels[-1]
         self.block_size, self.max_context = block_size, max_context
+        self.step_words = 3 + cdiv(max_context, block_size)      # a row's: pos, n_ctx, write, the block table
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
         if kv is None:
             kv = torch.zeros(cfg.num_layers, 2, cdiv(max_context, block_size), block_size, kvh, hd,
@@ -166,45 +172,50 @@ class StreamDecoder:
         """The step's program with `splits` attention shares per KV head (every level's program
         declares the same regions: the partials' region holds the largest level's)."""
         import torch
-        cfg, max_context = self.cfg, self.max_context
+        cfg, max_context, rows = self.cfg, self.max_context, self.batch
         p = StreamProgram(self.config)
         f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)
         index = {k: p.pool(pool) for k, pool in packed.pools.items()}
         at = [(index[k], row) for k, row in packed.at]
-        hd, kvh, h, bs = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads, self.block_size
+        hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
         p.kv_cache(self.kv)
-        r = {"res": p.buffer("res", cfg.hidden_size),
-             "qkv": p.buffer("qkv", cfg.q_size + 2 * cfg.kv_size), "attn": p.buffer("attn", cfg.q_size),
-             "act": p.buffer("act", cfg.intermediate_size), "logits": p.buffer("logits", cfg.vocab_size)}
+        width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
+                 "act": cfg.intermediate_size, "logits": cfg.vocab_size,
+                 "pairs": 2 * cdiv(cfg.vocab_size, self.config.block_rows), "step": self.step_words,
+                 "token": 1, "tokens": self.MAX_STEPS, "part": kvh * self.splits * (h // kvh) * (hd + 2)}
+        r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
         cos, sin = rope
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
-        r["step"] = p.ints("step", 3 + cdiv(max_context, bs))
-        r["token"], r["tokens"] = p.ints("token", 1), p.ints("tokens", self.MAX_STEPS)
-        r["pairs"] = p.buffer("pairs", 2 * cdiv(cfg.vocab_size, self.config.block_rows))
+        r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
+        r["pairs"] = p.buffer("pairs", rows * width["pairs"])
         p.embedding(embed)
-        part = p.buffer("part", kvh * self.splits * (h // kvh) * (hd + 2)) if self.splits > 1 else None
+        if self.splits > 1:
+            r["part"] = p.buffer("part", rows * width["part"])
+        row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
         vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
         eps = cfg.rms_norm_eps
-        first = p.embed(r["token"], r["res"], cfg.hidden_size)
-        prev: list[int] = [first]
+        firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
+        prev: list[int] = firsts
         for i, lw in enumerate(weights.layers):
             (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
             a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
-                       narrow=narrow(cfg.q_size + 2 * cfg.kv_size, self.config),
+                       narrow=narrow(cfg.q_size + 2 * cfg.kv_size, self.config), batch=rows,
                        norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
-            a = p.attention(r["qkv"], r["attn"], r["step"], r["cos"], r["sin"], heads=h, kv_heads=kvh, layer=i,
-                            scale=hd ** -0.5, qn=vec(f"qn{i}", lw.q_norm), kn=vec(f"kn{i}", lw.k_norm), eps=eps,
-                            ctx=max_context, splits=splits, part=part if splits > 1 else None, after=a)
+            qn, kn = vec(f"qn{i}", lw.q_norm), vec(f"kn{i}", lw.k_norm)
+            a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
+                             layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
+                             part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
             b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
-                       narrow=narrow(cfg.hidden_size, self.config),
-                       after=a)
+                       narrow=narrow(cfg.hidden_size, self.config), batch=rows, after=a)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
-                       eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, after=b)
-            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c,
+                       eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
+            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c, batch=rows,
                           narrow=narrow(cfg.hidden_size, self.config))
         head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                      amax=r["pairs"], after=prev)
-        p.decode_loop(p.sample(r["pairs"], len(head), r["logits"], r["token"], r["tokens"], after=head), first)
+                      amax=r["pairs"], batch=rows, after=prev)
+        samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
+                            after=head) for b in range(rows)]
+        p.decode_loop(samples, firsts)
         return p
 
     def level(self, n_ctx: int) -> int:
@@ -217,23 +228,43 @@ class StreamDecoder:
         reg: Region = self.regions[name]
         return self.arena[reg.offset:reg.offset + reg.size]
 
+    def logits(self):
+        """The latest step's float32 logits, [batch, vocab] (a view, valid until the next step)."""
+        return self.view("logits").view(self.batch, self.cfg.vocab_size)
+
     def step(self, token: int, pos: int, table: list[int] | None = None):
         """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
-        next step)."""
-        self._run(token, pos, 1, table)
+        next step). Batch 1; step_rows for a batch."""
+        self._check_one()
+        self._run([token], [pos], 1, [table])
         return self.view("logits")
+
+    def step_rows(self, tokens: list[int], positions: list[int], tables: list[list[int]]):
+        """One step of every row: row b's token at positions[b] through blocks tables[b] (each row
+        its own blocks); returns the logits, [batch, vocab]."""
+        self._run(tokens, positions, 1, tables)
+        return self.logits()
 
     def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> list[int]:
         """Greedy decoding in one launch: `token` at `pos`, then each step's pick at the next
         position, `steps` steps; returns the picked tokens. `table` must cover pos + steps - 1.
-        The logits view holds the last step's."""
-        self._run(token, pos, steps, table)
+        The logits view holds the last step's. Batch 1; generate_rows for a batch."""
+        self._check_one()
+        self._run([token], [pos], steps, [table])
         return self.tokens(steps)
+
+    def generate_rows(self, tokens: list[int], positions: list[int], steps: int,
+                      tables: list[list[int]]) -> list[list[int]]:
+        """generate for every row at once, each from its own position over its own blocks;
+        returns each row's picked tokens."""
+        self._run(tokens, positions, steps, tables)
+        return self.row_tokens(steps)
 
     def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> None:
         """generate's launch, without the wait (on the CPU it runs here): wait(), then tokens()."""
-        self._run(token, pos, steps, table, wait=False)
+        self._check_one()
+        self._run([token], [pos], steps, [table], wait=False)
 
     def wait(self, timeout: float = 60.0) -> None:
         if self.executor is not None:
@@ -244,32 +275,48 @@ class StreamDecoder:
         return self.executor is None or self.executor.idle()
 
     def tokens(self, steps: int) -> list[int]:
-        """The tokens the latest launch picked, one a step."""
-        r = self.program.int_regions["tokens"]
-        return self.ints[r.offset:r.offset + steps].tolist()
+        """The tokens the latest launch picked, one a step (row 0's)."""
+        return self.row_tokens(steps)[0]
 
-    def _run(self, token: int, pos: int, steps: int, table: list[int] | None, wait: bool = True) -> None:
+    def row_tokens(self, steps: int) -> list[list[int]]:
+        """Each row's tokens of the latest launch, one a step."""
+        r = self.program.int_regions["tokens"]
+        return self.ints[r.offset:r.offset + r.size].view(self.batch, self.MAX_STEPS)[:, :steps].tolist()
+
+    def _check_one(self) -> None:
+        if self.batch != 1:
+            raise ValueError(f"this decoder runs batches of {self.batch}: use step_rows / generate_rows")
+
+    def _run(self, tokens: list[int], positions: list[int], steps: int, tables: list, wait: bool = True) -> None:
         import torch
 
         from warploop.runtime.stream.reference import reference
         if not 1 <= steps <= self.MAX_STEPS:
             raise ValueError(f"steps must be 1 to {self.MAX_STEPS}, not {steps}")
-        last = pos + steps - 1
-        if not 0 <= pos or last >= self.max_context:
-            raise ValueError(f"positions {pos} to {last} are outside the decoder's max_context {self.max_context}")
-        if not 0 <= token < self.cfg.vocab_size:
-            raise ValueError(f"token {token} is outside the vocabulary of {self.cfg.vocab_size}")
-        bs = self.block_size
-        table = list(range(cdiv(last + 1, bs))) if table is None else list(table)
-        if not cdiv(last + 1, bs) <= len(table) <= cdiv(self.max_context, bs) or \
-                not all(0 <= b < self.blocks for b in table):
-            raise ValueError(f"the block table must cover {cdiv(last + 1, bs)} blocks (at most "
-                             f"{cdiv(self.max_context, bs)}) of the cache's {self.blocks}")
-        words = [pos, pos + 1, 0] + table         # position, context length, write the new k and v
-        for name, vals in (("step", words), ("token", [token])):
+        if not len(tokens) == len(positions) == len(tables) == self.batch:
+            raise ValueError(f"a step takes {self.batch} row(s): tokens, positions and tables, one each; got "
+                             f"{len(tokens)}, {len(positions)}, {len(tables)}")
+        bs, words, longest = self.block_size, [], 0
+        for b, (token, pos, table) in enumerate(zip(tokens, positions, tables, strict=True)):
+            at = f"row {b}: " if self.batch > 1 else ""
+            last = pos + steps - 1
+            if not 0 <= pos or last >= self.max_context:
+                raise ValueError(f"{at}positions {pos} to {last} are outside the decoder's max_context "
+                                 f"{self.max_context}")
+            if not 0 <= token < self.cfg.vocab_size:
+                raise ValueError(f"{at}token {token} is outside the vocabulary of {self.cfg.vocab_size}")
+            table = list(range(cdiv(last + 1, bs))) if table is None else list(table)
+            if not cdiv(last + 1, bs) <= len(table) <= cdiv(self.max_context, bs) or \
+                    not all(0 <= blk < self.blocks for blk in table):
+                raise ValueError(f"{at}the block table must cover {cdiv(last + 1, bs)} blocks (at most "
+                                 f"{cdiv(self.max_context, bs)}) of the cache's {self.blocks}")
+            # position, context length, write the new k and v, the block table (padded to the row's words)
+            words += [pos, pos + 1, 0] + table + [0] * (self.step_words - 3 - len(table))
+            longest = max(longest, last + 1)
+        for name, vals in (("step", words), ("token", list(tokens))):
             r = self.program.int_regions[name]
             self.ints[r.offset:r.offset + len(vals)] = torch.tensor(vals, dtype=torch.int32, device=self.ints.device)
-        level = self.level(last + 1)
+        level = self.level(longest)
         if self.executors:
             self.executor = self.executors[level]
             self.executor.launch(steps)

@@ -142,17 +142,18 @@ def _gemv_cost(f: dict, br: int) -> float:
 
 
 def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
-    reads = [(f["x"], f["k"])]
+    rows = range(f["batch"])
+    reads = [(f["x"], f["batch"] * f["k"])]
     if f["norm"] >= 0:
         reads.append((f["norm"], f["k"]))
     outs = f["rows"]
     if f["bias"] >= 0:
         reads.append((f["bias"], outs))
     if f["epi"] == EPILOGUES["add"]:
-        reads.append((f["out"], outs))
-    writes = [(f["out"], outs)]
+        reads += [(f["out"] + b * f["ostride"], outs) for b in rows]
+    writes = [(f["out"] + b * f["ostride"], outs) for b in rows]
     if f["amax"] >= 0:
-        writes.append((f["amax"], 2))
+        writes += [(f["amax"] + b * f["astride"], 2) for b in rows]
     return reads, writes
 
 
@@ -167,10 +168,14 @@ NOP = NodeKind("nop", 0, ())
 # With amax >= 0 the tile also writes its largest output and that output's arena offset (a float,
 # exact below 2^24) to arena[amax], arena[amax + 1] (the first of equal ones): a SAMPLE node
 # reduces the tiles' pairs.
+# A batch of `batch` rows: x holds them one after another (row b at x + b * k), each normalised on
+# its own; row b's outputs go to out + b * ostride and its amax pair to amax + b * astride. (The
+# CPU reference runs batches; the Gluon kernel runs batch 1.)
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
-            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2")),
+            Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
+            Field("batch"), Field("ostride"), Field("astride")),
     streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:

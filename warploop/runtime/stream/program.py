@@ -107,7 +107,7 @@ class StreamProgram:
         self.kv = None                           # the paged bf16 KV cache attention nodes use
         self.emb = None                          # the bf16 embedding table EMBED nodes read
         self.nodes: list[Node] = []
-        self.loop: tuple[int, int] | None = None   # (SAMPLE node, EMBED node): the decode loop's back edge
+        self.loop: list[tuple[int, int]] | None = None   # (SAMPLE, EMBED) a row: the decode loop's back edges
         self.tickets: list[int] = []             # an attention merge ticket's shares (build gives each a counter)
 
     # -- memory ----------------------------------------------------------------------------------
@@ -178,19 +178,24 @@ class StreamProgram:
 
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
-             amax: Region | None = None, up: int | None = None, after=(), worker: int | None = None) -> list[int]:
+             amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
+             worker: int | None = None) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
         each a tile. amax: a region of two floats a tile where each tile leaves its largest output
-        and that output's offset (a SAMPLE node's pairs)."""
+        and that output's offset (a SAMPLE node's pairs). batch: x holds that many rows of the
+        pool's width one after another, out that many rows of n, amax that many rows of pairs."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
         if epi not in EPILOGUES:
             raise ValueError(f"epi must be one of {sorted(EPILOGUES)}, not {epi!r}")
-        if amax is not None and (epi == "silu_mul" or amax.size < 2 * -(-n // (br // 2 if narrow else br))):
-            raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles")
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, not {batch}")
+        tiles_n = -(-n // (br // 2 if epi == "silu_mul" or narrow else br))
+        if amax is not None and (epi == "silu_mul" or amax.size < batch * 2 * tiles_n):
+            raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles, each row")
         if narrow and epi == "silu_mul":
             raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
         if (epi == "silu_mul") != (up is not None):
@@ -201,10 +206,12 @@ class StreamProgram:
         for first in (row, up) if up is not None else (row,):
             if n <= 0 or first < 0 or first + n > w.shape[0]:
                 raise ValueError(f"rows [{first}, {first} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
-        if x.size < k or (norm is not None and norm.size < k):
-            raise ValueError(f"x ({x.size}) and norm must hold the pool's width {k}")
-        if out.size < n or (bias is not None and bias.size < n):
-            raise ValueError(f"out ({out.size}) and bias must hold {n} rows")
+        if x.size < batch * k or (norm is not None and norm.size < k):
+            raise ValueError(f"x ({x.size}) must hold the pool's width {k} for each of {batch} row(s), and norm "
+                             "must hold it once")
+        if out.size < batch * n or (bias is not None and bias.size < n):
+            raise ValueError(f"out ({out.size}) must hold {n} rows for each of {batch} batch row(s), and bias "
+                             f"{n} rows")
         if bias is not None and epi == "silu_mul":
             raise ValueError("silu_mul takes no bias")
         tiles, after = [], _Deps(self._deps(after))
@@ -215,7 +222,8 @@ class StreamProgram:
                                   rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
                                   norm=-1 if norm is None else norm.offset,
                                   bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
-                                  narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t))
+                                  narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
+                                  batch=batch, ostride=n, astride=2 * tiles_n))
         return tiles
 
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
@@ -280,13 +288,18 @@ class StreamProgram:
         return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
                         tokens=tokens.offset)
 
-    def decode_loop(self, sample: int, embed: int) -> None:
+    def decode_loop(self, sample, embed) -> None:
         """Run after run, `embed` waits for the run before's `sample` (its token): a launch of
-        several runs is a decode loop. Every other node must descend from `embed` and be an
-        ancestor of `sample`, so a run's writes never overtake the run before's reads."""
-        if self.nodes[sample].kind is not SAMPLE or self.nodes[embed].kind is not EMBED or self.nodes[embed].deps:
-            raise ValueError("a decode loop runs from an EMBED node with no dependencies to a SAMPLE node")
-        self.loop = (sample, embed)
+        several runs is a decode loop. A batch passes a list of each, row by row. Every other node
+        must descend from every `embed` and be an ancestor of every `sample`, so a run's writes
+        never overtake the run before's reads."""
+        samples, embeds = ([sample], [embed]) if isinstance(sample, int) else (list(sample), list(embed))
+        if len(samples) != len(embeds) or not samples:
+            raise ValueError("a decode loop pairs each row's SAMPLE node with its EMBED node")
+        for s, e in zip(samples, embeds, strict=True):
+            if self.nodes[s].kind is not SAMPLE or self.nodes[e].kind is not EMBED or self.nodes[e].deps:
+                raise ValueError("a decode loop runs from an EMBED node with no dependencies to a SAMPLE node")
+        self.loop = list(zip(samples, embeds, strict=True))
 
     # -- compiling -------------------------------------------------------------------------------
     def build(self, ctas: int, check: bool = True) -> Built:
@@ -305,14 +318,14 @@ class StreamProgram:
                                    Instruction(self.nodes[i.node].kind, i.waits, i.signal, self.nodes[i.node].fields)
                                    for i in lst])
         sizes = sched.counter_sizes
-        if self.loop is not None:                 # the back edge: a counter of its own, one signal a run
-            back = len(sizes)
-            sizes = sizes + (1,)
-            node_of = [i.node for lst in sched.lists for i in lst]      # insts, one for one
-            insts[node_of.index(self.loop[0])] = dataclasses.replace(insts[node_of.index(self.loop[0])],
-                                                                     signal=back, signals=1)
-            j = node_of.index(self.loop[1])
-            insts[j] = dataclasses.replace(insts[j], waits=insts[j].waits + ((back, -1),))
+        if self.loop is not None:                 # each back edge: a counter of its own, one signal a run
+            node_of = {i.node: r for r, i in enumerate(i for lst in sched.lists for i in lst)}   # insts, one for one
+            for sample, embed in self.loop:
+                back = len(sizes)
+                sizes = sizes + (1,)
+                insts[node_of[sample]] = dataclasses.replace(insts[node_of[sample]], signal=back, signals=1)
+                j = node_of[embed]
+                insts[j] = dataclasses.replace(insts[j], waits=insts[j].waits + ((back, -1),))
         if self.tickets:                          # each merge ticket: a counter after the others
             base = len(sizes)
             sizes = sizes + tuple(self.tickets)

@@ -101,31 +101,33 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
     import torch
     f = node.fields
     br = tile_rows(f, program.config.block_rows)
-    k = f["k"]
-    x = arena[f["x"]:f["x"] + k]
+    k, batch = f["k"], f["batch"]
+    xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
     if f["norm"] >= 0:
-        x = x * torch.rsqrt(x.pow(2).mean() + f["eps"]) * arena[f["norm"]:f["norm"] + k]
+        xs = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"]) * arena[f["norm"]:f["norm"] + k]
     pool = program.pools[f["pool"]]
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
-        y = pool[first:first + count, :k].float().to(arena.device) @ x
-        ys.append(torch.cat([y, y.new_zeros(count - y.shape[0])]))   # rows past the pool's end: zeros (TMA)
-    y = torch.cat(ys)
-    n, out = f["rows"], f["out"]
-    if f["epi"] == EPILOGUES["silu_mul"]:
-        g, u = y[:br // 2], y[br // 2:]
-        arena[out:out + n] = (torch.nn.functional.silu(g) * u)[:n]
-        return
-    y = y[:n]
-    if f["bias"] >= 0:
-        y = y + arena[f["bias"]:f["bias"] + n]
-    if f["epi"] == EPILOGUES["add"]:
-        y = y + arena[out:out + n]
-    arena[out:out + n] = y
-    if f["amax"] >= 0:                          # the largest output and its arena offset
-        best = int(y.argmax())
-        arena[f["amax"]] = y[best]
-        arena[f["amax"] + 1] = float(out + best)
+        y = xs @ pool[first:first + count, :k].float().to(arena.device).T                 # [batch, rows]
+        ys.append(torch.cat([y, y.new_zeros(batch, count - y.shape[1])], 1))   # rows past the pool: zeros (TMA)
+    ys = torch.cat(ys, 1)
+    n = f["rows"]
+    for b in range(batch):
+        y, out = ys[b], f["out"] + b * f["ostride"]
+        if f["epi"] == EPILOGUES["silu_mul"]:
+            g, u = y[:br // 2], y[br // 2:]
+            arena[out:out + n] = (torch.nn.functional.silu(g) * u)[:n]
+            continue
+        y = y[:n]
+        if f["bias"] >= 0:
+            y = y + arena[f["bias"]:f["bias"] + n]
+        if f["epi"] == EPILOGUES["add"]:
+            y = y + arena[out:out + n]
+        arena[out:out + n] = y
+        if f["amax"] >= 0:                      # the largest output and its arena offset
+            best, at = int(y.argmax()), f["amax"] + b * f["astride"]
+            arena[at] = y[best]
+            arena[at + 1] = float(out + best)
 
 
 def reference(program, arena=None, ints=None, kv=None, steps: int = 1):
