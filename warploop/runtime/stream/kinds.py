@@ -21,6 +21,7 @@ A kind declares:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from collections.abc import Callable
 
@@ -101,10 +102,13 @@ class NodeKind:
                 return len(HEADER) + i
         raise KeyError(f"kind {self.name} has no field {name!r} (fields: {[f.name for f in self.fields]})")
 
+    @functools.cached_property
+    def _names(self) -> frozenset:
+        return frozenset(f.name for f in self.fields)
+
     def encode(self, values: dict) -> list[int]:
-        unknown = set(values) - {f.name for f in self.fields}
-        missing = {f.name for f in self.fields} - set(values)
-        if unknown or missing:
+        if values.keys() != self._names:
+            unknown, missing = set(values) - self._names, self._names - set(values)
             raise TypeError(f"kind {self.name}: missing fields {sorted(missing)}, unknown {sorted(unknown)}")
         out = []
         for f in self.fields:
@@ -112,9 +116,10 @@ class NodeKind:
             if f.type == "f32":
                 out.append(struct.unpack("<i", struct.pack("<f", float(v)))[0])
             else:
-                if not -2 ** 31 <= int(v) < 2 ** 31:
-                    raise ValueError(f"kind {self.name}: field {f.name}={v} does not fit int32")
-                out.append(int(v))
+                v = int(v)
+                if not -2 ** 31 <= v < 2 ** 31:
+                    raise ValueError(f"kind {self.name}: field {f.name}={values[f.name]} does not fit int32")
+                out.append(v)
         return out
 
     def decode(self, words) -> dict:
