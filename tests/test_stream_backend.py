@@ -27,6 +27,26 @@ def test_tiny_model_greedy_decode_loops_give_the_per_op_tokens():
     assert stats["kv_blocks_used"] == 0
 
 
+@pytest.mark.parametrize("stop, launched_at", [([], [1, 1]), (["never"], [1, 33])])
+def test_the_next_loop_launches_before_the_last_ones_tokens_are_streamed(monkeypatch, stop, launched_at):
+    """40 tokens: the prefill's, then loops of 32 and 7 steps. The second loop launches before the
+    first one's 32 tokens are detokenized and streamed (the device decodes while the host does
+    that), unless a stop string could end the request inside them (only the text shows it)."""
+    from warploop.llm import engine as engine_mod
+    from warploop.llm import stream_backend
+    streamed, launched = [], []
+    emit, start = engine_mod.Engine._emit, stream_backend.StreamBackend.start_loop
+    monkeypatch.setattr(engine_mod.Engine, "_emit", lambda self, req, token: (streamed.append(token),
+                                                                              emit(self, req, token))[1])
+    monkeypatch.setattr(stream_backend.StreamBackend, "start_loop",
+                        lambda self, *a, **k: (launched.append(len(streamed)), start(self, *a, **k))[1])
+    requests = [("def main(", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=stop))]
+    got, stats = _run("stream", requests, max_num_seqs=1, num_kv_blocks=64)
+    want, _ = _run("torch", requests, max_num_seqs=1, num_kv_blocks=64)
+    assert launched == launched_at and streamed[:40] == got[0] == want[0]
+    assert stats["decode_loop_tokens"] == 39 and stats["kv_blocks_used"] == 0
+
+
 def test_a_budget_and_a_stop_id_end_a_loop_where_single_steps_would():
     plain = [("def main(", SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))]
     tokens = _run("torch", plain, max_num_seqs=1, num_kv_blocks=64)[0][0]

@@ -6,6 +6,7 @@ in order, once per generated token.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -220,7 +221,8 @@ class Engine:
         same sequences, it is launched first, from the device-side ids, and overlaps the completion."""
         pending, self._pending = self._pending, None
         if isinstance(pending, LoopStep):
-            self._pending = None if self._drive_loop(pending) else pending
+            done, following = self._drive_loop(pending)
+            self._pending = following if done else pending
             return
         if pending is None:
             if self.scheduler.has_work():
@@ -257,15 +259,19 @@ class Engine:
             self._counters["decode_loops"] += 1
         return loop
 
-    def _drive_loop(self, loop: LoopStep) -> bool:
+    def _drive_loop(self, loop: LoopStep) -> tuple[bool, LoopStep | None]:
         """Take the rows the device has published: tokens out, blocks into tables. Ask the device to
         end the loop when the host needs the batch back (an arrival, an abort, a stop string).
-        Returns True once the loop has ended and everything it made has been taken."""
+        Returns (whether the loop has ended and everything it made has been taken, the loop that
+        follows it, already launched, or None)."""
         seqs = loop.seqs
         try:
             if self.scheduler.waiting or any(s.status is not Status.RUNNING for s in seqs):
                 loop.run.halt()
-            for i, token, block in loop_step.rows(loop, wait_s=0.002):
+            rows = list(loop_step.rows(loop, wait_s=0.002))
+            if rows and loop.run.finished() and self._follows(loop, rows):
+                return True, self._launch_then_emit(loop, rows)
+            for i, token, block in rows:
                 seq = seqs[i]
                 if block >= 0:
                     loop.taken.add(block)
@@ -283,19 +289,67 @@ class Engine:
                 if seq.status is not Status.RUNNING:
                     loop.run.halt()         # finished here first (a stop string): the device stops soon
             if not loop.run.finished():
-                return False
+                return False, None
         except Exception as e:
             loop.run.halt()
             self.blocks.give_back(loop.untaken())
             self._fail(seqs, e)
-            return True
+            return True, None
         self.blocks.give_back(loop.untaken())
         rows = [i for i in loop.host_rows if seqs[i].status is Status.RUNNING]
         if rows:
             tokens = sample_on_device(self.backend.loop_logits(rows), [seqs[i] for i in rows]).tolist()
             for i, token in zip(rows, tokens, strict=True):
                 self._accept(seqs[i], token)
+        return True, None
+
+    def _follows(self, loop: LoopStep, rows: list) -> bool:
+        """Whether the next loop over the same rows may launch before this one's tokens reach the
+        clients: nothing waits to be admitted, every row made a token and none of them ends its
+        request (no stop id, budget or context end; no stop string, which only the text shows)."""
+        if (self.scheduler.waiting or self._inbox or self._aborts or self.scheduler.prefilling is not None
+                or len(self.scheduler.running) != len(loop.seqs)):
+            return False
+        last = {}
+        for i, token, _ in rows:
+            if token < 0:                    # the host samples this row: the next loop needs its token
+                return False
+            last[i] = token
+        made = collections.Counter(i for i, _, _ in rows)
+        for i, seq in enumerate(loop.seqs):
+            p = seq.params
+            if (i not in last or seq.status is not Status.RUNNING or p.stop or last[i] in p.stop_token_ids
+                    or (not p.ignore_eos and last[i] in self.eos_token_ids)
+                    or len(seq) + made[i] >= self.max_context
+                    or (p.max_tokens is not None and seq.num_completion_tokens + made[i] >= p.max_tokens)):
+                return False
         return True
+
+    def _launch_then_emit(self, loop: LoopStep, rows: list) -> LoopStep | None:
+        """A finished loop whose rows all go on (`_follows`): its tokens and blocks into the
+        sequences, the next loop launched from them, then the tokens' events (detokenizing and
+        streaming take the host longer than the launch: the device works meanwhile). Each token's
+        event sees its sequence as it was at that token, as in `_accept`."""
+        made = []
+        for i, token, block in rows:
+            seq = loop.seqs[i]
+            if block >= 0:
+                loop.taken.add(block)
+                seq.block_table.append(block)
+            self._counters["decode_loop_tokens"] += 1
+            self._counters["generation_tokens_total"] += 1
+            made.append((seq, len(seq.token_ids)))
+            seq.num_computed_tokens = len(seq.token_ids)
+            self.blocks.commit(seq)
+            seq.token_ids.append(token)
+        self.blocks.give_back(loop.untaken())
+        following = self._start_loop(loop.seqs)
+        for seq, at in made:
+            later = seq.token_ids[at + 1:]
+            del seq.token_ids[at + 1:]
+            self._emit(self._requests[seq.request_id], seq.token_ids[at])
+            seq.token_ids.extend(later)
+        return following
 
     def _launch(self, batch: ModelBatch, seqs: list[Sequence], prefill: bool, ahead: int = 0,
                 partial: bool = False) -> Step | None:
