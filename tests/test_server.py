@@ -322,3 +322,26 @@ def test_sigterm_finishes_in_flight_stream_then_exits(tmp_path):
         assert [line for line in rest if line][-1] == "data: [DONE]"
     finally:
         assert srv.stop() == 0, srv.log.read_text()
+
+
+def test_repeated_sigterm_while_stopping_still_exits_cleanly(tmp_path):
+    # A supervisor that repeats SIGTERM while the server drains and closes its engine gets a clean stop,
+    # not a process killed by the default handler (exit -15) with its engine half closed.
+    srv = Server([], tmp_path / "serve.log")
+    try:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
+                          json={"prompt": "import os", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            srv.proc.send_signal(signal.SIGTERM)
+            srv.proc.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert [line for line in rest if line][-1] == "data: [DONE]"
+        deadline = time.monotonic() + 60
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.005)
+        assert srv.proc.poll() == 0, srv.log.read_text()
+    finally:
+        srv.stop()

@@ -103,6 +103,9 @@ class _Terminated(Exception):
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
+    # The server is stopping now: a second SIGTERM (a supervisor repeating itself) must not kill the
+    # process with the engine half closed, so every later one is ignored until the process exits.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Terminated
 
 
@@ -149,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
     # Turn SIGTERM into an exception so the engine is closed and the exit status is 0 (a requested stop).
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    engine, server, fatal = None, None, []
+    engine, server, fatal, terminated = None, None, [], False
 
     def on_fatal(message: str) -> None:  # the engine is stuck or its device failed: every request has its error
         print(f"warploop serve: {message}; exiting", file=sys.stderr, flush=True)
@@ -169,12 +172,14 @@ def main(args: argparse.Namespace) -> int:
         server = uvicorn.Server(config)
         server.run(sockets=[sock])
     except _Terminated:
-        pass
+        terminated = True
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stopping already: the engine closes in one piece
         if engine is not None:
             _close(engine, ENGINE_CLOSE_TIMEOUT_S if fatal else None)
         sock.close()
-        signal.signal(signal.SIGTERM, previous)
+        if not terminated:   # after a SIGTERM the process is on its way out: later ones stay ignored
+            signal.signal(signal.SIGTERM, previous)
     return 1 if fatal else 0
 
 
