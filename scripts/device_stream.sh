@@ -7,6 +7,8 @@
 #   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and 8 -> $OUT/decode.json
 #   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
+#   mma     attention on tensor cores against fp32 FMAs (StreamConfig.attn_mma): each of $STEP_MODELS' kernel
+#           at contexts $MMA_CONTEXTS (default 512 4096), both in one process -> $OUT/mma-MODEL-CONTEXT.json
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   bash scripts/device_stream.sh
 set -uo pipefail
@@ -38,6 +40,12 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
             python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, 'floor', e['floor_ms'], \
 {s: e[s].get('ms_per_token_bs1') for s in ('stream', 'torch_compile')}, e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
+    mma) for c in ${MMA_CONTEXTS:-512 4096}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+           timeout 200 python scripts/stream_step_time.py --model "$m" --context "$c" --attn-mma --compare-mma \
+             --loop 1 --runs 20 > "$OUT/mma-$m-$c.json" || echo "mma $m $c: rc $?"
+           python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['context'], 'mma', \
+round(d['kernel_ms'], 4), 'fma', round(d['kernel_ms_other'], 4), 'floor', round(d['floor_ms'], 4))" "$OUT/mma-$m-$c.json"
+         done; done ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;

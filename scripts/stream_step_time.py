@@ -17,10 +17,10 @@ import torch
 
 from warploop.bench.stream import copy_rate, time_ms
 from warploop.llm.shapes import GPU_MODELS
-from warploop.llm.stream_step import StreamDecoder
+from warploop.llm.stream_step import StreamDecoder, stream_config
 from warploop.llm.weights import random_weights
 
-ROUNDS = 3
+ROUNDS = 5
 
 
 def main():
@@ -32,17 +32,32 @@ def main():
                     help="the decoder's max_context, as an engine sizes it (0: context + loop)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--loop", type=int, default=32, help="steps of the timed decode loop")
+    ap.add_argument("--attn-mma", action="store_true",
+                    help="attention's chunk products on tensor cores (StreamConfig.attn_mma)")
+    ap.add_argument("--compare-mma", action="store_true",
+                    help="also time the kernel with the other attn_mma, rounds alternated in this process: "
+                         "kernel_ms_other is its median")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
-    dec = StreamDecoder(cfg, w, device="cuda", max_context=args.max_context or args.context + args.loop,
-                         splits=args.splits or None)
+    options = dict(max_context=args.max_context or args.context + args.loop, splits=args.splits or None)
+    dec = StreamDecoder(cfg, w, device="cuda", config=stream_config(cfg, attn_mma=args.attn_mma), **options)
     build_s = time.time() - t0
+    other = None
+    if args.compare_mma:
+        other = StreamDecoder(cfg, w, device="cuda", config=stream_config(cfg, attn_mma=not args.attn_mma),
+                              **options)
     del w
     pos = args.context - 1
     dec.step(7, pos)                           # compiles, and warms
-    rounds = [time_ms(dec.executor.launch, args.runs, after=dec.executor.wait) for _ in range(ROUNDS)]
+    rounds, rounds_other = [], []
+    if other is not None:
+        other.step(7, pos)
+    for _ in range(ROUNDS):
+        rounds.append(time_ms(dec.executor.launch, args.runs, after=dec.executor.wait))
+        if other is not None:
+            rounds_other.append(time_ms(other.executor.launch, args.runs, after=other.executor.wait))
     kernel = statistics.median(rounds)
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -60,11 +75,13 @@ def main():
     kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
     out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
-           "max_context": dec.max_context,
+           "max_context": dec.max_context, "attn_mma": args.attn_mma,
            "splits": dec.splits, "level": dec.level(args.context),
            "loop_level": dec.level(args.context + args.loop - 1), "nodes": len(dec.program.nodes),
            "build_s": round(build_s, 1),
-           "kernel_ms": kernel, "kernel_ms_rounds": rounds, "step_ms_host_driven": host, "loop_steps": args.loop,
+           "kernel_ms": kernel, "kernel_ms_rounds": rounds,
+           **({"kernel_ms_other": statistics.median(rounds_other), "kernel_ms_other_rounds": rounds_other}
+              if other is not None else {}), "step_ms_host_driven": host, "loop_steps": args.loop,
            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
            "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}
     print(json.dumps(out, indent=1))

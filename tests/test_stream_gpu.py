@@ -13,6 +13,7 @@ from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
 from test_stream_step import greedy, levels_against_one_program  # noqa: E402
 
 from warploop.bench import stream_chain  # noqa: E402
+from warploop.llm.stream_step import stream_config  # noqa: E402
 from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
 from warploop.runtime.stream.executor import StreamError, StreamExecutor  # noqa: E402
 from warploop.runtime.stream.kinds import WORDS, header_word  # noqa: E402
@@ -52,14 +53,15 @@ ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(f
                                                          (5, 4, 4), (300, 7, 16), (300, 3, 64), (130, 1, 32),
                                                          (1000, 5, 16)])
 @pytest.mark.parametrize("name", ATTN_SHAPES)
-def test_gpu_attention_layers_equal_reference(name, context, splits, block_size):
+@pytest.mark.parametrize("mma", [False, True], ids=["fma", "mma"])
+def test_gpu_attention_layers_equal_reference(name, context, splits, block_size, mma):
     """Whole layers with attention (ATTN nodes: q/k norm, RoPE, the paged KV write, GQA softmax over
     a shuffled block table, the context streamed by the loader in TMA boxes of up to a block, the
     shares merged by the last one to finish) against the reference, node by node, and the KV caches
-    they leave."""
+    they leave; the chunk products in fp32 FMAs and on tensor cores (StreamConfig.attn_mma)."""
     import dataclasses
     m = ATTN_SHAPES[name]
-    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
+    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8, attn_mma=mma)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
                                       splits=splits)
     p = chain.program
@@ -79,9 +81,12 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size)
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", STEP_CONFIGS)
-def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
-    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
-    tokens, ref_tokens, err, looped = greedy(STEP_CONFIGS[name], "cuda", splits=splits)
+@pytest.mark.parametrize("mma", [False, True], ids=["fma", "mma"])
+def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits, mma):
+    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens (the
+    attention chunks in fp32 FMAs and on tensor cores)."""
+    cfg = STEP_CONFIGS[name]
+    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg, attn_mma=mma))
     assert tokens == ref_tokens
     assert looped == ref_tokens             # the decode loop in one launch
     assert err < 2e-2

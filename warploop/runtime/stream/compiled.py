@@ -30,6 +30,7 @@ class StreamConfig:
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
+    attn_mma: bool = False        # a chunk's scores and outputs on tensor cores (mma.sync) instead of fp32 FMAs
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -77,7 +78,7 @@ class StreamConfig:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
-                    KVT=self.kv_tokens)
+                    KVT=self.kv_tokens, MMA=self.attn_mma)
 
 
 def smem_layout():

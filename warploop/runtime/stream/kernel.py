@@ -190,7 +190,7 @@ def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, e
 def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
               BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
+              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, MMA: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -313,7 +313,8 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
-                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
+                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT,
+                                      MMA)
                 else:
                     failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, SPIN, TRACE, CW)
@@ -336,7 +337,8 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
 def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, counters, err, epoch, steps, trace,
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
-                  TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
+                  TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
+                  MMA: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -351,6 +353,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT)),
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, MMA)),
         (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT)),
     ], [LOADER_WARPS], [LOADER_REGS])
