@@ -9,6 +9,8 @@
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
 #   mma     attention on tensor cores against fp32 FMAs (StreamConfig.attn_mma): each of $STEP_MODELS' kernel
 #           at contexts $MMA_CONTEXTS (default 512 4096), both in one process -> $OUT/mma-MODEL-CONTEXT.json
+#   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT
+#           -> $OUT/batch-MODEL-B.json (tokens_per_s; `bench decode`'s per-op and torch.compile are the peers)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   bash scripts/device_stream.sh
 set -uo pipefail
@@ -46,6 +48,12 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
            python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['context'], 'mma', \
 round(d['kernel_ms'], 4), 'fma', round(d['kernel_ms_other'], 4), 'floor', round(d['floor_ms'], 4))" "$OUT/mma-$m-$c.json"
          done; done ;;
+    batch) for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
+               --loop 8 --runs 20 > "$OUT/batch-$m-$bt.json" || echo "batch $m $bt: rc $?"
+             python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], 'batch', d['batch'], \
+round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', round(d['floor_ms'], 4))" "$OUT/batch-$m-$bt.json"
+           done; done ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;

@@ -2,8 +2,9 @@
 weights of the exact shapes, one token at position CONTEXT - 1 (the cache's earlier tokens are
 zeros: the bytes read are the same), the kernel alone (CUDA events, median), the host-driven step
 (token and step words written, launch, wait), and the decode loop: `--loop` greedy steps in one
-launch (StreamDecoder.generate), per token. The kernel is timed ROUNDS times (RUNS launches each);
-the median of the rounds is reported. Prints one JSON object.
+launch (StreamDecoder.generate), per token; with --batch, B rows a step, each over blocks of its
+own (tokens_per_s). The kernel is timed ROUNDS times (RUNS launches each); the median of the rounds
+is reported. Prints one JSON object.
 
     PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512
 """
@@ -17,7 +18,7 @@ import torch
 
 from warploop.bench.stream import copy_rate, time_ms
 from warploop.llm.shapes import GPU_MODELS
-from warploop.llm.stream_step import StreamDecoder, stream_config
+from warploop.llm.stream_step import StreamDecoder, batch_rows, stream_config
 from warploop.llm.weights import random_weights
 
 ROUNDS = 5
@@ -37,23 +38,41 @@ def main():
     ap.add_argument("--compare-mma", action="store_true",
                     help="also time the kernel with the other attn_mma, rounds alternated in this process: "
                          "kernel_ms_other is its median")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="rows a step decodes, each over blocks of its own (the GEMVs on tensor cores when > 1)")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
-    options = dict(max_context=args.max_context or args.context + args.loop, splits=args.splits or None)
-    dec = StreamDecoder(cfg, w, device="cuda", config=stream_config(cfg, attn_mma=args.attn_mma), **options)
+    max_context = args.max_context or args.context + args.loop
+    b, bs = args.batch, 16
+    per_row = -(-max_context // bs)
+    kv = torch.zeros(cfg.num_layers, 2, b * per_row, bs, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16,
+                     device="cuda")
+    tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(b)]
+    options = dict(max_context=max_context, splits=args.splits or None, batch=b, block_size=bs, kv=kv)
+
+    def config(mma):
+        return stream_config(cfg, attn_mma=mma, batch_rows=batch_rows(b))
+
+    dec = StreamDecoder(cfg, w, device="cuda", config=config(args.attn_mma), **options)
     build_s = time.time() - t0
     other = None
     if args.compare_mma:
-        other = StreamDecoder(cfg, w, device="cuda", config=stream_config(cfg, attn_mma=not args.attn_mma),
-                              **options)
+        other = StreamDecoder(cfg, w, device="cuda", config=config(not args.attn_mma), **options)
     del w
     pos = args.context - 1
-    dec.step(7, pos)                           # compiles, and warms
+
+    def step(d):
+        d.step_rows([7] * b, [pos] * b, tables)
+
+    def generate(d, steps):
+        d.generate_rows([7] * b, [pos] * b, steps, tables)
+
+    step(dec)                                  # compiles, and warms
     rounds, rounds_other = [], []
     if other is not None:
-        other.step(7, pos)
+        step(other)
     for _ in range(ROUNDS):
         rounds.append(time_ms(dec.executor.launch, args.runs, after=dec.executor.wait))
         if other is not None:
@@ -62,20 +81,20 @@ def main():
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(args.runs):
-        dec.step(7, pos)
+        step(dec)
     host = (time.perf_counter() - t) / args.runs * 1e3
-    dec.generate(7, pos, args.loop)
+    generate(dec, args.loop)
     loop = time_ms(lambda: dec.executor.launch(args.loop), max(3, args.runs // 4), after=dec.executor.wait)
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(3):
-        dec.generate(7, pos, args.loop)
+        generate(dec, args.loop)
     loop_host = (time.perf_counter() - t) / 3 / args.loop * 1e3
     wbytes = sum(p.numel() * 2 for p in dec.program.pools)
-    kv = cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
+    kv = b * cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
-    out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
-           "max_context": dec.max_context, "attn_mma": args.attn_mma,
+    out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context, "batch": b,
+           "max_context": dec.max_context, "attn_mma": args.attn_mma, "tokens_per_s": b * 1e3 / kernel,
            "splits": dec.splits, "level": dec.level(args.context),
            "loop_level": dec.level(args.context + args.loop - 1), "nodes": len(dec.program.nodes),
            "build_s": round(build_s, 1),

@@ -10,7 +10,7 @@ os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 import torch  # noqa: E402
 from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
-from test_stream_step import greedy, levels_against_one_program  # noqa: E402
+from test_stream_step import batch_against_per_op, greedy, levels_against_one_program  # noqa: E402
 
 from warploop.bench import stream_chain  # noqa: E402
 from warploop.llm.stream_step import stream_config  # noqa: E402
@@ -122,15 +122,33 @@ def test_an_executor_shares_memory_only_with_a_variant_of_its_program():
     assert first_difference(a, ex.arena, reference(a, a.arena("cuda")), rtol=1e-4) is None
 
 
-def test_the_kernel_refuses_a_batched_program():
+def test_a_kernel_for_fewer_rows_refuses_a_batched_program():
     from test_stream_step import CONFIGS as STEP
     from test_stream_step import bf16_exact_weights
 
     from warploop.llm.stream_step import StreamDecoder
     cfg = STEP["llama3"]
-    dec = StreamDecoder(cfg, bf16_exact_weights(cfg), max_context=16, block_size=4, batch=2)   # on the CPU
-    with pytest.raises(ValueError, match="batch 1"):
+    w = bf16_exact_weights(cfg)
+    dec = StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, config=stream_config(cfg))   # on the CPU
+    with pytest.raises(ValueError, match="compiled for 1 row"):
         StreamExecutor(dec.program, "cuda")
+    dec = StreamDecoder(cfg, w, max_context=16, block_size=4, batch=40, config=stream_config(cfg, batch_rows=32))
+    with pytest.raises(ValueError, match="compiled for 32 row"):
+        StreamExecutor(dec.program, "cuda")
+
+
+@pytest.mark.parametrize("batch", [2, 8, 32, 33])
+def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch):
+    """Batches on the streaming kernel (its GEMVs on tensor cores against every row, attention,
+    embedding and sampling a row each), every row its own position and blocks: the per-op
+    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU."""
+    want, got, looped, stepped = batch_against_per_op(STEP_CONFIGS["qwen3_qk_norm"], batch, device="cuda")
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert err < 2e-2, f"logits differ by {err:.3g}"
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-2 * want.abs().amax(-1)
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+    assert looped == stepped
 
 
 def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():

@@ -9,7 +9,7 @@ from warploop.llm.backend import ModelBatch
 from warploop.llm.build import build_backend
 from warploop.llm.config import ModelConfig
 from warploop.llm.rope import RopeConfig
-from warploop.llm.stream_step import StreamDecoder, attention_splits, split_levels, stream_config
+from warploop.llm.stream_step import StreamDecoder, attention_splits, batch_rows, split_levels, stream_config
 from warploop.llm.weights import random_weights
 
 CONFIGS = {
@@ -221,5 +221,9 @@ def test_batched_decoder_refuses_what_it_cannot_run():
         dec.step(1, 0)
     with pytest.raises(ValueError, match="batch"):
         StreamDecoder(cfg, w, max_context=16, block_size=4, batch=0)
-    with pytest.raises(ValueError, match="runs batch 1"):          # before anything touches a GPU
-        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, device="cuda")
+    # before anything touches a GPU: a kernel compiled for one row, or more rows than any kernel takes
+    with pytest.raises(ValueError, match="batch_rows is 0; use 32"):
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, device="cuda", config=stream_config(cfg))
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=65)
+    assert [batch_rows(b) for b in (1, 2, 32, 33, 64)] == [0, 32, 32, 64, 64]

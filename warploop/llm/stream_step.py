@@ -37,6 +37,15 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
 
 
+BATCH_ROWS = (32, 64)                              # the rows a batched kernel is compiled for
+
+
+def batch_rows(batch: int) -> int:
+    """StreamConfig.batch_rows for a decoder of `batch` rows: 0 for one row, else the fewest of
+    BATCH_ROWS that hold them (the mma tiles' M side; rows past the batch are masked)."""
+    return 0 if batch <= 1 else next(n for n in BATCH_ROWS if n >= batch)
+
+
 def unsupported(cfg: ModelConfig, dtype) -> str | None:
     """Why the streaming step cannot run this model in `dtype` (a name or torch dtype), or None."""
     if str(dtype).removeprefix("torch.") != "bfloat16":
@@ -125,17 +134,19 @@ class StreamDecoder:
         splits: attention shares per KV head, one program; default: one program per split_levels
         level, each launch running the one its context needs.
         batch: rows a step decodes, each at its own position over its own block table (the CPU
-        reference runs batches; the streaming kernel, batch 1)."""
+        reference and the streaming kernel, the kernel's GEMVs then on tensor cores)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
         if max_context < 1 or block_size < 1 or batch < 1 or (splits is not None and splits < 1):
             raise ValueError("max_context, block_size, batch and splits must be positive")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
-        if batch > 1 and self.device.type == "cuda":
-            raise ValueError(f"batch {batch}: the streaming kernel runs batch 1 (batches run per op on a GPU); "
-                             "a batched decoder runs on the CPU reference (device='cpu')")
-        self.config = config or stream_config(cfg)
+        if batch > BATCH_ROWS[-1]:
+            raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
+        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch))
+        if self.device.type == "cuda" and batch > max(1, self.config.batch_rows):
+            raise ValueError(f"batch {batch}: the kernel's StreamConfig.batch_rows is {self.config.batch_rows}; "
+                             f"use {batch_rows(batch)} (or leave config out)")
         self.levels = [splits] if splits else split_levels(cfg, self.config, max_context)
         self.splits = self.levels[-1]
         self.block_size, self.max_context = block_size, max_context

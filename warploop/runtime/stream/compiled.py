@@ -31,6 +31,7 @@ class StreamConfig:
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     attn_mma: bool = False        # a chunk's scores and outputs on tensor cores (mma.sync) instead of fp32 FMAs
+    batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 32, 64
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -44,6 +45,9 @@ class StreamConfig:
             raise ValueError(f"attn_group must be a power of two from 1 to 16, not {self.attn_group}")
         if self.attn_tile not in (16, 32, 64):
             raise ValueError(f"attn_tile must be 16, 32 or 64, not {self.attn_tile}")
+        if self.batch_rows not in (0, 32, 64) or (self.batch_rows and self.block_rows < 32):
+            raise ValueError(f"batch_rows must be 0 (batch 1 only), 32 or 64, with block_rows at least 32 (a tile "
+                             f"half is an mma's N side), not {self.batch_rows} with block_rows {self.block_rows}")
         if not 2 <= self.ring <= 32:
             raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
         if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
@@ -78,7 +82,7 @@ class StreamConfig:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
-                    KVT=self.kv_tokens, MMA=self.attn_mma)
+                    KVT=self.kv_tokens, MMA=self.attn_mma, NB=self.batch_rows)
 
 
 def smem_layout():

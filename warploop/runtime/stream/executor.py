@@ -62,10 +62,11 @@ class StreamExecutor:
         if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
             raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
                                "elsewhere run the program with reference.reference()")
-        batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] != 1]
+        most = max(program.config.batch_rows, 1)
+        batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > most]
         if batched:
-            raise ValueError(f"node {batched[0]} is a GEMV of batch {program.nodes[batched[0]].fields['batch']}: "
-                             "the streaming kernel runs batch 1 (run batches with reference.reference())")
+            raise ValueError(f"node {batched[0]} is a GEMV of batch {program.nodes[batched[0]].fields['batch']}: the "
+                             f"kernel is compiled for {most} row(s) (StreamConfig.batch_rows 32 or 64 for batches)")
         if share is not None:
             _check_shareable(program, share.program)
             dev, ctas = share.device, ctas or share.ctas

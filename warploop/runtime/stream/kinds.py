@@ -175,7 +175,7 @@ NOP = NodeKind("nop", 0, ())
 # reduces the tiles' pairs.
 # A batch of `batch` rows: x holds them one after another (row b at x + b * k), each normalised on
 # its own; row b's outputs go to out + b * ostride and its amax pair to amax + b * astride. (The
-# CPU reference runs batches; the Gluon kernel runs batch 1.)
+# CPU reference and the Gluon kernel run batches; the kernel, up to StreamConfig.batch_rows.)
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
