@@ -1,0 +1,215 @@
+"""Gluon kernel bodies run on the CPU: a numpy stand-in for the subset of Gluon the streaming
+kernel's bodies use, so their index arithmetic, masks and control flow can be checked against the
+CPU reference without a GPU (tests/test_stream_emulated.py).
+
+Every op works on whole arrays, as one thread: layouts are ignored, barriers and mbarriers do
+nothing, shared memory is a numpy array (bf16 values held as float32), a pointer is a flat buffer
+with offsets, mma_v2 is a matrix product. It checks what a body computes, not its synchronisation,
+its layouts or its registers: those need the GPU (tests/test_stream_gpu.py).
+
+    body = emulated(kernel._gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    body(S(ring), ..., P(arena_numpy), ...)
+"""
+from __future__ import annotations
+
+import operator
+import types
+
+import numpy as np
+import torch
+
+
+def bf16(a) -> np.ndarray:
+    """float32 values rounded to bfloat16 (and back), as a cast to gl.bfloat16 rounds them."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16).float().numpy()
+
+
+F32, BF16, I32, I64 = "float32", "bfloat16", "int32", "int64"
+
+
+def _a(x):
+    return x.a if isinstance(x, T) else x
+
+
+def _logical(name):
+    return lambda x, y: (getattr(np, "logical_" + name) if np.asarray(x).dtype == bool
+                         else getattr(np, "bitwise_" + name))(x, y)
+
+
+def _div(x, y):   # Gluon's / on integers truncates; on floats it divides
+    if np.asarray(x).dtype.kind == "f" or np.asarray(y).dtype.kind == "f":
+        return np.true_divide(x, y)
+    return np.trunc(np.true_divide(x, y)).astype(np.int64)
+
+
+class T:
+    """A tensor (or a scalar a word load gave): a numpy array and the dtype Gluon would give it."""
+
+    __hash__ = None
+
+    def __init__(self, a, dt=None):
+        self.a = np.asarray(a)
+        self.dt = dt or (F32 if self.a.dtype.kind == "f" else I64)
+
+    def __bool__(self):
+        assert self.a.size == 1, f"the truth of a {self.a.shape} tensor"
+        return bool(self.a)
+
+    def __index__(self):
+        return int(self.a)
+
+    __int__ = __index__
+
+    def __getitem__(self, idx):
+        return T(self.a[idx], self.dt)
+
+    def __neg__(self):
+        return T(-self.a)
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    @property
+    def type(self):
+        return types.SimpleNamespace(layout="emulated", shape=self.a.shape)
+
+    def to(self, dt, bitcast=False):
+        if bitcast:
+            return T(np.asarray(self.a, dtype=np.int32).view(np.float32))
+        if dt == BF16:
+            return T(bf16(self.a), BF16)
+        if dt == F32:
+            return T(self.a.astype(np.float32))
+        return T(self.a.astype(np.int64), dt)
+
+
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": _div,
+           "floordiv": operator.floordiv, "mod": operator.mod, "lt": operator.lt, "le": operator.le,
+           "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne, "and": _logical("and"),
+           "or": _logical("or")}
+for _name, _op in _BINARY.items():
+    setattr(T, f"__{_name}__", lambda s, o, op=_op: T(op(s.a, np.asarray(_a(o)))))
+    if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
+        setattr(T, f"__r{_name}__", lambda s, o, op=_op: T(op(np.asarray(_a(o)), s.a)))
+
+
+class P:
+    """A pointer: a flat numpy buffer and the offsets into it."""
+
+    def __init__(self, buf: np.ndarray, off=0):
+        self.buf, self.off = buf, off
+
+    def __add__(self, o):
+        return P(self.buf, np.asarray(self.off) + np.asarray(_a(o)))
+
+    __radd__ = __add__
+
+
+def _masked(ptr: P, mask, *shapes):
+    off = np.asarray(ptr.off)
+    shape = np.broadcast_shapes(off.shape, *shapes, np.shape(_a(mask)) if mask is not None else ())
+    m = np.ones(shape, bool) if mask is None else np.broadcast_to(np.asarray(_a(mask), bool), shape)
+    off = np.broadcast_to(off, shape)
+    assert ((off[m] >= 0) & (off[m] < ptr.buf.size)).all(), "an unmasked access outside the buffer"
+    return off, m
+
+
+def load(ptr: P, mask=None, other=0.0, cache_modifier=None):
+    off, m = _masked(ptr, mask)
+    v = ptr.buf[np.where(m, off, 0)]
+    other = np.asarray(_a(other)).astype(ptr.buf.dtype)
+    return T(np.where(m, v, other).astype(np.float32 if ptr.buf.dtype.kind == "f" else np.int64))
+
+
+def store(ptr: P, val, mask=None):
+    val = np.asarray(_a(val))
+    off, m = _masked(ptr, mask, val.shape)
+    ptr.buf[off[m]] = np.broadcast_to(val, m.shape)[m]
+
+
+def _atomic(update):
+    def atomic(ptr: P, val, sem=None, scope=None):
+        off = int(np.asarray(ptr.off))
+        old = ptr.buf[off]
+        ptr.buf[off] = update(old, _a(val))
+        return T(np.asarray(old))
+    return atomic
+
+
+class S:
+    """A shared memory descriptor over a numpy array (bf16 values held as float32)."""
+
+    layout = "emulated"
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def index(self, i):
+        return S(self.a[int(_a(i))])
+
+    def slice(self, start, length, dim=0):
+        idx = [slice(None)] * self.a.ndim
+        idx[dim] = slice(int(_a(start)), int(_a(start)) + length)
+        return S(self.a[tuple(idx)])
+
+    def permute(self, order):
+        return S(self.a.transpose(order))
+
+    def load(self, layout):
+        return T(self.a.copy(), BF16)
+
+    def store(self, v):
+        self.a[...] = np.broadcast_to(_a(v), self.a.shape)
+
+    def _reinterpret(self, dtype, shape, layout):   # the first prod(shape) elements, as Gluon's view
+        return S(self.a.reshape(-1)[:int(np.prod(shape))].reshape(shape))
+
+    reinterpret = _reinterpret
+
+
+def _filled(value):
+    def make(shape, *args, layout=None):
+        dt = args[-1] if args else F32
+        v = value if value is not None else args[0]
+        return T(np.full(shape, v, np.float32 if dt in (F32, BF16) else np.int64), dt)
+    return make
+
+
+def _layout(*args, **kwargs):
+    return "emulated"
+
+
+def mma_v2(a: T, b: T, acc: T) -> T:
+    assert a.shape[1] == b.shape[0] and acc.shape == (a.shape[0], b.shape[1]), (a.shape, b.shape, acc.shape)
+    return T(acc.a + a.a.astype(np.float64) @ b.a.astype(np.float64))
+
+
+gl = types.SimpleNamespace(
+    float32=F32, bfloat16=BF16, int32=I32, int64=I64,
+    arange=lambda lo, hi, layout=None: T(np.arange(lo, hi)),
+    zeros=_filled(0.0), full=_filled(None), zeros_like=lambda t: T(np.zeros_like(t.a), t.dt),
+    load=load, store=store, atomic_add=_atomic(operator.add), atomic_xchg=_atomic(lambda old, new: new),
+    sum=lambda x, axis: T(np.sum(x.a, axis=axis)), max=lambda x, axis: T(np.max(x.a, axis=axis)),
+    min=lambda x, axis: T(np.min(x.a, axis=axis)),
+    maximum=lambda x, y: T(np.maximum(_a(x), _a(y))), minimum=lambda x, y: T(np.minimum(_a(x), _a(y))),
+    where=lambda c, x, y: T(np.where(_a(c), _a(x), _a(y))), exp=lambda x: T(np.exp(_a(x))),
+    rsqrt=lambda x: T(1 / np.sqrt(_a(x))), abs=lambda x: T(np.abs(_a(x))),
+    convert_layout=lambda x, layout: x, static_range=range,
+    BlockedLayout=_layout, SliceLayout=_layout, NVMMADistributedLayout=_layout, DotOperandLayout=_layout,
+)
+mbarrier = types.SimpleNamespace(wait=lambda *a: None, arrive=lambda *a: None, expect=lambda *a: None)
+
+
+def emulated(jitfn, **replaced):
+    """The Python function of a Gluon jit function over the stand-ins: its module's constexprs as
+    values, its jit helpers emulated too, and `replaced` (names of its globals) swapped in."""
+    g = dict(jitfn.fn.__globals__)
+    g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0)
+    for name, v in list(g.items()):
+        if type(v).__name__ in ("GluonJITFunction", "JITFunction"):
+            g[name] = types.FunctionType(v.fn.__code__, g, name, v.fn.__defaults__)
+        elif type(v).__name__ == "constexpr":
+            g[name] = v.value
+    g.update(replaced)
+    return types.FunctionType(jitfn.fn.__code__, g, jitfn.fn.__name__, jitfn.fn.__defaults__)

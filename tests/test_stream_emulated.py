@@ -1,0 +1,188 @@
+"""The streaming kernel's Gluon bodies run on the CPU (tests/gluon_emulator.py) inside a decoder's
+program, the ring filled as the loader fills it, every other node run by the CPU reference; the
+arena and the KV cache they leave against the reference's. This checks what the bodies compute
+(indices, masks, the ring's chunk count, the online softmax) before any GPU run; the GPU tests
+check the rest (tests/test_stream_gpu.py)."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon")
+
+from gluon_emulator import P, S, T, emulated  # noqa: E402
+from test_stream_step import bf16_exact_weights  # noqa: E402
+
+from warploop.llm.config import ModelConfig  # noqa: E402
+from warploop.llm.kv_cache import cdiv  # noqa: E402
+from warploop.llm.stream_step import StreamDecoder, batch_rows, stream_config  # noqa: E402
+from warploop.runtime.stream import attention, kernel  # noqa: E402
+from warploop.runtime.stream.kinds import ATTN, GEMV, HEADER  # noqa: E402
+from warploop.runtime.stream.reference import reference, run_node  # noqa: E402
+
+MODELS = {
+    "qwen3_hd16": ModelConfig(family="qwen3", vocab_size=200, hidden_size=192, intermediate_size=320, num_layers=2,
+                              num_heads=8, num_kv_heads=2, head_dim=16, qk_norm=True, o_bias=True),
+    "llama_hd64": ModelConfig(family="llama", vocab_size=300, hidden_size=256, intermediate_size=384, num_layers=1,
+                              num_heads=4, num_kv_heads=1, head_dim=64, tie_word_embeddings=False),
+    "llama_hd128": ModelConfig(family="llama", vocab_size=96, hidden_size=256, intermediate_size=96, num_layers=1,
+                               num_heads=6, num_kv_heads=2, head_dim=128, tie_word_embeddings=False),
+}
+SPIN = 1 << 20
+
+
+def words(kind, fields) -> P:
+    """An instruction's words (the header zeros: the emulated waits take their values as arguments)."""
+    return P(np.array([0] * len(HEADER) + list(kind.encode(fields)), dtype=np.int64))
+
+
+def gemv_chunks(program, f, br: int, bk: int) -> np.ndarray:
+    """The ring chunks the loader streams for a GEMV tile: [chunks, BR, BK], two [BR/2, BK] boxes
+    each (rows from row and row2 at one column block, or a narrow tile's at two), out-of-bounds
+    rows and columns zero as TMA reads them."""
+    pool = program.pools[f["pool"]].float().numpy()
+    half, chunks, kk = br // 2, [], 0
+    while kk < f["k"]:
+        c = np.zeros((br, bk), np.float32)
+        for h, (row, col) in enumerate(((f["row"], kk), (f["row2"], kk + bk * f["narrow"]))):
+            box = pool[row:row + half, col:col + bk]
+            c[h * half:h * half + box.shape[0], :box.shape[1]] = box
+        chunks.append(c)
+        kk += bk * (1 + f["narrow"])
+    return np.stack(chunks)
+
+
+def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
+    """The step region's words: each row's position, context length, write flag and block table."""
+    out = []
+    for pos, table in rows:
+        out += [pos, pos + 1, 0] + table + [0] * (dec.step_words - 3 - len(table))
+    return out
+
+
+@pytest.mark.parametrize("batch", [2, 33])
+@pytest.mark.parametrize("block_rows, block_k", [(32, 128), (64, 128)])
+@pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
+def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch):
+    """Every batched GEMV of a decoder's step (qkv with its norm and narrow tiles, o_proj with bias
+    and add, gate/up with SiLU, down, lm_head with each row's amax pair) through _gemv_rows: the
+    arena within fp32 accumulation of the reference's (x enters the mmas as a bf16 pair)."""
+    cfg = MODELS[name]
+    w = bf16_exact_weights(cfg)
+    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch))
+    dec = StreamDecoder(cfg, w, max_context=32, block_size=4, batch=batch, config=config)
+    p = dec.program
+    ints = p.int_arena()
+    words_ = step_words(dec, [(3 + b % 5, [b % 2 * 4 + j for j in range(4)]) for b in range(batch)])
+    r = p.int_regions["step"]
+    ints[r.offset:r.offset + len(words_)] = torch.tensor(words_, dtype=torch.int32)
+    r = p.int_regions["token"]
+    ints[r.offset:r.offset + batch] = torch.arange(batch, dtype=torch.int32) % cfg.vocab_size
+    kv = torch.randn(p.kv.shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    start = p.arena()
+    want = reference(p, start, ints.clone(), kv.clone())
+    body = emulated(kernel._gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    arena, ints_e, kv_e, ran = start.clone(), ints.clone(), kv.clone(), 0
+    for node in p.nodes:
+        f = node.fields
+        if node.kind is not GEMV or f["batch"] == 1:
+            run_node(p, arena, node, ints_e, kv_e, 0)
+            continue
+        ring = gemv_chunks(p, f, block_rows, block_k)
+        none = S(np.zeros((len(ring), 1)))
+        it, failed = body(S(ring), none, none, 0, words(GEMV, f), P(arena.numpy()), None, None, 0, 0, 0, 0, None,
+                          -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]),
+                          T(f["out"]), T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows,
+                          block_k, len(ring), SPIN, False, config.batch_rows)
+        assert int(it) == len(ring) and failed == 0
+        ran += 1
+    assert ran > 4 * cfg.num_layers
+    # the x the GEMVs read is theirs until attention: there only fp32 order differs
+    qkv = p.regions["qkv"]
+    assert (arena - want)[qkv.offset:qkv.offset + qkv.size].abs().max() < 1e-4
+    # from there on a bf16 rounding of k can flip an ulp (a 33-row batch shares its cache slots)
+    torch.testing.assert_close(arena, want, rtol=2e-3, atol=2e-3)
+
+
+def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, launch_pos: int) -> np.ndarray:
+    """The ring chunks stream_kv fills for a share [lo, hi): the keys then the values of each chunk,
+    in boxes of up to a block; a box past hi is zeros; rows this launch wrote are what TMA read
+    before the writes (stale: NaN here), rows of a box past hi what the cache holds there."""
+    hd, kvt = config.head_dim, config.kv_tokens
+    bs = cache.shape[3]
+    kvb = config.kv_box(bs)
+    nsub, chunks, t0 = kvt // kvb, [], lo
+    while t0 < hi:
+        slot = np.zeros((2 * nsub, kvb, hd), np.float32)
+        for j in range(nsub):
+            t = t0 + j * kvb
+            if t < hi:
+                blk = int(ints[f["step"] + 3 + t // bs])
+                for which in (0, 1):
+                    rows = cache[f["layer"], which, blk, t % bs:t % bs + kvb, f["kvhead"]].copy()
+                    toks = t + np.arange(kvb)
+                    rows[(toks >= launch_pos) & (toks < hi)] = np.nan
+                    slot[j + which * nsub] = rows
+        flat = np.zeros(config.block_rows * config.block_k, np.float32)
+        flat[:slot.size] = slot.reshape(-1)
+        chunks.append(flat.reshape(config.block_rows, config.block_k))
+        t0 += kvt
+    return np.stack(chunks) if chunks else np.zeros((1, config.block_rows, config.block_k), np.float32)
+
+
+@pytest.mark.parametrize("mma", [False, True], ids=["fma", "mma"])
+@pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd128"])
+def test_attention_body_gives_the_reference_outputs(name, splits, pos, steps, mma):
+    """A launch of several steps with every ATTN node through attn (the FMA path, and the mma path
+    of StreamConfig.attn_mma): RoPE, the KV write, this launch's rows patched over the ring's stale
+    copies, the new token's, rows past the share kept out (the cache holds NaN past the context),
+    the shares' partials and their merge; arena and cache against the reference's."""
+    cfg = MODELS[name]
+    w = bf16_exact_weights(cfg)
+    config = stream_config(cfg, attn_mma=mma)
+    dec = StreamDecoder(cfg, w, max_context=128, block_size=4, splits=splits, config=config)
+    p = dec.program
+    ints = p.int_arena()
+    table = [int(b) for b in np.random.RandomState(0).permutation(32)]
+    words_ = step_words(dec, [(pos, table)])
+    r = p.int_regions["step"]
+    ints[r.offset:r.offset + len(words_)] = torch.tensor(words_, dtype=torch.int32)
+    ints[p.int_regions["token"].offset] = 5
+    kv = torch.randn(p.kv.shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    for t in range(pos, 128):              # past the context: NaN, which must not reach an output
+        kv[:, :, table[t // 4], t % 4] = float("nan")
+    start = p.arena()
+    kv_want = kv.clone()
+    want = reference(p, start, ints.clone(), kv_want, steps=steps)
+    body = emulated(attention.attn, waits=lambda *a: a[7], barrier=lambda: None)
+    arena, ints_e = start.clone(), ints.clone()
+    cache = kv.float().numpy().copy()
+    counters = np.zeros(max(1, len(p.tickets)), np.int64)
+    kvt = config.kv_tokens
+    for s in range(steps):
+        for node in p.nodes:
+            f = node.fields
+            if node.kind is not ATTN:
+                kv_t = torch.from_numpy(cache).to(torch.bfloat16)
+                run_node(p, arena, node, ints_e, kv_t, s)
+                cache[...] = kv_t.float().numpy()
+                continue
+            n_ctx = pos + 1 + s
+            share = cdiv(cdiv(n_ctx, f["splits"]), kvt) * kvt      # the kernel's shares: whole chunks
+            lo = min(f["split"] * share, n_ctx)
+            hi = min(lo + share, n_ctx)
+            ring = kv_chunks(f, cache, ints_e.numpy(), config, lo, hi, pos)
+            none = S(np.zeros((len(ring), 1)))
+            it, failed = body(P(arena.numpy()), P(ints_e.numpy().astype(np.int64)), P(cache.reshape(-1)),
+                              words(ATTN, f), S(ring), none, none, 0, P(counters), None, 0, s, 0, 0, 0, None,
+                              -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, config.head_dim,
+                              config.attn_group, min(config.attn_tile, kvt), kvt, mma)
+            assert int(it) == cdiv(hi - lo, kvt) and failed == 0
+    assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
+    fin = torch.isfinite(want)
+    # the mma path's q and P carry ~16 bits; a later step's k, rounded to bf16, can flip an ulp
+    torch.testing.assert_close(arena[fin], want[fin], rtol=2e-3, atol=2e-3)
+    done = torch.isfinite(kv_want.float())
+    torch.testing.assert_close(torch.from_numpy(cache)[done], kv_want.float()[done], rtol=1e-2, atol=1e-2)
+    assert counters.sum() == 0              # every merge set its ticket back
