@@ -282,6 +282,26 @@ def test_place_matches_the_reference_list_scheduler_on_random_graphs():
         assert place(nodes, workers) == reference_place(nodes, workers), f"trial {trial}"
 
 
+def test_place_puts_a_stages_tiles_where_the_one_at_a_time_rule_does():
+    """Runs of alike nodes (a stage's tiles: one deps tuple, one cost, none pinned) go through the
+    heap of placement._place_run: the reference's placement, ties and all, on stages wider and
+    narrower than the workers, with costs that tie and pinned nodes between them."""
+    import random
+
+    rng = random.Random(11)
+    for trial in range(20):
+        workers = rng.choice([1, 3, 8, 132])
+        nodes, prev = [NodeSpec((), 1.0)], (0,)
+        for _ in range(rng.randint(2, 6)):
+            start = len(nodes)
+            cost = float(rng.choice([0, 1, 2.5, 32768]))
+            nodes += [NodeSpec(prev, cost) for _ in range(rng.choice([1, 7, 8, 9, 50, 300]))]
+            if rng.random() < 0.3:
+                nodes.append(NodeSpec(prev, cost, rng.randrange(workers)))
+            prev = tuple(range(start, len(nodes))) if rng.random() < 0.7 else (len(nodes) - 1,)
+        assert place(nodes, workers) == reference_place(nodes, workers), f"trial {trial}"
+
+
 def test_place_takes_a_tiled_decode_step_in_seconds():
     """A Llama-1B step of GEMV tiles (38k nodes, all-to-all between stages) on 263 workers: 8.6 s
     for the reference scheduler on this machine class, about 1 s now."""
