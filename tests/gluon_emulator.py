@@ -197,6 +197,7 @@ gl = types.SimpleNamespace(
     rsqrt=lambda x: T(1 / np.sqrt(_a(x))), abs=lambda x: T(np.abs(_a(x))),
     convert_layout=lambda x, layout: x, static_range=range,
     BlockedLayout=_layout, SliceLayout=_layout, NVMMADistributedLayout=_layout, DotOperandLayout=_layout,
+    SwizzledSharedLayout=_layout,
 )
 mbarrier = types.SimpleNamespace(wait=lambda *a: None, arrive=lambda *a: None, expect=lambda *a: None)
 

@@ -346,10 +346,16 @@ def _chunks_mma(q, knew, vnew, bufs, full, it, lo, hi, n_ctx, scale, fresh, f0, 
         if TRACE:
             if t0 == lo:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
+        # plain: the slot as a row-major view of the same bytes, for the keys' transposed loads (Triton
+        # 3.6 addresses a permuted view of an unswizzled NVMMA layout as column-major, #10453)
         if PUBLIC_REINTERPRET:
             chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            plain = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD],
+                                              gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         else:
             chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            plain = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD],
+                                               gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         mine = fresh & (t0 < f1) & (t0 + KVT > f0)
         if mine | (t0 + KVT > hi) | ((t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)):
             if t0 == ca:
@@ -372,7 +378,7 @@ def _chunks_mma(q, knew, vnew, bufs, full, it, lo, hi, n_ctx, scale, fresh, f0, 
             chunk.slice(KVT, KVT).store(gl.where(new, vn, gl.where(m2, v_f, gl.where(live, v_r, zero))))
             barrier()               # the patched rows before any warp reads them
         for sub in gl.static_range(KVT // TILE):
-            kt = chunk.slice(sub * TILE, TILE).permute((1, 0)).load(gl.DotOperandLayout(1, MS, 2))   # [HD, TILE]
+            kt = plain.slice(sub * TILE, TILE).permute((1, 0)).load(gl.DotOperandLayout(1, MS, 2))   # [HD, TILE]
             sc = mma_v2(qa, kt, gl.zeros([NQ, TILE], gl.float32, layout=MS))
             sc = mma_v2(qb, kt, sc) * scale
             sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))

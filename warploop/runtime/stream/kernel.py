@@ -250,7 +250,13 @@ def _gemv_rows(bufs, full, empty, it, base, arena, counters, err, epoch, failed,
         if TRACE:
             if c == 0:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
-        buf = bufs.index(slot)
+        # the slot as a plain row-major view (the same bytes): Triton 3.6 addresses a permuted view of
+        # an unswizzled NVMMA layout as column-major (triton-lang/triton#10453)
+        if PUBLIC_REINTERPRET:
+            buf = bufs.index(slot).reinterpret(gl.bfloat16, [BR, BK],
+                                               gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        else:
+            buf = bufs.index(slot)._reinterpret(gl.bfloat16, [BR, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         for ks in gl.static_range(BK // KS):
             col = c * (1 + narrow) * BK + ks * KS + cx
             xr, xa = _x_rows(arena, xrow, col, k, rowok, norm)
