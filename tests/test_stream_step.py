@@ -128,6 +128,9 @@ def test_split_levels_and_the_level_a_context_runs():
     big = stream_config(cfg)
     top = attention_splits(cfg, big, 100_000)
     assert top == (132 - 2) // 2 and split_levels(cfg, big, 100_000) == [1, 2, 4, 8, 16, 32, 64, top]
+    # a batch's rows each take their KV heads' attention nodes: fewer shares a row
+    assert attention_splits(cfg, big, 100_000, rows=8) == (132 - 16) // 16
+    assert split_levels(cfg, big, 100_000, rows=32) == [1] and attention_splits(cfg, big, 10, rows=70) == 1
     w = bf16_exact_weights(cfg)
     dec = StreamDecoder(cfg, w, max_context=128, block_size=4, config=config)
     assert dec.splits == 4 and list(dec.programs) == [1, 2, 4]
@@ -207,12 +210,36 @@ def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     assert batch == 1 or len({tuple(r) for r in stepped}) > 1         # the rows differ
 
 
+def test_batched_decoder_runs_fewer_live_rows_than_it_holds():
+    """A decoder of 8 rows given 3 (the rest idle: no context, no KV write) gives a 3-row decoder's
+    logits and loop tokens for them, and leaves the same cache: one decoder serves every batch up to
+    its rows."""
+    cfg = CONFIGS["qwen3_qk_norm"]
+    w = bf16_exact_weights(cfg)
+    kv0 = torch.randn(cfg.num_layers, 2, 24, 4, cfg.num_kv_heads, cfg.head_dim,
+                      generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    tables = [[4, 5, 6, 7], [8, 9, 10, 11], [16, 17, 18, 19]]     # block 0 is the idle rows' table
+    tokens, positions = [5, 9, 11], [6, 2, 9]
+    out = {}
+    for rows in (3, 8):
+        dec = StreamDecoder(cfg, w, max_context=16, block_size=4, batch=rows, kv=kv0.clone())
+        logits = dec.step_rows(tokens, positions, tables)[:3].clone()
+        looped = dec.generate_rows(tokens, [p + 1 for p in positions], 4, tables)[:3]
+        out[rows] = logits, looped, dec.kv.clone()
+    torch.testing.assert_close(out[8][0], out[3][0], rtol=1e-5, atol=1e-5)
+    assert out[8][1] == out[3][1]
+    assert torch.equal(out[8][2][:, :, 0], kv0[:, :, 0])       # the idle rows wrote nothing
+    # the live rows' writes: the same but for a bf16 ulp where a loop step's k rounds the other way
+    torch.testing.assert_close(out[8][2].float(), out[3][2].float(), rtol=0, atol=2e-2)
+    assert torch.isfinite(out[8][0]).all()
+
+
 def test_batched_decoder_refuses_what_it_cannot_run():
     cfg = CONFIGS["llama3"]
     w = bf16_exact_weights(cfg)
     dec = StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2)
-    with pytest.raises(ValueError, match="2 row"):
-        dec.step_rows([1], [0], [[0]])
+    with pytest.raises(ValueError, match="1 to 2 row"):
+        dec.step_rows([1, 1, 1], [0, 0, 0], [[0], [1], [2]])
     with pytest.raises(ValueError, match="row 1: token"):
         dec.step_rows([1, cfg.vocab_size], [0, 0], [[0], [1]])
     with pytest.raises(ValueError, match="row 0: positions"):

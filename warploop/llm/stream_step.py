@@ -57,13 +57,14 @@ def unsupported(cfg: ModelConfig, dtype) -> str | None:
     return None
 
 
-def split_levels(cfg: ModelConfig, config: StreamConfig, max_context: int, ctas: int = 132) -> list[int]:
+def split_levels(cfg: ModelConfig, config: StreamConfig, max_context: int, ctas: int = 132,
+                 rows: int = 1) -> list[int]:
     """The attention split counts a decoder builds a program for: 1, 2, 4, ... up to the count
     max_context needs (attention_splits), and that count. A launch runs the fewest its context
     takes (StreamDecoder.level): shares with no tokens still wait, store and take their ticket, and
     a short context over the longest's count paid for them (H200, context 96: Llama-3.2-1B 0.960
     ms a step with 2 shares a KV head, 0.999 with 15; SmolLM2-135M 0.554 with 2, 0.702 with 32)."""
-    top = attention_splits(cfg, config, max_context, ctas)
+    top = attention_splits(cfg, config, max_context, ctas, rows)
     return sorted({1 << k for k in range(top.bit_length()) if 1 << k < top} | {top})
 
 
@@ -73,11 +74,12 @@ def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
     return 2 * -(-rows // config.block_rows) <= ctas
 
 
-def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132) -> int:
-    """Shares of the context per KV head: at most one attention node per SM with one SM a KV head
-    to spare (a CTA running two shares finishes last and holds up the layer; the figures were
-    measured this way), each share at least a ring chunk of tokens."""
-    return max(1, min((ctas - cfg.num_kv_heads) // cfg.num_kv_heads, -(-context // max(1, config.kv_tokens))))
+def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132, rows: int = 1) -> int:
+    """Shares of the context per KV head (of each of `rows` rows): at most one attention node per
+    SM with one SM a KV head to spare (a CTA running two shares finishes last and holds up the
+    layer; the figures were measured this way), each share at least a ring chunk of tokens."""
+    heads = rows * cfg.num_kv_heads
+    return max(1, min((ctas - heads) // heads, -(-context // max(1, config.kv_tokens))))
 
 
 MATRICES = ("qkv", "o", "gate_up", "down")       # a layer's matrices, in the order the program records them
@@ -147,7 +149,7 @@ class StreamDecoder:
         if self.device.type == "cuda" and batch > max(1, self.config.batch_rows):
             raise ValueError(f"batch {batch}: the kernel's StreamConfig.batch_rows is {self.config.batch_rows}; "
                              f"use {batch_rows(batch)} (or leave config out)")
-        self.levels = [splits] if splits else split_levels(cfg, self.config, max_context)
+        self.levels = [splits] if splits else split_levels(cfg, self.config, max_context, rows=batch)
         self.splits = self.levels[-1]
         self.block_size, self.max_context = block_size, max_context
         self.step_words = 3 + cdiv(max_context, block_size)      # a row's: pos, n_ctx, write, the block table
@@ -232,7 +234,7 @@ class StreamDecoder:
     def level(self, n_ctx: int) -> int:
         """The split level a launch whose last step attends over n_ctx tokens runs: the fewest
         shares that still give each share at most a share's worth (attention_splits)."""
-        want = attention_splits(self.cfg, self.config, n_ctx)
+        want = attention_splits(self.cfg, self.config, n_ctx, rows=self.batch)
         return next((s for s in self.levels if s >= want), self.levels[-1])
 
     def view(self, name: str):
@@ -304,8 +306,8 @@ class StreamDecoder:
         from warploop.runtime.stream.reference import reference
         if not 1 <= steps <= self.MAX_STEPS:
             raise ValueError(f"steps must be 1 to {self.MAX_STEPS}, not {steps}")
-        if not len(tokens) == len(positions) == len(tables) == self.batch:
-            raise ValueError(f"a step takes {self.batch} row(s): tokens, positions and tables, one each; got "
+        if not 1 <= len(tokens) == len(positions) == len(tables) <= self.batch:
+            raise ValueError(f"a step takes 1 to {self.batch} row(s): tokens, positions and tables, one each; got "
                              f"{len(tokens)}, {len(positions)}, {len(tables)}")
         bs, words, longest = self.block_size, [], 0
         for b, (token, pos, table) in enumerate(zip(tokens, positions, tables, strict=True)):
@@ -324,6 +326,11 @@ class StreamDecoder:
             # position, context length, write the new k and v, the block table (padded to the row's words)
             words += [pos, pos + 1, 0] + table + [0] * (self.step_words - 3 - len(table))
             longest = max(longest, last + 1)
+        # rows past the live ones are idle: no context at the launch's first step and no KV write
+        # (their attention only waits and signals there; later steps attend to a few rows of block 0,
+        # writing nothing), their outputs unread
+        words += ([0, 0, -1] + [0] * (self.step_words - 3)) * (self.batch - len(tokens))
+        tokens = list(tokens) + [0] * (self.batch - len(tokens))
         for name, vals in (("step", words), ("token", list(tokens))):
             r = self.program.int_regions[name]
             self.ints[r.offset:r.offset + len(vals)] = torch.tensor(vals, dtype=torch.int32, device=self.ints.device)

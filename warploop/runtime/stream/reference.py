@@ -38,6 +38,11 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     if write >= 0:
         cache[0, slot // bs, slot % bs, g] = k
         cache[1, slot // bs, slot % bs, g] = v
+    if n_ctx == 0:                  # an idle row: its one share is empty (splits 1: the kernel's 0 / 0)
+        if f["splits"] == 1:
+            out = f["out"] + f["head"] * hd
+            arena[out:out + grp * hd] = float("nan")
+        return
     toks = torch.arange(n_ctx)
     table = ints[f["step"] + 3:f["step"] + 3 + (n_ctx + bs - 1) // bs].long().to(kv.device)
     blk = table[toks // bs]
