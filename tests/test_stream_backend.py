@@ -137,3 +137,65 @@ def test_pack_pools_shares_only_bfloat16_weights_on_the_device_and_counts_the_re
     assert packed.copied_bytes == 0 and torch.equal(w16.layers[0].qkv, qkv)
     pool = packed.pools[cfg.hidden_size]
     assert w16.layers[0].qkv.data_ptr() == pool.data_ptr()           # the first matrix of its width
+
+
+@pytest.fixture
+def stream_rows(monkeypatch):
+    """WARPLOOP_STREAM_ROWS=8: decode batches of 2 to 8 sequences on the stream's batched program."""
+    from warploop import config
+    monkeypatch.setenv("WARPLOOP_STREAM_ROWS", "8")
+    config.reload()
+    yield 8
+    monkeypatch.delenv("WARPLOOP_STREAM_ROWS")
+    config.reload()
+
+
+def test_batches_run_decode_loops_on_the_stream_and_give_each_rows_own_tokens(stream_rows, monkeypatch):
+    """Six greedy requests together, budgets and a stop id of their own: decode loops of the batch
+    on the batched program (every launch as long as its smallest budget), each request's tokens as
+    it makes them alone (batch 1 on the stream; its fp32 activations part from the per-op backend's
+    bf16 ones at near ties on some of these prompts), every lent block taken or given back."""
+    from warploop.llm.stream_step import StreamDecoder
+    launches = []
+    launch = StreamDecoder.launch_rows
+    monkeypatch.setattr(StreamDecoder, "launch_rows",
+                        lambda self, tokens, *a: (launches.append((self.batch, len(tokens))), launch(self, tokens, *a)))
+    plain = [("def main(", SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))]
+    tokens = _run("torch", plain, max_num_seqs=1, num_kv_blocks=64)[0][0]
+    budgets = (5, 17, 40, 33, 12)
+    requests = [(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+                for p, n in zip(("def main(", "class A:\n", "import os", "x = [", "# note"), budgets, strict=True)]
+    requests.append(("def main(", SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
+                                                 stop_token_ids=[tokens[9]])))
+    alone = [_run("stream", [r], max_num_seqs=1, num_kv_blocks=128)[0][0] for r in requests]
+    launches.clear()
+    got, stats = _run("stream", requests, max_num_seqs=8, num_kv_blocks=128)
+    assert got == alone and [len(t) for t in got] == [*budgets, 10]
+    assert got[0] == tokens[:5] and got[-1] == tokens[:10]        # the per-op backend's, on this prompt
+    assert stats["decode_loops"] >= 3 and stats["kv_blocks_used"] == 0
+    assert any(rows == 8 and live >= 2 for rows, live in launches)       # batches ran on the 8-row program
+
+
+def test_sampled_batches_take_single_steps_on_the_batched_stream(stream_rows, monkeypatch):
+    from warploop.llm.stream_step import StreamDecoder
+    steps = []
+    step_rows = StreamDecoder.step_rows
+    monkeypatch.setattr(StreamDecoder, "step_rows", lambda self, tokens, *a: (steps.append(len(tokens)),
+                                                                              step_rows(self, tokens, *a))[1])
+    requests = [(p, SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True))
+                for p in ("def main(", "class A:\n", "import os")]
+    got, stats = _run("stream", requests, max_num_seqs=4, num_kv_blocks=64)
+    assert [len(t) for t in got] == [6, 6, 6] and stats["decode_loops"] == 0
+    assert 3 in steps                                              # a step of all three rows
+
+
+@pytest.mark.parametrize("value, match", [("1", "2 to 64"), ("65", "2 to 64"), ("eight", "whole number")])
+def test_stream_rows_setting_is_checked_by_name(monkeypatch, value, match):
+    from warploop import config
+    monkeypatch.setenv("WARPLOOP_STREAM_ROWS", value)
+    try:
+        with pytest.raises(ValueError, match=f"WARPLOOP_STREAM_ROWS.*{match}"):
+            config.reload()
+    finally:
+        monkeypatch.delenv("WARPLOOP_STREAM_ROWS")
+        config.reload()

@@ -26,12 +26,16 @@ class Config:
     log_level: str            # WARPLOOP_LOG: debug | info | warning | error
     debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
     mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
+    stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
             raise ValueError(f"WARPLOOP_DEVICE={self.device!r}: use cpu, cuda or hip")
         if self.jobs < 1:
             raise ValueError(f"WARPLOOP_JOBS={self.jobs}: must be at least 1")
+        if self.stream_rows != 0 and not 2 <= self.stream_rows <= 64:
+            raise ValueError(f"WARPLOOP_STREAM_ROWS={self.stream_rows}: use 0 (batches of 2 or more run per op) or "
+                             "2 to 64 (decode batches up to that many run on the streaming kernel)")
         if not isinstance(self.mk_plan, dict):
             raise ValueError(f"WARPLOOP_MK_PLAN={self.mk_plan!r}: use a JSON object, e.g. '{{\"tile_kb\": 64}}'")
 
@@ -53,7 +57,16 @@ def get() -> Config:
         log_level=os.environ.get("WARPLOOP_LOG", "warning"),
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
+        stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
     )
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
 
 
 def debug_wanted() -> bool:

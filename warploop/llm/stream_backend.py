@@ -1,15 +1,17 @@
-"""StreamBackend: batch-1 decode on the streaming executor (warploop/runtime/stream); the rest per op.
+"""StreamBackend: decode on the streaming executor (warploop/runtime/stream); prefill per op.
 
 Under the Backend contract (backend.py): a decode batch of one sequence runs as one step of the
 model's streaming program (llm/stream_step.py) over the same paged KV cache the per-op backend's
-prefill writes; every other batch runs on the per-op TorchBackend. A greedy sequence runs decode
-loops on the device (`start_loop`): up to MAX_STEPS steps in one launch, each step's token picked on
-the GPU and fed to the next step's embedding, the host writing only the first token, the position
-and the block table (the sequence's blocks and the ones it takes from the loan for the steps ahead).
+prefill writes. With `rows` (WARPLOOP_STREAM_ROWS), decode batches of 2 to `rows` sequences run on a
+second program of that many rows (its GEMVs on tensor cores, rows past the batch idle); without, and
+for every other batch, the per-op TorchBackend runs it. Greedy sequences run decode loops on the
+device (`start_loop`): up to MAX_STEPS steps in one launch, each step's tokens picked on the GPU and
+fed to the next step's embeddings, the host writing only the first tokens, the positions and the
+block tables (each sequence's blocks and the ones it takes from the loan for the steps ahead).
 
-The kernel runs every step of a launch; the host applies the row's budget and stop ids to the
-tokens it reads back (a token after the row stopped is dropped, and so is the block it would have
-taken: the engine gives that block back).
+The kernel runs every step of a launch for every row; a launch runs at most the smallest budget
+of its rows, and the host applies each row's stop ids to the tokens it reads back (a token after the
+row stopped is dropped, and so is the block it would have taken: the engine gives that block back).
 
 On the CPU the program runs on the streaming executor's CPU reference: a check, not a speed.
 """
@@ -22,7 +24,8 @@ from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
-from warploop.llm.stream_step import StreamDecoder, unsupported
+from warploop.llm.mk.loop import NO_TOKEN
+from warploop.llm.stream_step import StreamDecoder, pack_pools, unsupported
 from warploop.llm.weights import ModelWeights
 
 MAX_STEPS = 32            # a loop's most steps: an arrival waits at most this many for its turn
@@ -39,11 +42,11 @@ class StreamBackend(Backend):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True,
-                 pools=None) -> None:
-        """use_cuda_graphs: the per-op path's decode batches (2 sequences and more) replay CUDA graphs
-        (captured in warmup), as on the per-op backend. pools: stream_step.pack_pools(weights, device,
-        share=True)'s result (build_backend packs them before sizing the KV cache), else packed here,
-        a copy beside the weights."""
+                 pools=None, rows: int = 0) -> None:
+        """use_cuda_graphs: the per-op path's decode batches replay CUDA graphs (captured in warmup), as
+        on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
+        (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
+        weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op)."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -51,75 +54,93 @@ class StreamBackend(Backend):
             raise ValueError(f"the streaming backend cannot run this model: {why}; {hint} --backend torch")
         if self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
+        if rows == 1 or rows < 0:
+            raise ValueError(f"rows={rows}: use 0 (batches per op) or 2 to 64")
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
+        pools = pools or pack_pools(weights, self.device)
         self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                      block_size=layout.block_size, splits=splits, kv=self.per_op.kv,
                                      pools=pools)
+        self.rows = None             # the decoder of batches, over the same pools and cache
+        if rows:
+            self.rows = StreamDecoder(config, weights, device=self.device, max_context=max_context,
+                                      block_size=layout.block_size, kv=self.per_op.kv, pools=pools, batch=rows)
         self.max_context, self.timeout = max_context, timeout
-        self.last_logits = None
+        self.last = self.decoder         # the decoder of the latest loop
 
     def on_stream(self, batch: ModelBatch) -> bool:
-        return batch.is_decode and batch.num_seqs == 1 and batch.logits_indices is None
+        return (batch.is_decode and batch.logits_indices is None
+                and (batch.num_seqs == 1 or (self.rows is not None and batch.num_seqs <= self.rows.batch)))
+
+    def _decoder(self, batch: ModelBatch) -> StreamDecoder:
+        return self.decoder if batch.num_seqs == 1 else self.rows
 
     def forward(self, batch: ModelBatch) -> torch.Tensor:
         if not self.on_stream(batch):
             return self.per_op.forward(batch)
-        token = batch.token_ids[0] if not isinstance(batch.token_ids, torch.Tensor) else int(batch.token_ids[0])
-        logits = self.decoder.step(int(token), batch.positions[0], batch.block_tables[0])
-        return logits[None].clone()
+        tokens = [int(t) for t in batch.token_ids]
+        if batch.num_seqs == 1:
+            return self.decoder.step(tokens[0], batch.positions[0], batch.block_tables[0])[None].clone()
+        return self.rows.step_rows(tokens, list(batch.positions), [list(t) for t in batch.block_tables]) \
+            [:batch.num_seqs].clone()
 
     # -- the decode loop on the device ------------------------------------------------------------
     def loop_ready(self, batch: ModelBatch, seqs: list) -> bool:
-        return self.on_stream(batch) and greedy(seqs[0])
+        return self.on_stream(batch) and all(greedy(seq) for seq in seqs)
 
     def start_loop(self, batch: ModelBatch, seqs: list, steps: int, remaining: list[int], stops: list[list[int]],
                    free: list[int]) -> StreamLoopRun:
-        steps = min(steps, MAX_STEPS, remaining[0])
-        bs = self.layout.block_size
-        pos = batch.positions[0]
-        table = list(batch.block_tables[0])
-        # step s makes the token at pos + s + 1; where that position opens a block, it takes the
-        # next lent one (the kernel writes k and v at pos .. pos + steps - 1, the last token's block
-        # joins the table for the step after the loop)
+        # the kernel runs every step for every row: no row may pass its budget (or the context)
+        steps = min(steps, MAX_STEPS, min(remaining))
+        bs, n = self.layout.block_size, batch.num_seqs
+        tables = [list(t) for t in batch.block_tables]
+        # step s makes each row's token at pos + s + 1; where that position opens a block, the row
+        # takes the next lent one (the kernel writes k and v at pos .. pos + steps - 1, the last
+        # token's block joins the table for the step after the loop)
         takes = []
         lent = iter(free)
         for s in range(steps):
-            if (pos + s + 1) % bs == 0 and pos + s + 1 < self.max_context:
-                block = next(lent, None)
-                if block is None:             # no block for this step's token: the loop ends before it
-                    steps = s
-                    break
-                takes.append(block)
-                table.append(block)
-            else:
-                takes.append(-1)
+            step = []
+            for r in range(n):
+                at = batch.positions[r] + s + 1
+                step.append(next(lent, None) if at % bs == 0 and at < self.max_context else -1)
+            if None in step:               # a row has no block for this step's token: the loop ends before it
+                steps = s
+                break
+            takes.append(step)
+            for r, block in enumerate(step):
+                if block >= 0:
+                    tables[r].append(block)
         if steps < 1:
             raise RuntimeError("no KV block for the loop's first token")
-        token = batch.token_ids[0] if not isinstance(batch.token_ids, torch.Tensor) else int(batch.token_ids[0])
-        kernel_table = table[:cdiv(pos + steps, bs)]
-        self.decoder.launch(int(token), pos, steps, kernel_table)
-        return StreamLoopRun(self.decoder, steps, takes, remaining[0], set(stops[0]), self.timeout)
+        tokens = [int(t) for t in batch.token_ids]
+        kernel_tables = [t[:cdiv(p + steps, bs)] for t, p in zip(tables, batch.positions, strict=True)]
+        self.last = self._decoder(batch)
+        self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables)
+        return StreamLoopRun(self.last, steps, takes, remaining, [set(s) for s in stops], self.timeout)
 
     def loop_logits(self, rows: list[int]) -> torch.Tensor:
-        return self.decoder.view("logits")[None].clone()
+        return self.last.logits()[rows].clone()
 
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)
         if self.device.type == "cuda":
-            # the kernel compiles on its first launch (seconds): here, not in a request. It writes a
-            # k and v row into block 0, which no sequence holds yet
+            # the kernels compile on their first launch (seconds): here, not in a request. They write
+            # k and v rows into block 0, which no sequence holds yet
             self.decoder.step(0, 0, [0])
+            if self.rows is not None:
+                self.rows.step_rows([0, 0], [0, 0], [[0], [0]])
 
 
 class StreamLoopRun:
     """The host's side of a decode loop launch (loop_step.LoopStep.run): the tokens come back when
-    the launch ends, cut at the row's budget and its first stop id; halt() has nothing to stop
+    the launch ends, each row's cut at its budget and its first stop id; halt() has nothing to stop
     (the launch is at most MAX_STEPS steps)."""
 
-    def __init__(self, decoder: StreamDecoder, steps: int, takes: list[int], budget: int, stops: set,
-                 timeout: float) -> None:
+    def __init__(self, decoder: StreamDecoder, steps: int, takes: list[list[int]], budgets: list[int],
+                 stops: list[set], timeout: float) -> None:
         import time
-        self.decoder, self.steps, self.takes, self.budget, self.stops = decoder, steps, takes, budget, stops
+        self.decoder, self.steps, self.takes, self.budgets, self.stops = decoder, steps, takes, budgets, stops
         self.timeout = timeout
         self.taken = False
         self.started = time.perf_counter()
@@ -131,22 +152,30 @@ class StreamLoopRun:
         return self.taken
 
     def take(self, wait_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-        """Every step's (token, block) once the launch has ended ([steps, 1] each); before that, and
-        after the first take, none."""
+        """Every step's (token, block) of every row once the launch has ended ([steps, rows] each;
+        NO_TOKEN and block -1 after a row's budget or first stop id); before that, and after the
+        first take, none."""
         import time
+        rows = len(self.budgets)
         if self.taken or (not self.decoder.done() and not self._wait(wait_s)):
             if not self.taken and time.perf_counter() - self.started > self.timeout:
                 self.decoder.wait(0.0)           # raises TimeoutError: the launch outlived its watchdog
-            return np.zeros((0, 1), np.int32), np.zeros((0, 1), np.int32)
+            return np.zeros((0, rows), np.int32), np.zeros((0, rows), np.int32)
         self.decoder.wait(self.timeout)          # raises the kernel's fault, if any
         self.taken = True
-        tokens = self.decoder.tokens(self.steps)
-        n = 0
-        while n < min(self.steps, self.budget):
-            n += 1
-            if tokens[n - 1] in self.stops:
-                break
-        return (np.array(tokens[:n], np.int32).reshape(n, 1), np.array(self.takes[:n], np.int32).reshape(n, 1))
+        made = self.decoder.row_tokens(self.steps)[:rows]
+        tokens = np.full((self.steps, rows), NO_TOKEN, np.int32)
+        blocks = np.full((self.steps, rows), -1, np.int32)
+        last = 0
+        for r in range(rows):
+            n = 0
+            while n < min(self.steps, self.budgets[r]):
+                tokens[n, r], blocks[n, r] = made[r][n], self.takes[n][r]
+                n += 1
+                if made[r][n - 1] in self.stops[r]:
+                    break
+            last = max(last, n)
+        return tokens[:last], blocks[:last]
 
     def _wait(self, wait_s: float) -> bool:
         import time

@@ -279,6 +279,11 @@ class StreamDecoder:
         self._check_one()
         self._run([token], [pos], steps, [table], wait=False)
 
+    def launch_rows(self, tokens: list[int], positions: list[int], steps: int, tables: list[list[int]]) -> None:
+        """generate_rows's launch, without the wait (on the CPU it runs here): wait(), then row_tokens().
+        1 to `batch` rows; the rest idle."""
+        self._run(tokens, positions, steps, tables, wait=False)
+
     def wait(self, timeout: float = 60.0) -> None:
         if self.executor is not None:
             self.executor.wait(timeout)
