@@ -181,3 +181,34 @@ def test_gpu_stream_backend_loops_give_its_single_steps_tokens():
     assert outs["stream"] == outs["steps"] and len(outs["stream"]) == 40
     assert outs["stream"][0] == outs["torch"][0]
     assert stats["stream"]["decode_loops"] >= 2 and stats["steps"]["decode_loops"] == 0
+
+
+def test_gpu_stream_batches_give_each_requests_own_tokens(monkeypatch):
+    """WARPLOOP_STREAM_ROWS=8 on the GPU: six greedy requests together (their own budgets) run
+    decode loops of the batch on the batched kernel and give each request's tokens alone (batch 1
+    on the stream); every lent block back."""
+    from test_mk_engine import run_together
+
+    from warploop import config
+    from warploop.llm.engine import Engine, SamplingParams
+    prompts = ("def main(", "class A:\n", "import os", "x = [", "# note", "for i in")
+    requests = [(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+                for p, n in zip(prompts, (5, 17, 40, 33, 12, 24), strict=True)]
+
+    def run(batch):
+        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend="stream", max_num_seqs=8,
+                               progress=False) as engine:
+            if batch:
+                outs = run_together(engine, [(engine.tokenizer.encode(p), params) for p, params in requests])
+                return [outs[i] for i in range(len(requests))], engine.stats()
+            return [engine.generate(p, params).token_ids for p, params in requests], engine.stats()
+
+    alone, _ = run(False)
+    monkeypatch.setenv("WARPLOOP_STREAM_ROWS", "8")
+    config.reload()
+    try:
+        together, stats = run(True)
+    finally:
+        monkeypatch.delenv("WARPLOOP_STREAM_ROWS")
+        config.reload()
+    assert together == alone and stats["decode_loops"] >= 3 and stats["kv_blocks_used"] == 0

@@ -28,6 +28,7 @@ from warploop.runtime.stream.kinds import (
     EMBED,
     EPILOGUES,
     GEMV,
+    HEADER,
     NOP,
     SAMPLE,
     WORDS,
@@ -215,15 +216,26 @@ class StreamProgram:
         if bias is not None and epi == "silu_mul":
             raise ValueError("silu_mul takes no bias")
         tiles, after = [], _Deps(self._deps(after))
-        for t in range(-(-n // per)):
+        count, template = -(-n // per), None
+        for t in range(count):
             first = row + t * per
             second = up + t * per if up is not None else first if narrow else first + br // 2
-            tiles.append(self.add(GEMV, after=after, worker=worker, pool=pool, row=first, row2=second,
-                                  rows=min(per, n - t * per), k=k, x=x.offset, out=out.offset + t * per,
-                                  norm=-1 if norm is None else norm.offset,
-                                  bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
-                                  narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
-                                  batch=batch, ostride=n, astride=2 * tiles_n))
+            fields = dict(pool=pool, row=first, row2=second, rows=min(per, n - t * per), k=k, x=x.offset,
+                          out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
+                          bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
+                          narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
+                          batch=batch, ostride=n, astride=2 * tiles_n)
+            if template is None or t == count - 1:     # encoded and checked: the first and the last tile
+                tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
+                template = template or list(self.nodes[-1].body)
+            else:
+                # a middle tile differs from the first only in fields between the first's and the
+                # last's (which fit int32): the first's words with those set
+                body = list(template)
+                for name, at in _TILE_WORDS:
+                    body[at] = fields[name]
+                self.nodes.append(Node(len(self.nodes), GEMV, fields, after.ids, worker, tuple(body)))
+                tiles.append(len(self.nodes) - 1)
         return tiles
 
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
@@ -368,6 +380,10 @@ def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
                                  out[m].fields, last if m == j else 1)
         i = j + 1
     return out
+
+
+# the GEMV fields a gemv()'s tiles differ in, with their index in the encoded body
+_TILE_WORDS = tuple((name, GEMV.word(name) - len(HEADER)) for name in ("row", "row2", "out", "bias", "amax"))
 
 
 class _Deps(NamedTuple):
