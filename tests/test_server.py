@@ -309,17 +309,22 @@ def test_metrics_expose_counters(server, client):
     assert "warploop_prefix_cache_hit_tokens_total" in m
 
 
+def _sigterm_mid_stream(srv: Server, signals: int) -> list[str]:
+    """A stream's first event, then `signals` SIGTERMs; the rest of the stream's lines."""
+    with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
+                      json={"prompt": "import os", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                            "stream": True}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        for _ in range(signals):
+            srv.proc.send_signal(signal.SIGTERM)
+        return [line for line in lines if line]
+
+
 def test_sigterm_finishes_in_flight_stream_then_exits(tmp_path):
     srv = Server([], tmp_path / "serve.log")
     try:
-        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
-                          json={"prompt": "import os", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-                                "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            srv.proc.send_signal(signal.SIGTERM)
-            rest = list(lines)
-        assert [line for line in rest if line][-1] == "data: [DONE]"
+        assert _sigterm_mid_stream(srv, 1)[-1] == "data: [DONE]"
     finally:
         assert srv.stop() == 0, srv.log.read_text()
 
@@ -329,15 +334,7 @@ def test_repeated_sigterm_while_stopping_still_exits_cleanly(tmp_path):
     # not a process killed by the default handler (exit -15) with its engine half closed.
     srv = Server([], tmp_path / "serve.log")
     try:
-        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
-                          json={"prompt": "import os", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-                                "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            srv.proc.send_signal(signal.SIGTERM)
-            srv.proc.send_signal(signal.SIGTERM)
-            rest = list(lines)
-        assert [line for line in rest if line][-1] == "data: [DONE]"
+        assert _sigterm_mid_stream(srv, 2)[-1] == "data: [DONE]"
         deadline = time.monotonic() + 60
         while srv.proc.poll() is None and time.monotonic() < deadline:
             srv.proc.send_signal(signal.SIGTERM)
