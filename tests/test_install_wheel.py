@@ -55,7 +55,8 @@ def warploop(installed, *args: str, timeout: int = 300) -> subprocess.CompletedP
     bin_dir, work, env = installed
     proc = subprocess.run([str(bin_dir / "warploop"), *args], capture_output=True, text=True, cwd=work, env=env,
                           timeout=timeout)
-    assert proc.returncode == 0, f"warploop {' '.join(args)}:\n{proc.stderr[-3000:]}"
+    # stdout too: `bench bundle --json` exits 1 with every kernel's result in its JSON, not on stderr
+    assert proc.returncode == 0, f"warploop {' '.join(args)}:\n{proc.stderr[-3000:]}\n{proc.stdout[-6000:]}"
     return proc
 
 
