@@ -22,7 +22,7 @@ PART="${PART:-tests,bench}"
 for part in ${PART//,/ }; do
   echo "== $part $(date +%T)"
   case "$part" in
-    tests) (cd tests && timeout "${TEST_S:-300}" python -m pytest -q --timeout=120 test_stream_gpu.py test_stream_compile.py) \
+    tests) (cd tests && timeout "${TEST_S:-450}" python -m pytest -q --timeout=120 test_stream_gpu.py test_stream_compile.py) \
              || echo "tests: rc $?" ;;
     bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
              > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
