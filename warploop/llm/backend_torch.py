@@ -35,6 +35,11 @@ class TorchBackend(Backend):
         self.use_triton = use_triton
         self.use_cuda_graphs = use_cuda_graphs and on_gpu and use_triton
         self.workspace = None   # split-K scratch of the Triton decode attention
+        # a prefill batch holding a cached prefix (a prefix hit, a chunk after the first) attends from
+        # the pages in one Triton launch (paged_attention.prefill_attention) rather than a gathered
+        # context and a dense mask a sequence: off until `bench prefill` measures it (its prefix figures)
+        self.paged_prefill = False
+        self.bucket_rows = not on_gpu and self.dtype in (torch.bfloat16, torch.float16)   # see _linear
         if use_triton:
             from warploop.llm import triton_ops
             self.ops = triton_ops
@@ -94,11 +99,18 @@ class TorchBackend(Backend):
             width = max(len(t) for t in batch.block_tables)
             tables = ints([t + [0] * (width - len(t)) for t in batch.block_tables])
             return self.decode(ids, positions, slots, ints(batch.context_lens), tables, rows)
-        tables = [ints(t) for t in batch.block_tables]
+        if self.paged_prefill and self.use_triton and batch.context_lens != batch.query_lens:
+            from warploop.llm.paged_attention import PrefillPlan, prefill_attention
+            plan = PrefillPlan(batch.block_tables, batch.query_lens, batch.context_lens, dev)
 
-        def attend(layer, q, k, v):
-            return layers.prefill_attention(q, k, v, self.kv[layer, 0], self.kv[layer, 1], tables, batch.query_lens,
-                                            batch.context_lens, self.scale)
+            def attend(layer, q, k, v):
+                return prefill_attention(q, self.kv[layer, 0], self.kv[layer, 1], plan, self.scale)
+        else:
+            tables = [ints(t) for t in batch.block_tables]
+
+            def attend(layer, q, k, v):
+                return layers.prefill_attention(q, k, v, self.kv[layer, 0], self.kv[layer, 1], tables,
+                                                batch.query_lens, batch.context_lens, self.scale)
 
         return self._logits(*self._layers(ids, positions, slots, attend), rows)
 
@@ -125,18 +137,30 @@ class TorchBackend(Backend):
             longest = self.max_blocks_per_seq * self.layout.block_size
             self.workspace = DecodeWorkspace(batch, self.config.num_heads, self.config.head_dim, longest, self.device)
 
+    def _linear(self, x, w, b=None):
+        """F.linear; on the CPU in bfloat16 or float16, over its rows padded to a bucket (a multiple
+        of 16 up to 256, of 64 beyond; 16 rows or fewer exact). oneDNN builds and keeps a kernel for
+        every row count it meets in half precision (about 0.6 MB each on the CI machine), so a server's
+        memory climbed with every new prompt length (tests/test_soak.py); buckets bound the counts."""
+        n = x.shape[0]
+        if self.bucket_rows and n > 16:
+            m = -(-n // 16) * 16 if n <= 256 else -(-n // 64) * 64
+            if m != n:
+                return F.linear(F.pad(x, (0, 0, 0, m - n)), w, b)[:n]
+        return F.linear(x, w, b)
+
     def _layers(self, ids, positions, slots, attend):
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         x = self._embed(ids)
         residual = None
         for i, lw in enumerate(self.w.layers):
             h, residual = ops.rms_norm(x, lw.input_norm, eps, residual)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = self._linear(h, lw.qkv, lw.qkv_bias)
             q, k, v = ops.qk_rope_cache(qkv, positions, self.cos, self.sin, self.kv[i, 0], self.kv[i, 1], slots,
                                         cfg.num_heads, cfg.num_kv_heads, lw.q_norm, lw.k_norm, eps)
-            x = self._all_reduce(F.linear(attend(i, q, k, v), lw.o, lw.o_bias))
+            x = self._all_reduce(self._linear(attend(i, q, k, v), lw.o, lw.o_bias))
             h, residual = ops.rms_norm(x, lw.post_norm, eps, residual)
-            x = self._all_reduce(F.linear(ops.silu_mul(F.linear(h, lw.gate_up, lw.gate_up_bias)), lw.down,
+            x = self._all_reduce(self._linear(ops.silu_mul(self._linear(h, lw.gate_up, lw.gate_up_bias)), lw.down,
                                           lw.down_bias))
         return x, residual
 
