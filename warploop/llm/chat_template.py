@@ -18,6 +18,7 @@ import datetime
 import functools
 import json
 import threading
+import time
 
 MAX_RANGE_STEPS = 1_000_000      # `range` items a render may iterate over, all loops together
 MAX_OUTPUT_CHARS = 16 << 20      # rendered text; far beyond any context, far below the memory
@@ -35,34 +36,62 @@ class _Overtime(BaseException):
 
 
 class _Watchdog:
-    """Stops the calling thread's render after `seconds`: a timer raises _Overtime in it
-    (PyThreadState_SetAsyncExc), which Python delivers between bytecodes, so any loop of the
-    compiled template stops, over whatever it iterates. Leaving the block cancels the timer and,
-    under the same lock, clears an exception not yet delivered, so none can escape the render."""
+    """Stops the calling thread's render after `seconds`: the deadline thread (_deadlines) raises
+    _Overtime in it (PyThreadState_SetAsyncExc), which Python delivers between bytecodes, so any
+    loop of the compiled template stops, over whatever it iterates. Leaving the block withdraws the
+    deadline and, under the same lock, clears an exception not yet delivered, so none can escape the
+    render. One thread serves every render: a thread a render (a timer) made the server's memory
+    climb with chat traffic (tests/test_soak.py)."""
 
     def __init__(self, seconds: float) -> None:
         self._thread = threading.get_ident()
-        self._lock = threading.Lock()
+        self._seconds = seconds
         self._active, self._fired = True, False
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
 
     def __enter__(self) -> _Watchdog:
-        self._timer.start()
+        _deadlines.add(self, time.monotonic() + self._seconds)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
-        with self._lock:
+        with _deadlines.lock:
+            _deadlines.due.pop(self, None)
             self._active = False
             if self._fired:
                 _raise_in(self._thread, None)
 
-    def _fire(self) -> None:
-        with self._lock:
-            if self._active:
-                self._fired = True
-                _raise_in(self._thread, _Overtime)
+    def fire(self) -> None:   # under _deadlines.lock
+        if self._active:
+            self._fired = True
+            _raise_in(self._thread, _Overtime)
+
+
+class _Deadlines:
+    """The renders' deadlines and the one daemon thread that fires them, started at the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.due: dict[_Watchdog, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, watchdog: _Watchdog, deadline: float) -> None:
+        with self.lock:
+            self.due[watchdog] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="warploop-template-deadlines", daemon=True)
+                self._thread.start()
+            self.lock.notify()
+
+    def _run(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                for watchdog in [w for w, at in self.due.items() if at <= now]:
+                    del self.due[watchdog]
+                    watchdog.fire()
+                self.lock.wait(min(self.due.values(), default=now + 60.0) - now)
+
+
+_deadlines = _Deadlines()
 
 
 def _raise_in(thread: int, exc_type: type | None) -> None:
