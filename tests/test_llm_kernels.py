@@ -69,6 +69,35 @@ def check_kernels(device: str) -> None:
             want = layers.decode_attention(q[:3], k_cache, v_cache, tables[:3], ctx[:3], d ** -0.5)
             close(got[:3], want, tol, f"decode_attention bs={bs} heads={heads}/{kv_heads} {dtype}")
 
+    # prefill from the pages: fresh prompts and cached prefixes, several sequences in one launch
+    paged_attention.PREFILL_BM = paged_attention.PREFILL_BN = 16    # several query blocks and key steps
+    for dtype, tol in ((torch.float32, 1e-5), *((h, 2e-2) for h in halves)):
+        for bs, heads, kv_heads in ((4, 8, 2), (16, 4, 4)):
+            d, nblocks = 32, 64
+            k_cache = randn(nblocks, bs, kv_heads, d, dtype=dtype)
+            v_cache = randn(nblocks, bs, kv_heads, d, dtype=dtype)
+            query_lens, context_lens = [5, 40, 1, 23], [5, 61, 30, 23]      # fresh, prefix, one token, fresh
+            perm = torch.randperm(nblocks, generator=gen).tolist()
+            tables, used = [], 0
+            for c in context_lens:
+                n = -(-c // bs)
+                tables.append(perm[used:used + n])
+                used += n
+            q = randn(sum(query_lens), heads, d, dtype=dtype)
+            # the new tokens' k and v, as the cache holds them (qk_rope_cache wrote them there)
+            new_k, new_v = [], []
+            for table, n, c in zip(tables, query_lens, context_lens, strict=True):
+                toks = torch.arange(c - n, c)
+                blk = torch.tensor(table)[toks // bs]
+                new_k.append(k_cache[blk, toks % bs])
+                new_v.append(v_cache[blk, toks % bs])
+            want = layers.prefill_attention(q, torch.cat(new_k), torch.cat(new_v), k_cache, v_cache,
+                                            [torch.tensor(t, dtype=torch.int32, device=device) for t in tables],
+                                            query_lens, context_lens, d ** -0.5)
+            plan = paged_attention.PrefillPlan(tables, query_lens, context_lens, device)
+            got = paged_attention.prefill_attention(q, k_cache, v_cache, plan, d ** -0.5)
+            close(got, want, tol, f"prefill_attention bs={bs} heads={heads}/{kv_heads} {dtype}")
+
 
 def check_backend_with_kernels(device: str) -> None:
     """The whole model through the kernel path gives the logits and tokens of the plain-torch path."""
@@ -88,13 +117,18 @@ def check_backend_with_kernels(device: str) -> None:
         cfg = load_config(path)
         weights = load_weights(path, cfg, torch.device(device), torch.float32, progress=False)
     outs = []
-    for use_triton in (False, True):
+    shared = [256, *range(40, 52)]          # three blocks of 4 the later prompts find cached
+    for use_triton, paged in ((False, False), (True, False), (True, True)):
         layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
         backend = TorchBackend(cfg, weights, layout, device, max_context=256, use_triton=use_triton)
-        with Engine(cfg, backend, max_context=256, max_num_seqs=4) as engine:
+        backend.paged_prefill = paged      # prefix hits and chunks after the first attend from the pages
+        with Engine(cfg, backend, max_context=256, max_num_seqs=4, max_prefill_tokens=7) as engine:
             params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-            outs.append([engine.generate([256, *range(i, i + 5 + 3 * i)], params).token_ids for i in range(3)])
-    assert outs[0] == outs[1], outs
+            outs.append([engine.generate([256, *range(i, i + 5 + 3 * i)], params).token_ids for i in range(3)]
+                        + [engine.generate(shared + list(range(i, i + 3 + 4 * i)), params).token_ids
+                           for i in range(3)])
+            assert engine.stats()["prefill_chunks"] > 0
+    assert outs[0] == outs[1] == outs[2], outs
 
 
 def test_triton_kernels_match_torch_ops_in_interpreter():

@@ -1,6 +1,9 @@
 """`warploop bench prefill`: prefill speed, and how running streams fare while a long prompt arrives.
 
 Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU):
+- `prefix_L` (a GPU): the last quarter of an L-token prompt (at most 2,048 tokens) prefilled over the
+  rest, cached, attending through a gathered context with a dense mask (sdpa) and from the pages in
+  one Triton launch (paged), alternated in the same run.
 - `prefill_tok_s_L` for each prompt length L: the engine's per-op prefill (the backend's forward of
   one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
   by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
@@ -126,7 +129,37 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
             times = [seconds(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
         out[str(n)] = _stats(times, n)
         say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s")
+        if backend.use_triton:
+            out[f"prefix_{n}"] = _prefix(backend, ids, runs, device, say)
     return out
+
+
+def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
+    """The last quarter of a prompt (at most 2,048 tokens) prefilled over the rest, cached (a chunk
+    after the first, a prefix hit): a gathered context and a dense mask a sequence (sdpa) against
+    one launch attending from the pages (paged, TorchBackend.paged_prefill), alternated."""
+    import torch
+
+    from warploop.llm.backend import ModelBatch
+    n = len(ids)
+    new = max(1, min(2048, n // 4))
+    blocks = list(range(-(-n // 16)))
+    with torch.no_grad():
+        backend.forward(ModelBatch(ids[:n - new], list(range(n - new)), [n - new], [n - new], [blocks]))
+        batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
+        times = {"sdpa": [], "paged": []}
+        for paged in (False, True):                # warm-up: both paths' first use
+            backend.paged_prefill = paged
+            backend.forward(batch)
+        for _ in range(runs):
+            for paged, name in ((False, "sdpa"), (True, "paged")):
+                backend.paged_prefill = paged
+                times[name].append(seconds(lambda: backend.forward(batch), device))
+        backend.paged_prefill = False
+    rec = {"new_tokens": new, "context": n} | {k: _stats(v, new) for k, v in times.items()}
+    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
+    say(f"  prefix {new} over {n - new}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
+    return rec
 
 
 def _prefill_peer(cfg, device, dtype, lengths, runs, say) -> dict:
