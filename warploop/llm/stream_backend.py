@@ -37,6 +37,12 @@ def greedy(seq) -> bool:
     return p.temperature == 0 and p.repetition_penalty == 1.0
 
 
+def _tokens(batch: ModelBatch) -> list[int]:
+    """The batch's token ids on the host (one copy when an overlapped step left them on the device)."""
+    ids = batch.token_ids
+    return [int(t) for t in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+
+
 class StreamBackend(Backend):
     name = "stream"
 
@@ -78,7 +84,7 @@ class StreamBackend(Backend):
     def forward(self, batch: ModelBatch) -> torch.Tensor:
         if not self.on_stream(batch):
             return self.per_op.forward(batch)
-        tokens = [int(t) for t in batch.token_ids]
+        tokens = _tokens(batch)
         if batch.num_seqs == 1:
             return self.decoder.step(tokens[0], batch.positions[0], batch.block_tables[0])[None].clone()
         return self.rows.step_rows(tokens, list(batch.positions), [list(t) for t in batch.block_tables]) \
@@ -113,7 +119,7 @@ class StreamBackend(Backend):
                     tables[r].append(block)
         if steps < 1:
             raise RuntimeError("no KV block for the loop's first token")
-        tokens = [int(t) for t in batch.token_ids]
+        tokens = _tokens(batch)
         kernel_tables = [t[:cdiv(p + steps, bs)] for t, p in zip(tables, batch.positions, strict=True)]
         self.last = self._decoder(batch)
         self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables)
