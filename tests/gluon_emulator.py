@@ -7,7 +7,7 @@ nothing, shared memory is a numpy array (bf16 values held as float32), a pointer
 with offsets, mma_v2 is a matrix product. It checks what a body computes, not its synchronisation,
 its layouts or its registers: those need the GPU (tests/test_stream_gpu.py).
 
-    body = emulated(kernel._gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
     body(S(ring), ..., P(arena_numpy), ...)
 """
 from __future__ import annotations

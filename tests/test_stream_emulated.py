@@ -15,7 +15,7 @@ from test_stream_step import bf16_exact_weights  # noqa: E402
 from warploop.llm.config import ModelConfig  # noqa: E402
 from warploop.llm.kv_cache import cdiv  # noqa: E402
 from warploop.llm.stream_step import StreamDecoder, batch_rows, stream_config  # noqa: E402
-from warploop.runtime.stream import attention, kernel  # noqa: E402
+from warploop.runtime.stream import attention, gemv_rows, kernel  # noqa: E402
 from warploop.runtime.stream.kinds import ATTN, GEMV, HEADER  # noqa: E402
 from warploop.runtime.stream.reference import reference, run_node  # noqa: E402
 
@@ -64,7 +64,7 @@ def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
 @pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
 def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch):
     """Every batched GEMV of a decoder's step (qkv with its norm and narrow tiles, o_proj with bias
-    and add, gate/up with SiLU, down, lm_head with each row's amax pair) through _gemv_rows: the
+    and add, gate/up with SiLU, down, lm_head with each row's amax pair) through gemv_rows: the
     arena within fp32 accumulation of the reference's (x enters the mmas as a bf16 pair)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
@@ -80,7 +80,7 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
     kv = torch.randn(p.kv.shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     start = p.arena()
     want = reference(p, start, ints.clone(), kv.clone())
-    body = emulated(kernel._gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
     arena, ints_e, kv_e, ran = start.clone(), ints.clone(), kv.clone(), 0
     for node in p.nodes:
         f = node.fields
@@ -92,7 +92,7 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
         it, failed = body(S(ring), none, none, 0, words(GEMV, f), P(arena.numpy()), None, None, 0, 0, 0, 0, None,
                           -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]),
                           T(f["out"]), T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows,
-                          block_k, len(ring), SPIN, False, config.batch_rows)
+                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value)
         assert int(it) == len(ring) and failed == 0
         ran += 1
     assert ran > 4 * cfg.num_layers
