@@ -9,6 +9,7 @@ is reported. Prints one JSON object.
     PYTHONPATH=. python scripts/stream_step_time.py --model llama-3.2-1b --context 512
 """
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -22,6 +23,31 @@ from warploop.llm.stream_step import StreamDecoder, batch_rows, stream_config
 from warploop.llm.weights import random_weights
 
 ROUNDS = 5
+
+
+def anatomy(ex) -> dict:
+    """Per kind of node (GEMVs told apart by their input width and rows), from the kernel's stamps of
+    its last launch: instructions, and µs summed over them and averaged over CTAs (waiting, met wait
+    to first chunk, first chunk to published), the median instruction's stream time, the span."""
+    stamps = ex.trace.cpu().numpy().astype("int64")
+    insts = ex.built.instructions
+    t0 = stamps[:, 0][stamps[:, 0] > 0].min()
+    s = (stamps - t0) / 1e3
+    kinds = {}
+    for j, inst in enumerate(insts):
+        if stamps[j, 0] <= 0:
+            continue
+        f = inst.fields
+        key = inst.kind.name + (f"/k{f.get('k')}x{f.get('batch', 1)}" if inst.kind.name == "gemv" else "")
+        d = kinds.setdefault(key, {"n": 0, "wait": 0.0, "to_first": 0.0, "to_published": 0.0, "pub": []})
+        d["n"] += 1
+        d["wait"] += s[j, 1] - s[j, 0]
+        d["to_first"] += s[j, 2] - s[j, 1]
+        d["to_published"] += s[j, 3] - s[j, 2]
+        d["pub"].append(s[j, 3] - s[j, 2])
+    return {"span_us": round(float(s[:, 3].max()), 1), "ctas": ex.ctas,
+            "kinds": {k: {"n": d["n"], **{p: round(d[p] / ex.ctas, 1) for p in ("wait", "to_first", "to_published")},
+                          "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 
 def main():
@@ -38,6 +64,10 @@ def main():
     ap.add_argument("--compare-mma", action="store_true",
                     help="also time the kernel with the other attn_mma, rounds alternated in this process: "
                          "kernel_ms_other is its median")
+    ap.add_argument("--trace", action="store_true",
+                    help="also compile the kernel with StreamConfig.trace and report where each kind of node's "
+                         "time goes (µs from the kernel's clock, per CTA: waiting, met wait to first chunk, "
+                         "first chunk to published)")
     ap.add_argument("--batch", type=int, default=1,
                     help="rows a step decodes, each over blocks of its own (the GEMVs on tensor cores when > 1)")
     args = ap.parse_args()
@@ -60,7 +90,8 @@ def main():
     other = None
     if args.compare_mma:
         other = StreamDecoder(cfg, w, device="cuda", config=config(not args.attn_mma), **options)
-    del w
+    if not args.trace:
+        del w
     pos = args.context - 1
 
     def step(d):
@@ -103,6 +134,14 @@ def main():
               if other is not None else {}), "step_ms_host_driven": host, "loop_steps": args.loop,
            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
            "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}
+    if args.trace:
+        del other
+        traced = StreamDecoder(cfg, w, device="cuda",
+                               config=dataclasses.replace(config(args.attn_mma), trace=True), **options)
+        del dec
+        for _ in range(3):
+            step(traced)
+        out["anatomy"] = anatomy(traced.executor)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -197,16 +197,25 @@ gl = types.SimpleNamespace(
     rsqrt=lambda x: T(1 / np.sqrt(_a(x))), abs=lambda x: T(np.abs(_a(x))),
     convert_layout=lambda x, layout: x, static_range=range,
     BlockedLayout=_layout, SliceLayout=_layout, NVMMADistributedLayout=_layout, DotOperandLayout=_layout,
-    SwizzledSharedLayout=_layout,
+    SwizzledSharedLayout=_layout, NVMMASharedLayout=_layout, multiple_of=lambda x, n: x,
 )
 mbarrier = types.SimpleNamespace(wait=lambda *a: None, arrive=lambda *a: None, expect=lambda *a: None)
+
+
+def _async_copy(smem, pointer, mask=None, cache_modifier=None):   # lands at once: the waits do nothing
+    smem.store(load(pointer, mask, 0.0))
+
+
+async_copy = types.SimpleNamespace(async_copy_global_to_shared=_async_copy, commit_group=lambda: None,
+                                   wait_group=lambda n=0: None)
 
 
 def emulated(jitfn, **replaced):
     """The Python function of a Gluon jit function over the stand-ins: its module's constexprs as
     values, its jit helpers emulated too, and `replaced` (names of its globals) swapped in."""
     g = dict(jitfn.fn.__globals__)
-    g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0)
+    g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0,
+             async_copy=async_copy)
     for name, v in list(g.items()):
         if type(v).__name__ in ("GluonJITFunction", "JITFunction"):
             g[name] = types.FunctionType(v.fn.__code__, g, name, v.fn.__defaults__)

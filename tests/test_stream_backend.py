@@ -189,7 +189,7 @@ def test_sampled_batches_take_single_steps_on_the_batched_stream(stream_rows, mo
     assert 3 in steps                                              # a step of all three rows
 
 
-@pytest.mark.parametrize("value, match", [("1", "2 to 64"), ("65", "2 to 64"), ("eight", "whole number")])
+@pytest.mark.parametrize("value, match", [("1", "2 to 32"), ("33", "2 to 32"), ("eight", "whole number")])
 def test_stream_rows_setting_is_checked_by_name(monkeypatch, value, match):
     from warploop import config
     monkeypatch.setenv("WARPLOOP_STREAM_ROWS", value)

@@ -14,9 +14,9 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
                                  StreamConfig(head_dim=128, attn_mma=True),
                                  StreamConfig(head_dim=16, attn_group=8, attn_mma=True),
-                                 StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=64)],
+                                 StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "attention_mma_hd128",
-                              "attention_mma_hd16", "batch32", "batch64"])
+                              "attention_mma_hd16", "batch32", "batch16"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)

@@ -249,8 +249,8 @@ def test_batched_decoder_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="batch"):
         StreamDecoder(cfg, w, max_context=16, block_size=4, batch=0)
     # before anything touches a GPU: a kernel compiled for one row, or more rows than any kernel takes
-    with pytest.raises(ValueError, match="batch_rows is 0; use 32"):
+    with pytest.raises(ValueError, match="batch_rows is 0; use 16"):
         StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, device="cuda", config=stream_config(cfg))
-    with pytest.raises(ValueError, match="at most 64 rows"):
-        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=65)
-    assert [batch_rows(b) for b in (1, 2, 32, 33, 64)] == [0, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="at most 32 rows"):
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=33)
+    assert [batch_rows(b) for b in (1, 2, 16, 17, 32)] == [0, 16, 16, 32, 32]

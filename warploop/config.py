@@ -33,9 +33,9 @@ class Config:
             raise ValueError(f"WARPLOOP_DEVICE={self.device!r}: use cpu, cuda or hip")
         if self.jobs < 1:
             raise ValueError(f"WARPLOOP_JOBS={self.jobs}: must be at least 1")
-        if self.stream_rows != 0 and not 2 <= self.stream_rows <= 64:
+        if self.stream_rows != 0 and not 2 <= self.stream_rows <= 32:
             raise ValueError(f"WARPLOOP_STREAM_ROWS={self.stream_rows}: use 0 (batches of 2 or more run per op) or "
-                             "2 to 64 (decode batches up to that many run on the streaming kernel)")
+                             "2 to 32 (decode batches up to that many run on the streaming kernel)")
         if not isinstance(self.mk_plan, dict):
             raise ValueError(f"WARPLOOP_MK_PLAN={self.mk_plan!r}: use a JSON object, e.g. '{{\"tile_kb\": 64}}'")
 

@@ -61,7 +61,7 @@ class StreamBackend(Backend):
         if self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] != 9:
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
         if rows == 1 or rows < 0:
-            raise ValueError(f"rows={rows}: use 0 (batches per op) or 2 to 64")
+            raise ValueError(f"rows={rows}: use 0 (batches per op) or 2 to 32")
         self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
         pools = pools or pack_pools(weights, self.device)
         self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,

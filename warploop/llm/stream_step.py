@@ -37,7 +37,7 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | overrides))
 
 
-BATCH_ROWS = (32, 64)                              # the rows a batched kernel is compiled for
+BATCH_ROWS = (16, 32)                              # the rows a batched kernel is compiled for
 
 
 def batch_rows(batch: int) -> int:

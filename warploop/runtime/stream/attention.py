@@ -21,6 +21,9 @@ from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
 
 OP_ATTN = gl.constexpr(ATTN.opcode)
+# a ring chunk of keys and values as the loader's TMA wrote it: plain rows (the ring's own layout is
+# 128-byte swizzled in a batched kernel, for its weight chunks)
+KV_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
 A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
 A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhead"], A["group"]
 A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
@@ -242,9 +245,9 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
                 if t0 == lo:
                     gl.store(trace + i * TRACE_WORDS + 2, now())
             if PUBLIC_REINTERPRET:
-                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
             else:
-                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
             if fresh & (t0 < f1) & (t0 + KVT > f0):
                 # one round trip for the chunk's rows of this launch, written over the ring's copy
                 if t0 == ca:
@@ -349,11 +352,11 @@ def _chunks_mma(q, knew, vnew, bufs, full, it, lo, hi, n_ctx, scale, fresh, f0, 
         # plain: the slot as a row-major view of the same bytes, for the keys' transposed loads (Triton
         # 3.6 addresses a permuted view of an unswizzled NVMMA layout as column-major, #10453)
         if PUBLIC_REINTERPRET:
-            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
             plain = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD],
                                               gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         else:
-            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], bufs.layout)
+            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
             plain = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD],
                                                gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         mine = fresh & (t0 < f1) & (t0 + KVT > f0)

@@ -18,6 +18,10 @@ PTX_MARKERS = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "
                "ld.global.gpu.acquire", ".global.gpu.release")   # atom. (3.6) or red. (3.9)
 
 
+SWIZZLE_COLS = 64                 # bf16 columns in 128 bytes: a swizzled TMA box's width
+X_STAGE_BYTES = 64 * 1024         # shared memory for a batched kernel's stages of x
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamConfig:
     """The kernel's compile-time shape: tile rows BR, chunk width BK, ring slots NBUF, the widest
@@ -31,7 +35,7 @@ class StreamConfig:
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     attn_mma: bool = False        # a chunk's scores and outputs on tensor cores (mma.sync) instead of fp32 FMAs
-    batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 32, 64
+    batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
     def __post_init__(self):
@@ -45,9 +49,10 @@ class StreamConfig:
             raise ValueError(f"attn_group must be a power of two from 1 to 16, not {self.attn_group}")
         if self.attn_tile not in (16, 32, 64):
             raise ValueError(f"attn_tile must be 16, 32 or 64, not {self.attn_tile}")
-        if self.batch_rows not in (0, 32, 64) or (self.batch_rows and self.block_rows < 32):
-            raise ValueError(f"batch_rows must be 0 (batch 1 only), 32 or 64, with block_rows at least 32 (a tile "
-                             f"half is an mma's N side), not {self.batch_rows} with block_rows {self.block_rows}")
+        if self.batch_rows not in (0, 16, 32) or (self.batch_rows and (self.block_rows < 32 or self.block_k < 128)):
+            raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
+                             f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
+                             f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
         if not 2 <= self.ring <= 32:
             raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
         if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
@@ -59,8 +64,17 @@ class StreamConfig:
     @property
     def weight_box(self) -> tuple[int, int]:
         """A weight pool's TMA box: half a slot, so a chunk is a tile's two row halves, or a narrow
-        tile's two column blocks."""
-        return self.block_rows // 2, self.block_k
+        tile's two column blocks; with batch_rows, a 128-byte swizzled column block of that
+        (SWIZZLE_COLS wide; the loader copies block_k / SWIZZLE_COLS of them a half)."""
+        return self.block_rows // 2, SWIZZLE_COLS if self.batch_rows else self.block_k
+
+    @property
+    def x_stages(self) -> int:
+        """With batch_rows: the [batch_rows, block_k] fp32 blocks of x in flight (cp.async) ahead of
+        the mmas, as many as X_STAGE_BYTES hold, 2 to 4 (0 without batch_rows)."""
+        if not self.batch_rows:
+            return 0
+        return max(2, min(4, X_STAGE_BYTES // (self.batch_rows * self.block_k * 4)))
 
     @property
     def kv_tokens(self) -> int:
@@ -75,19 +89,28 @@ class StreamConfig:
         return min(block_size, self.kv_tokens)
 
     @property
+    def x_rows(self) -> int:
+        """Rows of block_k floats the staged input holds: x for a batch-1 GEMV (kmax), or x_stages
+        blocks of batch_rows rows (and beside them, x_stages rows of the norm weights)."""
+        return max(self.kmax // self.block_k, self.x_stages * self.batch_rows)
+
+    @property
     def shared_bytes(self) -> int:
-        return self.ring * self.block_rows * self.block_k * 2 + self.kmax * 4
+        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + self.x_stages) * self.block_k * 4
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
-                    KVT=self.kv_tokens, MMA=self.attn_mma, NB=self.batch_rows)
+                    KVT=self.kv_tokens, MMA=self.attn_mma, NB=self.batch_rows, XS=self.x_stages,
+                    XR=self.x_rows)
 
 
-def smem_layout():
+def smem_layout(swizzled: bool = False):
+    """The shared layout of a TMA box: plain rows, or 128-byte swizzled (a batched kernel's weight
+    boxes, StreamConfig.weight_box)."""
     from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=128 if swizzled else 0, element_bitwidth=16, rank=2)
 
 
 def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
@@ -107,7 +130,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     backend = make_backend(target)
     binder = create_function_from_signature(stream_kernel.signature, stream_kernel.params, backend)
     w = torch.zeros(cfg.block_rows * 2, cfg.block_k * 2, dtype=torch.bfloat16)
-    d = TensorDescriptor.from_tensor(w, list(cfg.weight_box), smem_layout())
+    d = TensorDescriptor.from_tensor(w, list(cfg.weight_box), smem_layout(bool(cfg.batch_rows)))
     dkv = d
     if cfg.head_dim:                  # a cache of 16-token blocks, 2 KV heads
         cache = torch.zeros(64, 2 * cfg.head_dim, dtype=torch.bfloat16)

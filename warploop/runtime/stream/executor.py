@@ -66,7 +66,13 @@ class StreamExecutor:
         batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > most]
         if batched:
             raise ValueError(f"node {batched[0]} is a GEMV of batch {program.nodes[batched[0]].fields['batch']}: the "
-                             f"kernel is compiled for {most} row(s) (StreamConfig.batch_rows 32 or 64 for batches)")
+                             f"kernel is compiled for {most} row(s) (StreamConfig.batch_rows 16 or 32 for batches)")
+        unaligned = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > 1
+                     and n.fields["k"] % 4]
+        if unaligned:
+            width = program.nodes[unaligned[0]].fields["k"]
+            raise ValueError(f"node {unaligned[0]} is a batched GEMV of width {width}: the kernel copies x's rows "
+                             "16 bytes at a time, so a batched GEMV's width must be a multiple of 4")
         if share is not None:
             _check_shareable(program, share.program)
             dev, ctas = share.device, ctas or share.ctas
@@ -94,7 +100,8 @@ class StreamExecutor:
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools] if share is None else share._pools
         self._pools = pools                         # the descriptors point into these
-        descs = [TensorDescriptor.from_tensor(p, list(cfg.weight_box), smem_layout()) for p in pools]
+        box, layout = list(cfg.weight_box), smem_layout(bool(cfg.batch_rows))
+        descs = [TensorDescriptor.from_tensor(p, box, layout) for p in pools]
         self.descs = (descs + descs[:1] * 4)[:4]
         self.kv_desc = descs[0]                     # a stand-in where no attention runs
         if program.kv is not None and cfg.head_dim:

@@ -1,10 +1,17 @@
 """The streaming kernel's GEMV tile against several rows (kinds.GEMV's batch), on tensor cores: the
-consumer's body for a node of more than one row, in a kernel compiled with StreamConfig.batch_rows
-(kernel.py dispatches to it; a batch-1 tile runs the consumer's own body)."""
+consumer's body for every GEMV in a kernel compiled with StreamConfig.batch_rows (kernel.py
+dispatches to it).
+
+In such a kernel the ring holds a chunk as BK // SB column blocks of [BR, SB] bf16, 128-byte
+swizzled (the loader's TMA boxes are [BR/2, SB], StreamConfig.weight_box), so the mma's operand
+loads (ldmatrix) hit every bank once. x comes into shared memory by cp.async, a column block of
+every row a stage, XS stages ahead of the mmas (StreamConfig.x_stages), so its L2 round trip
+overlaps the chunks before."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
@@ -16,47 +23,74 @@ G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
 G_ASTRIDE = gl.constexpr(GEMV.word("astride"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
+SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the TMA swizzle's span
 
 
 @gluon.jit
-def _x_rows(arena, xrow, col, k, rowok, norm):
-    """x's [NB, KS] block at columns `col` of every row (xrow: each row's start), straight from L2
-    (a predecessor wrote it), zeros past k and past the node's rows; returns (raw, times the norm
-    weights when the node has a norm)."""
-    nw = gl.load(arena + norm + col, mask=(col < k) & (norm >= 0), other=0.0) + (norm < 0).to(gl.float32)
-    xr = gl.load(arena + xrow[:, None] + col[None, :], mask=rowok[:, None] & (col < k)[None, :], other=0.0,
-                 cache_modifier=".cg")
-    return xr, xr * nw[None, :]
+def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, k, rowok, norm, BK: gl.constexpr, XS: gl.constexpr):
+    """Start the copy of x's column block q (of nblk) of every row into stage q % XS, and the norm
+    weights' into nq's, and close the cp.async group (an empty one past the last block, so a group
+    is always a block): .cg, from L2 (a predecessor on another SM wrote x; L1 may hold a stale
+    line), zeros past k and the rows (and for a node without a norm). x and the norm weights are
+    arena regions (16-byte aligned) and k % 4 == 0 (the executor checks): 16-byte copies."""
+    if q < nblk:
+        col = q * BK + cols
+        inside = col < k // 4 * 4
+        async_copy.async_copy_global_to_shared(xq.index(q % XS), arena + xrow[:, None] + col[None, :],
+                                               mask=rowok[:, None] & inside[None, :], cache_modifier=".cg")
+        async_copy.async_copy_global_to_shared(nq.index(q % XS), arena + gl.multiple_of(norm + col, 4),
+                                               mask=inside & (norm >= 0), cache_modifier=".cg")
+    async_copy.commit_group()
 
 
 @gluon.jit
-def gemv_rows(bufs, full, empty, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
-               k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
-               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr):
+def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
+              k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
+              NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
+              XS: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
     out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
-    of mma tiles (x's [NB, KS] blocks straight from L2 as a bf16 hi + lo pair, about 16 bits of the
-    fp32), each half of the tile's weight rows the N side (read from the ring slot transposed, by
-    ldmatrix), fp32 accumulation. Each row is RMS-normalised on its own, as batch 1: its sum of
-    squares accumulates over the chunks and scales its sums at the end. Returns the ring's chunk
-    count and `failed`."""
+    of mma tiles (x as a bf16 hi + lo pair, about 16 bits of the fp32), the tile's BR weight rows
+    the N side, fp32 accumulation. Each row is RMS-normalised on its own, as batch 1: its sum of
+    squares accumulates over the chunks and scales its sums at the end. A narrow tile (its rows at
+    two consecutive column blocks a chunk) takes the top half's sums against one x block and the
+    bottom's against the next. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
-    KS: gl.constexpr = 64                                   # a chunk's columns a step (x's registers)
     WM: gl.constexpr = NB // 16 if NB // 16 < CW else CW
     MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WM, CW // WM], instr_shape=[16, 8])
     XA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)
     WB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)
+    # cp.async: 16 bytes a thread, a warp's lanes along a row
+    TC: gl.constexpr = BK // 4 if BK // 4 < 32 else 32
+    CPL: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TC, TC], [CW, 1], [1, 0])
+    # the epilogue's [NB, HALF] halves
+    EL: gl.constexpr = gl.BlockedLayout([1, 1], [32 // HALF, HALF], [CW, 1], [1, 0])
+    # x's stages: 16-byte groups swizzled by row, so the mma operand's 8 rows at a time hit 8 bank groups
+    XSL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0])
+    WSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # xs: XS stages of x ([NB, BK] each); ns: XS of the norm weights ([BK] each)
+    if PUBLIC_REINTERPRET:
+        xq = xs.slice(0, XS * NB).reinterpret(gl.float32, [XS, NB, BK], XSL)
+    else:
+        xq = xs.slice(0, XS * NB)._reinterpret(gl.float32, [XS, NB, BK], XSL)
+    if PUBLIC_REINTERPRET:
+        nq = ns.reinterpret(gl.float32, [XS, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        nq = ns._reinterpret(gl.float32, [XS, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     ostride = gl.load(base + G_OSTRIDE)
     astride = gl.load(base + G_ASTRIDE)
     amx = gl.load(base + G_AMAX)
-    bx = gl.arange(0, NB, layout=gl.SliceLayout(1, XA))
-    cx = gl.arange(0, KS, layout=gl.SliceLayout(0, XA))
-    xrow = x + bx * k
-    rowok = bx < nrows
-    # the epilogue's indices (rows of the batch, the tile's output rows) and what no predecessor
+    bc = gl.arange(0, NB, layout=gl.SliceLayout(1, CPL))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, CPL))
+    # rows of x start 16-byte aligned (x: an arena region, k % 4 == 0, the executor checks), said
+    # so in the arithmetic, so the copies are 16 bytes (cp.async.cg)
+    xrow = gl.multiple_of(x + bc * k, 4)
+    rowok = bc < nrows
+    wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, MB))
+    # the epilogue's indices (rows of the batch, a half's output rows) and what no predecessor
     # writes, read before the wait: the bias
-    bo = gl.arange(0, NB, layout=gl.SliceLayout(1, MB))
-    ro = gl.arange(0, HALF, layout=gl.SliceLayout(0, MB))
+    bo = gl.arange(0, NB, layout=gl.SliceLayout(1, EL))
+    ro = gl.arange(0, HALF, layout=gl.SliceLayout(0, EL))
     ma = (bo < nrows)[:, None] & (ro < rows_n)[None, :]
     mb = (bo < nrows)[:, None] & (ro + HALF < rows_n)[None, :]
     has_bias = (bias >= 0) & (epi != EPI_SILU)
@@ -64,59 +98,82 @@ def gemv_rows(bufs, full, empty, it, base, arena, counters, err, epoch, failed, 
     bb = gl.load(arena + bias + HALF + ro, mask=(ro + HALF < rows_n) & has_bias, other=0.0)[None, :]
     at_a = out + bo[:, None] * ostride + ro[None, :]
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+    nblk = (k + BK - 1) // BK
     add = epi == EPI_ADD
     old_a = ba + gl.load(arena + at_a, mask=ma & add, other=0.0, cache_modifier=".cg")
     old_b = bb + gl.load(arena + at_a + HALF, mask=mb & add, other=0.0, cache_modifier=".cg")
-    acc_a = gl.zeros([NB, HALF], gl.float32, layout=MB)
-    acc_b = gl.zeros([NB, HALF], gl.float32, layout=MB)
+    acc = gl.zeros([NB, BR], gl.float32, layout=MB)
+    acc2 = gl.zeros([NB, BR], gl.float32, layout=MB)     # a narrow tile's bottom half
     ss = gl.zeros([NB], gl.float32, layout=gl.SliceLayout(1, XA))
-    # chunk c holds the tile's two row halves at column block c, or a narrow tile's rows at column
-    # blocks 2c (the top half) and 2c + 1 (the bottom half)
+    # chunk c holds the tile's two row halves at x block c, or a narrow tile's rows at blocks 2c
+    # (the top half) and 2c + 1 (the bottom half); blocks up to XS past the chunk's first are in flight
+    issued = 0
     c = 0
-    while c < ((k + BK - 1) // BK + narrow) // (1 + narrow):
+    while c < (nblk + narrow) // (1 + narrow):
+        qa = c * (1 + narrow)
+        while issued < qa + XS:       # a stage is free once the block before in it was read
+            _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, k, rowok, norm, BK, XS)
+            issued += 1
+        if narrow:
+            async_copy.wait_group(XS - 2)
+        else:
+            async_copy.wait_group(XS - 1)
+        _barrier()                    # every thread's copies are in before any thread reads them
         slot = it % NBUF
         mbarrier.wait(full.index(slot), (it // NBUF) & 1)
         if TRACE:
             if c == 0:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
-        # the slot as a plain row-major view (the same bytes): Triton 3.6 addresses a permuted view of
-        # an unswizzled NVMMA layout as column-major (triton-lang/triton#10453)
         if PUBLIC_REINTERPRET:
-            buf = bufs.index(slot).reinterpret(gl.bfloat16, [BR, BK],
-                                               gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            wq = bufs.index(slot).reinterpret(gl.bfloat16, [BK // SB, BR, SB], WSL)
         else:
-            buf = bufs.index(slot)._reinterpret(gl.bfloat16, [BR, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        for ks in gl.static_range(BK // KS):
-            col = c * (1 + narrow) * BK + ks * KS + cx
-            xr, xa = _x_rows(arena, xrow, col, k, rowok, norm)
+            wq = bufs.index(slot)._reinterpret(gl.bfloat16, [BK // SB, BR, SB], WSL)
+        for ks in gl.static_range(BK // SB):
+            wt = wq.index(ks).permute((1, 0)).load(WB)                        # [SB, BR]
+            nw = nq.index(qa % XS).slice(ks * SB, SB).load(gl.SliceLayout(0, XA)) + (norm < 0).to(gl.float32)
+            xr = xq.index(qa % XS).slice(ks * SB, SB, dim=1).load(XA)         # [NB, SB]
             ss += gl.sum(xr * xr, axis=1)
+            xa = xr * nw[None, :]
             xh = xa.to(gl.bfloat16)
             xl = (xa - xh.to(gl.float32)).to(gl.bfloat16)
-            wa = buf.slice(0, HALF).slice(ks * KS, KS, dim=1).permute((1, 0)).load(WB)      # [KS, HALF]
-            acc_a = mma_v2(xl, wa, mma_v2(xh, wa, acc_a))
+            acc = mma_v2(xl, wt, mma_v2(xh, wt, acc))
             if narrow:
-                xr2, xb = _x_rows(arena, xrow, col + BK, k, rowok, norm)
+                nw2 = nq.index((qa + 1) % XS).slice(ks * SB, SB).load(gl.SliceLayout(0, XA)) + \
+                    (norm < 0).to(gl.float32)
+                xr2 = xq.index((qa + 1) % XS).slice(ks * SB, SB, dim=1).load(XA)
+                xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
                 ss += gl.sum(xr2 * xr2, axis=1)
+                xb = gl.where(qa + 1 < nblk, xr2 * nw2[None, :], 0.0)
                 xh = xb.to(gl.bfloat16)
                 xl = (xb - xh.to(gl.float32)).to(gl.bfloat16)
-            wb = buf.slice(HALF, HALF).slice(ks * KS, KS, dim=1).permute((1, 0)).load(WB)
-            acc_b = mma_v2(xl, wb, mma_v2(xh, wb, acc_b))
-        # every warp is done with the slot before one thread frees it
+                acc2 = mma_v2(xl, wt, mma_v2(xh, wt, acc2))
+        # every warp is done with the slot and the x stages before one thread frees the slot (and
+        # before the next chunk's copies reuse the stages)
         _barrier()
         fence_async_shared()
         mbarrier.arrive(empty.index(slot))
         it += 1
         c += 1
+    async_copy.wait_group(0)
+    # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
+    # tile's output row r is its top half's column r plus its bottom half's column r + HALF
+    y = gl.where((wcol < HALF)[None, :] | (narrow == 0), acc, acc2)
+    ys = xq.index(0).slice(0, BR, dim=1)
+    ys.store(y)
+    _barrier()
+    ya = ys.slice(0, HALF, dim=1).load(EL)
+    yb = ys.slice(HALF, HALF, dim=1).load(EL)
+    _barrier()                        # every thread has its sums before the stage is x again
     scale = gl.full([NB], 1.0, gl.float32, layout=gl.SliceLayout(1, XA))
     if norm >= 0:
         scale = gl.rsqrt(ss / k + eps)
-    scale = gl.convert_layout(scale, gl.SliceLayout(1, MB))[:, None]
+    scale = gl.convert_layout(scale, gl.SliceLayout(1, EL))[:, None]
     if narrow:
-        ya = old_a + scale * (acc_a + acc_b)
+        ya = old_a + scale * (ya + yb)
         yb = old_b
     else:
-        ya = old_a + scale * acc_a
-        yb = old_b + scale * acc_b
+        ya = old_a + scale * ya
+        yb = old_b + scale * yb
     if epi == EPI_SILU:
         gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
     else:

@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
-from warploop.runtime.stream.gemv_rows import gemv_rows
+from warploop.runtime.stream.gemv_rows import SB, gemv_rows
 from warploop.runtime.stream.kinds import EMBED, EPILOGUES, GEMV, SAMPLE, WORDS, header_word
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
@@ -71,8 +71,25 @@ LOADER_REGS = gl.constexpr(40)
 
 
 @gluon.jit
+def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
+    """A chunk's two boxes from weight pool `pool`: (row, col) into `top`, (row2, col2) into `bottom`."""
+    if pool == 0:
+        _tma_load(d0, [row, col], bar, top)
+        _tma_load(d0, [row2, col2], bar, bottom)
+    elif pool == 1:
+        _tma_load(d1, [row, col], bar, top)
+        _tma_load(d1, [row2, col2], bar, bottom)
+    elif pool == 2:
+        _tma_load(d2, [row, col], bar, top)
+        _tma_load(d2, [row2, col2], bar, bottom)
+    else:
+        _tma_load(d3, [row, col], bar, top)
+        _tma_load(d3, [row2, col2], bar, bottom)
+
+
+@gluon.jit
 def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
@@ -102,23 +119,21 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
                 mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
                 bar = full.index(slot)
                 mbarrier.expect(bar, BR * BK * 2)
-                if PUBLIC_REINTERPRET:
-                    dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
-                else:
-                    dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
                 kk2 = kk + BK * narrow
-                if pool == 0:
-                    _tma_load(d0, [row, kk], bar, dst.index(0))
-                    _tma_load(d0, [row2, kk2], bar, dst.index(1))
-                elif pool == 1:
-                    _tma_load(d1, [row, kk], bar, dst.index(0))
-                    _tma_load(d1, [row2, kk2], bar, dst.index(1))
-                elif pool == 2:
-                    _tma_load(d2, [row, kk], bar, dst.index(0))
-                    _tma_load(d2, [row2, kk2], bar, dst.index(1))
+                if NB > 0:            # a batched kernel's chunk: [BR, SB] swizzled column blocks (gemv_rows)
+                    if PUBLIC_REINTERPRET:
+                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
+                    else:
+                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
+                    for q in gl.static_range(BK // SB):
+                        _tma_pair(d0, d1, d2, d3, pool, row, kk + q * SB, row2, kk2 + q * SB, bar,
+                                  dst.index(2 * q), dst.index(2 * q + 1))
                 else:
-                    _tma_load(d3, [row, kk], bar, dst.index(0))
-                    _tma_load(d3, [row2, kk2], bar, dst.index(1))
+                    if PUBLIC_REINTERPRET:
+                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
+                    else:
+                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
+                    _tma_pair(d0, d1, d2, d3, pool, row, kk, row2, kk2, bar, dst.index(0), dst.index(1))
                 it += 1
                 kk += BK * (1 + narrow)
         if HD != 0:
@@ -189,11 +204,11 @@ def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, e
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
+def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
               BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, MMA: gl.constexpr,
-              NB: gl.constexpr):
+              NB: gl.constexpr, XS: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -202,10 +217,11 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
     # x is staged as [KMAX // BK, BK] and read back through a [KMAX // BK, 1, BK] view of the same
     # bytes: chunk c is then a [1, BK] tile in the chunks' own layout
     xl: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CW, 1], [1, 0])
+    xb1 = xs.slice(0, KMAX // BK)     # a batched kernel's xs holds more rows (its stages of x)
     if PUBLIC_REINTERPRET:
-        xrows = xs.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
+        xrows = xb1.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
     else:
-        xrows = xs._reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
+        xrows = xb1._reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
     xidx = (gl.arange(0, KMAX // BK, layout=gl.SliceLayout(1, xl))[:, None] * BK
             + gl.arange(0, BK, layout=gl.SliceLayout(0, xl))[None, :])
     it = 0
@@ -226,15 +242,13 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
         nb = instr + ((j + 1) % n) * W
         (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
-        if NB > 0:                    # GEMVs of several rows compiled in: this node's row count
-            nrows = gl.load(instr + i * W + G_BATCH, mask=op == OP_GEMV, other=1)
-        else:
-            nrows = 1
-        if (op == OP_GEMV) & (nrows > 1):
-            if NB > 0:
-                it, failed = gemv_rows(bufs, full, empty, it, instr + i * W, arena, counters, err, epoch, failed,
-                                       cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias, epi,
-                                       narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW)
+        if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
+            if op == OP_GEMV:
+                nrows = gl.load(instr + i * W + G_BATCH)
+                it, failed = gemv_rows(bufs, full, empty, xs, ns, it, instr + i * W, arena, counters, err, epoch,
+                                       failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias,
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
+        if (op == OP_GEMV) & (NB > 0):
             staged_x = -1
         elif op == OP_GEMV:
             amx = gl.load(instr + i * W + G_AMAX)
@@ -262,7 +276,7 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
                     ss_rows = gl.sum(xv * xv, axis=1)
                     xv = xv * nw
                 _barrier()            # every thread is done with the previous x
-                xs.store(xv)
+                xb1.store(xv)
                 _barrier()
                 staged_x = x
                 staged_norm = norm
@@ -351,13 +365,16 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  MMA: gl.constexpr, NB: gl.constexpr):
+                  MMA: gl.constexpr, NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
     mine = instr + first * W
     bufs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BR, BK], d0.layout)
-    xs = gl.allocate_shared_memory(gl.float32, [KMAX // BK, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    # the staged input: a batch-1 GEMV's x (KMAX floats), or a batched kernel's stages of x (gemv_rows)
+    xs = gl.allocate_shared_memory(gl.float32, [XR, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    ns = gl.allocate_shared_memory(gl.float32, [XS if XS > 0 else 1, BK],   # its norm weights' stages
+                                   gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NBUF):
@@ -365,7 +382,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, MMA, NB)),
-        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT)),
+        (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, MMA, NB, XS)),
+        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT, NB)),
     ], [LOADER_WARPS], [LOADER_REGS])
