@@ -215,7 +215,7 @@ def emulated(jitfn, **replaced):
     values, its jit helpers emulated too, and `replaced` (names of its globals) swapped in."""
     g = dict(jitfn.fn.__globals__)
     g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0,
-             async_copy=async_copy)
+             async_copy=async_copy, _cp_async=_async_copy)
     for name, v in list(g.items()):
         if type(v).__name__ in ("GluonJITFunction", "JITFunction"):
             g[name] = types.FunctionType(v.fn.__code__, g, name, v.fn.__defaults__)

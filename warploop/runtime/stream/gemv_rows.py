@@ -17,6 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
+from warploop.runtime.stream.sync import cp_async as _cp_async
 
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
@@ -36,9 +37,9 @@ def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, k, rowok, norm, BK: gl.constexp
     if q < nblk:
         col = q * BK + cols
         inside = col < k // 4 * 4
-        async_copy.async_copy_global_to_shared(xq.index(q % XS), arena + xrow[:, None] + col[None, :],
+        _cp_async(xq.index(q % XS), arena + xrow[:, None] + col[None, :],
                                                mask=rowok[:, None] & inside[None, :], cache_modifier=".cg")
-        async_copy.async_copy_global_to_shared(nq.index(q % XS), arena + gl.multiple_of(norm + col, 4),
+        _cp_async(nq.index(q % XS), arena + gl.multiple_of(norm + col, 4),
                                                mask=inside & (norm >= 0), cache_modifier=".cg")
     async_copy.commit_group()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
 TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
@@ -58,6 +59,7 @@ def waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN: gl.
 # Triton 3.6 and 3.9 name two builtins and one method differently; these take whichever exists.
 barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared   # renamed in 3.9
 # 3.6 names it _reinterpret. Call sites branch on this themselves: a jit helper taking the layout
 # does not compile under 3.6 (a layout cannot be passed as an argument there).
 PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
