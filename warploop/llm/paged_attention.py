@@ -18,6 +18,27 @@ PARTITION = 512
 
 
 @triton.jit
+def _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head, d, toks, valid, see,
+                 scale, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """One step of online softmax: the keys and values of context tokens `toks` (`valid` ones read
+    through the block table), the scores q k^T where `see` ([rows, tokens]) lets a row see a token,
+    folded into the running max m, sum l and output acc. Returns (m, l, acc)."""
+    block = tl.load(tables_ptr + seq * table_stride + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    slot = block * BLOCK_SIZE + toks % BLOCK_SIZE
+    offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
+    k = tl.load(k_cache_ptr + offs, mask=valid[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    s = tl.where(see, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    v = tl.load(v_cache_ptr + offs, mask=valid[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    l = l * alpha + tl.sum(p, axis=1)
+    return m_new, l, acc
+
+
+@triton.jit
 def _decode_split_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_ptr, table_stride, ctx_ptr,
                          part_out_ptr, part_lse_ptr, scale, max_splits,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -42,19 +63,8 @@ def _decode_split_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_p
         while t0 < end:  # a while loop: the Triton interpreter cannot run range() over tensor bounds
             toks = t0 + tl.arange(0, TILE)
             valid = toks < end
-            block = tl.load(tables_ptr + seq * table_stride + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-            slot = block * BLOCK_SIZE + toks % BLOCK_SIZE
-            offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
-            k = tl.load(k_cache_ptr + offs, mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            v = tl.load(v_cache_ptr + offs, mask=valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            l = l * alpha + tl.sum(p, axis=1)
-            m = m_new
+            m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head,
+                                     d, toks, valid, valid[None, :], scale, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
             t0 += TILE
         row = (seq * NUM_KV_HEADS * GROUP + heads) * max_splits + split
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], acc / l[:, None], mask=(g < GROUP)[:, None])
@@ -143,20 +153,10 @@ def _prefill_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_ptr, t
     while t0 < end:  # a while loop: the Triton interpreter cannot run range() over tensor bounds
         toks = t0 + tl.arange(0, BN)
         valid = toks < end
-        block = tl.load(tables_ptr + seq * table_stride + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        slot = block * BLOCK_SIZE + toks % BLOCK_SIZE
-        offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
-        k = tl.load(k_cache_ptr + offs, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        # every row sees token 0 in the first step, so m is finite from there on
-        s = tl.where(valid[None, :] & (toks[None, :] <= pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        v = tl.load(v_cache_ptr + offs, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        l = l * alpha + tl.sum(p, axis=1)
-        m = m_new
+        # causal: every row sees token 0 in the first step, so m is finite from there on
+        m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head, d,
+                                 toks, valid, valid[None, :] & (toks[None, :] <= pos[:, None]), scale, NUM_KV_HEADS,
+                                 HEAD_DIM, BLOCK_SIZE)
         t0 += BN
     out = acc / l[:, None]
     tl.store(out_ptr + (q0 + i)[:, None].to(tl.int64) * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + d[None, :],
