@@ -181,7 +181,8 @@ def _layout(*args, **kwargs):
 
 
 def mma_v2(a: T, b: T, acc: T) -> T:
-    assert a.shape[1] == b.shape[0] and acc.shape == (a.shape[0], b.shape[1]), (a.shape, b.shape, acc.shape)
+    # [M, K] x [K, N], or batched: [B, M, K] x [B, K, N]
+    assert a.shape[-1] == b.shape[-2] and acc.shape == a.shape[:-1] + b.shape[-1:], (a.shape, b.shape, acc.shape)
     return T(acc.a + a.a.astype(np.float64) @ b.a.astype(np.float64))
 
 

@@ -28,19 +28,18 @@ SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the
 
 
 @gluon.jit
-def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, k, rowok, norm, BK: gl.constexpr, XS: gl.constexpr):
+def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.constexpr, XS: gl.constexpr):
     """Start the copy of x's column block q (of nblk) of every row into stage q % XS, and the norm
     weights' into nq's, and close the cp.async group (an empty one past the last block, so a group
     is always a block): .cg, from L2 (a predecessor on another SM wrote x; L1 may hold a stale
     line), zeros past k and the rows (and for a node without a norm). x and the norm weights are
     arena regions (16-byte aligned) and k % 4 == 0 (the executor checks): 16-byte copies."""
     if q < nblk:
-        col = q * BK + cols
-        inside = col < k // 4 * 4
-        _cp_async(xq.index(q % XS), arena + xrow[:, None] + col[None, :],
-                                               mask=rowok[:, None] & inside[None, :], cache_modifier=".cg")
-        _cp_async(nq.index(q % XS), arena + gl.multiple_of(norm + col, 4),
-                                               mask=inside & (norm >= 0), cache_modifier=".cg")
+        col = q * BK + cols                                   # [NKS, 1, SB]: a warp's column slab
+        _cp_async(xq.index(q % XS), arena + xrow + col, mask=rowok & (col < k // 4 * 4), cache_modifier=".cg")
+        ncol = q * BK + ncols                                 # [NKS, SB]
+        _cp_async(nq.index(q % XS), arena + gl.multiple_of(norm + ncol, [1, 4]), mask=(ncol < k // 4 * 4) & (norm >= 0),
+                  cache_modifier=".cg")
     async_copy.commit_group()
 
 
@@ -57,37 +56,41 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     two consecutive column blocks a chunk) takes the top half's sums against one x block and the
     bottom's against the next. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
-    WM: gl.constexpr = NB // 16 if NB // 16 < CW else CW
-    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WM, CW // WM], instr_shape=[16, 8])
-    XA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)
-    WB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)
-    # cp.async: 16 bytes a thread, a warp's lanes along a row
-    TC: gl.constexpr = BK // 4 if BK // 4 < 32 else 32
-    CPL: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TC, TC], [CW, 1], [1, 0])
+    NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
+    WK: gl.constexpr = NKS if NKS < CW else CW
+    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, CW // WK],
+                                                 instr_shape=[1, 16, 8])
+    XA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)               # [NKS, NB, SB]: x
+    WB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)               # [NKS, SB, BR]: the weights
+    # cp.async: 16 bytes a thread along a slab's row
+    CPL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 2, 16], [WK, CW // WK, 1], [2, 1, 0])
     # the epilogue's [NB, HALF] halves
     EL: gl.constexpr = gl.BlockedLayout([1, 1], [32 // HALF, HALF], [CW, 1], [1, 0])
-    # x's stages: 16-byte groups swizzled by row, so the mma operand's 8 rows at a time hit 8 bank groups
-    XSL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0])
-    WSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    # xs: XS stages of x ([NB, BK] each); ns: XS of the norm weights ([BK] each)
+    # x's stages, [NKS, NB, SB] each: 16-byte groups swizzled by row, so the mma operand's 8 rows at
+    # a time hit 8 bank groups
+    XSL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[2, 1, 0])
+    WSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    # xs: XS stages of x; ns: XS of the norm weights ([NKS, SB] each)
     if PUBLIC_REINTERPRET:
-        xq = xs.slice(0, XS * NB).reinterpret(gl.float32, [XS, NB, BK], XSL)
+        xq = xs.slice(0, XS * NB).reinterpret(gl.float32, [XS, NKS, NB, SB], XSL)
+        nq = ns.reinterpret(gl.float32, [XS, NKS, SB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
-        xq = xs.slice(0, XS * NB)._reinterpret(gl.float32, [XS, NB, BK], XSL)
-    if PUBLIC_REINTERPRET:
-        nq = ns.reinterpret(gl.float32, [XS, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    else:
-        nq = ns._reinterpret(gl.float32, [XS, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        xq = xs.slice(0, XS * NB)._reinterpret(gl.float32, [XS, NKS, NB, SB], XSL)
+        nq = ns._reinterpret(gl.float32, [XS, NKS, SB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     ostride = gl.load(base + G_OSTRIDE)
     astride = gl.load(base + G_ASTRIDE)
     amx = gl.load(base + G_AMAX)
-    bc = gl.arange(0, NB, layout=gl.SliceLayout(1, CPL))
-    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, CPL))
+    kc = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPL)))
+    bc = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPL)))
+    jc = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPL)))
+    cols = kc[:, None, None] * SB + jc[None, None, :]
+    ncols = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(1, CPL)))[:, None] * SB + \
+        gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPL)))[None, :]
     # rows of x start 16-byte aligned (x: an arena region, k % 4 == 0, the executor checks), said
     # so in the arithmetic, so the copies are 16 bytes (cp.async.cg)
-    xrow = gl.multiple_of(x + bc * k, 4)
-    rowok = bc < nrows
-    wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, MB))
+    xrow = gl.multiple_of(x + bc * k, 4)[None, :, None]
+    rowok = (bc < nrows)[None, :, None]
+    wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(0, MB)))
     # the epilogue's indices (rows of the batch, a half's output rows) and what no predecessor
     # writes, read before the wait: the bias
     bo = gl.arange(0, NB, layout=gl.SliceLayout(1, EL))
@@ -103,9 +106,10 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     add = epi == EPI_ADD
     old_a = ba + gl.load(arena + at_a, mask=ma & add, other=0.0, cache_modifier=".cg")
     old_b = bb + gl.load(arena + at_a + HALF, mask=mb & add, other=0.0, cache_modifier=".cg")
-    acc = gl.zeros([NB, BR], gl.float32, layout=MB)
-    acc2 = gl.zeros([NB, BR], gl.float32, layout=MB)     # a narrow tile's bottom half
-    ss = gl.zeros([NB], gl.float32, layout=gl.SliceLayout(1, XA))
+    acc = gl.zeros([NKS, NB, BR], gl.float32, layout=MB)
+    acc2 = gl.zeros([NKS, NB, BR], gl.float32, layout=MB)     # a narrow tile's bottom half
+    ss = gl.zeros([NKS, NB], gl.float32, layout=gl.SliceLayout(2, XA))
+    one = (norm < 0).to(gl.float32)
     # chunk c holds the tile's two row halves at x block c, or a narrow tile's rows at blocks 2c
     # (the top half) and 2c + 1 (the bottom half); blocks up to XS past the chunk's first are in flight
     issued = 0
@@ -113,7 +117,7 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
         while issued < qa + XS:       # a stage is free once the block before in it was read
-            _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, k, rowok, norm, BK, XS)
+            _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK, XS)
             issued += 1
         if narrow:
             async_copy.wait_group(XS - 2)
@@ -126,28 +130,27 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
             if c == 0:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
         if PUBLIC_REINTERPRET:
-            wq = bufs.index(slot).reinterpret(gl.bfloat16, [BK // SB, BR, SB], WSL)
+            wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
         else:
-            wq = bufs.index(slot)._reinterpret(gl.bfloat16, [BK // SB, BR, SB], WSL)
-        for ks in gl.static_range(BK // SB):
-            wt = wq.index(ks).permute((1, 0)).load(WB)                        # [SB, BR]
-            nw = nq.index(qa % XS).slice(ks * SB, SB).load(gl.SliceLayout(0, XA)) + (norm < 0).to(gl.float32)
-            xr = xq.index(qa % XS).slice(ks * SB, SB, dim=1).load(XA)         # [NB, SB]
-            ss += gl.sum(xr * xr, axis=1)
-            xa = xr * nw[None, :]
-            xh = xa.to(gl.bfloat16)
-            xl = (xa - xh.to(gl.float32)).to(gl.bfloat16)
-            acc = mma_v2(xl, wt, mma_v2(xh, wt, acc))
-            if narrow:
-                nw2 = nq.index((qa + 1) % XS).slice(ks * SB, SB).load(gl.SliceLayout(0, XA)) + \
-                    (norm < 0).to(gl.float32)
-                xr2 = xq.index((qa + 1) % XS).slice(ks * SB, SB, dim=1).load(XA)
-                xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
-                ss += gl.sum(xr2 * xr2, axis=1)
-                xb = gl.where(qa + 1 < nblk, xr2 * nw2[None, :], 0.0)
-                xh = xb.to(gl.bfloat16)
-                xl = (xb - xh.to(gl.float32)).to(gl.bfloat16)
-                acc2 = mma_v2(xl, wt, mma_v2(xh, wt, acc2))
+            wq = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
+        # each warp its slab: x [NB, SB] against the tile's rows [SB, BR]
+        wt = wq.permute((0, 2, 1)).load(WB)                                   # [NKS, SB, BR]
+        nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
+        xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
+        ss += gl.sum(xr * xr, axis=2)
+        xa = xr * nw[:, None, :]
+        xh = xa.to(gl.bfloat16)
+        xl = (xa - xh.to(gl.float32)).to(gl.bfloat16)
+        acc = mma_v2(xl, wt, mma_v2(xh, wt, acc))
+        if narrow:
+            nw2 = nq.index((qa + 1) % XS).load(gl.SliceLayout(1, XA)) + one
+            xr2 = xq.index((qa + 1) % XS).load(XA)
+            xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
+            ss += gl.sum(xr2 * xr2, axis=2)
+            xb = gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0)
+            xh = xb.to(gl.bfloat16)
+            xl = (xb - xh.to(gl.float32)).to(gl.bfloat16)
+            acc2 = mma_v2(xl, wt, mma_v2(xh, wt, acc2))
         # every warp is done with the slot and the x stages before one thread frees the slot (and
         # before the next chunk's copies reuse the stages)
         _barrier()
@@ -158,16 +161,20 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     async_copy.wait_group(0)
     # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
     # tile's output row r is its top half's column r plus its bottom half's column r + HALF
-    y = gl.where((wcol < HALF)[None, :] | (narrow == 0), acc, acc2)
-    ys = xq.index(0).slice(0, BR, dim=1)
+    # the slabs' sums added across the warps
+    y = gl.where((wcol < HALF)[None, :] | (narrow == 0), gl.sum(acc, axis=0), gl.sum(acc2, axis=0))
+    if PUBLIC_REINTERPRET:
+        ys = xs.slice(0, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    else:
+        ys = xs.slice(0, NB)._reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     ys.store(y)
     _barrier()
     ya = ys.slice(0, HALF, dim=1).load(EL)
     yb = ys.slice(HALF, HALF, dim=1).load(EL)
     _barrier()                        # every thread has its sums before the stage is x again
-    scale = gl.full([NB], 1.0, gl.float32, layout=gl.SliceLayout(1, XA))
+    scale = gl.full([NB], 1.0, gl.float32, layout=gl.SliceLayout(0, gl.SliceLayout(2, XA)))
     if norm >= 0:
-        scale = gl.rsqrt(ss / k + eps)
+        scale = gl.rsqrt(gl.sum(ss, axis=0) / k + eps)
     scale = gl.convert_layout(scale, gl.SliceLayout(1, EL))[:, None]
     if narrow:
         ya = old_a + scale * (ya + yb)
