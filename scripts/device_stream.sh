@@ -7,8 +7,6 @@
 #   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and 8 -> $OUT/decode.json
 #   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
-#   mma     attention on tensor cores against fp32 FMAs (StreamConfig.attn_mma): each of $STEP_MODELS' kernel
-#           at contexts $MMA_CONTEXTS (default 512 4096), both in one process -> $OUT/mma-MODEL-CONTEXT.json
 #   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT
 #           -> $OUT/batch-MODEL-B.json (tokens_per_s; `bench decode`'s per-op and torch.compile are the peers)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
@@ -42,12 +40,6 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
             python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, 'floor', e['floor_ms'], \
 {s: e[s].get('ms_per_token_bs1') for s in ('stream', 'torch_compile')}, e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
-    mma) for c in ${MMA_CONTEXTS:-512 4096}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
-           timeout 200 python scripts/stream_step_time.py --model "$m" --context "$c" --attn-mma --compare-mma \
-             --loop 1 --runs 20 > "$OUT/mma-$m-$c.json" || echo "mma $m $c: rc $?"
-           python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['context'], 'mma', \
-round(d['kernel_ms'], 4), 'fma', round(d['kernel_ms_other'], 4), 'floor', round(d['floor_ms'], 4))" "$OUT/mma-$m-$c.json"
-         done; done ;;
     batch) for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
              timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
                --loop 8 --runs 20 > "$OUT/batch-$m-$bt.json" || echo "batch $m $bt: rc $?"

@@ -59,11 +59,6 @@ def main():
                     help="the decoder's max_context, as an engine sizes it (0: context + loop)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--loop", type=int, default=32, help="steps of the timed decode loop")
-    ap.add_argument("--attn-mma", action="store_true",
-                    help="attention's chunk products on tensor cores (StreamConfig.attn_mma)")
-    ap.add_argument("--compare-mma", action="store_true",
-                    help="also time the kernel with the other attn_mma, rounds alternated in this process: "
-                         "kernel_ms_other is its median")
     ap.add_argument("--trace", action="store_true",
                     help="also compile the kernel with StreamConfig.trace and report where each kind of node's "
                          "time goes (µs from the kernel's clock, per CTA: waiting, met wait to first chunk, "
@@ -82,14 +77,9 @@ def main():
     tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(b)]
     options = dict(max_context=max_context, splits=args.splits or None, batch=b, block_size=bs, kv=kv)
 
-    def config(mma):
-        return stream_config(cfg, attn_mma=mma, batch_rows=batch_rows(b))
-
-    dec = StreamDecoder(cfg, w, device="cuda", config=config(args.attn_mma), **options)
+    config = stream_config(cfg, batch_rows=batch_rows(b))
+    dec = StreamDecoder(cfg, w, device="cuda", config=config, **options)
     build_s = time.time() - t0
-    other = None
-    if args.compare_mma:
-        other = StreamDecoder(cfg, w, device="cuda", config=config(not args.attn_mma), **options)
     if not args.trace:
         del w
     pos = args.context - 1
@@ -101,13 +91,7 @@ def main():
         d.generate_rows([7] * b, [pos] * b, steps, tables)
 
     step(dec)                                  # compiles, and warms
-    rounds, rounds_other = [], []
-    if other is not None:
-        step(other)
-    for _ in range(ROUNDS):
-        rounds.append(time_ms(dec.executor.launch, args.runs, after=dec.executor.wait))
-        if other is not None:
-            rounds_other.append(time_ms(other.executor.launch, args.runs, after=other.executor.wait))
+    rounds = [time_ms(dec.executor.launch, args.runs, after=dec.executor.wait) for _ in range(ROUNDS)]
     kernel = statistics.median(rounds)
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -125,19 +109,15 @@ def main():
     kv = b * cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
     out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context, "batch": b,
-           "max_context": dec.max_context, "attn_mma": args.attn_mma, "tokens_per_s": b * 1e3 / kernel,
+           "max_context": dec.max_context, "tokens_per_s": b * 1e3 / kernel,
            "splits": dec.splits, "level": dec.level(args.context),
            "loop_level": dec.level(args.context + args.loop - 1), "nodes": len(dec.program.nodes),
            "build_s": round(build_s, 1),
-           "kernel_ms": kernel, "kernel_ms_rounds": rounds,
-           **({"kernel_ms_other": statistics.median(rounds_other), "kernel_ms_other_rounds": rounds_other}
-              if other is not None else {}), "step_ms_host_driven": host, "loop_steps": args.loop,
+           "kernel_ms": kernel, "kernel_ms_rounds": rounds, "step_ms_host_driven": host, "loop_steps": args.loop,
            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
            "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}
     if args.trace:
-        del other
-        traced = StreamDecoder(cfg, w, device="cuda",
-                               config=dataclasses.replace(config(args.attn_mma), trace=True), **options)
+        traced = StreamDecoder(cfg, w, device="cuda", config=dataclasses.replace(config, trace=True), **options)
         del dec
         for _ in range(3):
             step(traced)

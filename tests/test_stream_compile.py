@@ -12,11 +12,8 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
 @pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
-                                 StreamConfig(head_dim=128, attn_mma=True),
-                                 StreamConfig(head_dim=16, attn_group=8, attn_mma=True),
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16)],
-                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "attention_mma_hd128",
-                              "attention_mma_hd16", "batch32", "batch16"])
+                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -32,10 +29,10 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
         # chunk, beside the four weight pools' one each
         boxes = cfg.kv_tokens // cfg.kv_box(16)
         assert r["ptx"]["cp.async.bulk.tensor"] >= 2 * boxes + 1
-        # attn_mma: the chunk's products are tensor-core mmas fed from the ring slot by ldmatrix
-    # attn_mma: the attention chunk's products, batch_rows: the batched GEMV's, are tensor-core mmas
-    # fed from the ring slot by ldmatrix; neither in the batch-1 kernel without attn_mma
+    # batch_rows: the batched GEMV's products are tensor-core mmas fed from the ring slot by
+    # ldmatrix, and x comes by 16-byte cp.async; neither in the batch-1 kernel
     ptx = ck.asm["ptx"]
-    mma = bool(cfg.attn_mma and cfg.head_dim) or bool(cfg.batch_rows)
+    mma = bool(cfg.batch_rows)
+    assert ("cp.async.cg.shared.global" in ptx) == mma
     assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == mma
     assert ("ldmatrix" in ptx) == mma

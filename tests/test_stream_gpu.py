@@ -53,15 +53,14 @@ ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(f
                                                          (5, 4, 4), (300, 7, 16), (300, 3, 64), (130, 1, 32),
                                                          (1000, 5, 16)])
 @pytest.mark.parametrize("name", ATTN_SHAPES)
-@pytest.mark.parametrize("mma", [False, True], ids=["fma", "mma"])
-def test_gpu_attention_layers_equal_reference(name, context, splits, block_size, mma):
+def test_gpu_attention_layers_equal_reference(name, context, splits, block_size):
     """Whole layers with attention (ATTN nodes: q/k norm, RoPE, the paged KV write, GQA softmax over
     a shuffled block table, the context streamed by the loader in TMA boxes of up to a block, the
     shares merged by the last one to finish) against the reference, node by node, and the KV caches
-    they leave; the chunk products in fp32 FMAs and on tensor cores (StreamConfig.attn_mma)."""
+    they leave."""
     import dataclasses
     m = ATTN_SHAPES[name]
-    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8, attn_mma=mma)
+    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
                                       splits=splits)
     p = chain.program
@@ -81,12 +80,10 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size,
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", STEP_CONFIGS)
-@pytest.mark.parametrize("mma", [False, True], ids=["fma", "mma"])
-def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits, mma):
-    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens (the
-    attention chunks in fp32 FMAs and on tensor cores)."""
+def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
+    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
     cfg = STEP_CONFIGS[name]
-    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg, attn_mma=mma))
+    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg))
     assert tokens == ref_tokens
     assert looped == ref_tokens             # the decode loop in one launch
     assert err < 2e-2

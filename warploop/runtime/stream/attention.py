@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
@@ -123,29 +123,17 @@ def _rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
 @gluon.jit
 def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, MMA: gl.constexpr):
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
-    count and `failed`. MMA: a chunk's products on tensor cores (_chunks_mma), else fp32 FMAs."""
+    count and `failed`."""
     HALF: gl.constexpr = HD // 2
-    # a chunk's rows read or patched as whole rows: 8 contiguous bf16 a thread
-    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
-    if MMA:
-        # q heads as the M rows of mma tiles, at least 16 and as many as the warps' tiles cover
-        WNS: gl.constexpr = CW if TILE // 8 >= CW else TILE // 8
-        WNO: gl.constexpr = CW if HD // 8 >= CW else HD // 8
-        WM: gl.constexpr = CW // WNS if CW // WNS > CW // WNO else CW // WNO
-        NQ: gl.constexpr = 16 * WM
-        QL: gl.constexpr = FL                          # [NQ, HD]: q heads
-        KL: gl.constexpr = FL                          # [1, HD]: the new k and v
-    else:
-        # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
-        # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
-        NQ: gl.constexpr = GP
-        WG: gl.constexpr = GP if GP < CW else CW
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [WG, CW // WG, 1], [2, 1, 0])
-        QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
-        KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
-        SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
+    # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
+    # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
+    WG: gl.constexpr = GP if GP < CW else CW
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [WG, CW // WG, 1], [2, 1, 0])
+    QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
+    KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
+    SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
@@ -180,7 +168,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     vc = kc + blocks.to(gl.int64) * bs * row_words
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
     dqp = gl.where(dq < HALF, dq + HALF, dq - HALF)
-    jq = gl.minimum(gl.arange(0, NQ, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
+    jq = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
     csq = gl.load(arena + cos_t + pos * HALF + dq % HALF)
     snq = gl.load(arena + sin_t + pos * HALF + dq % HALF)
     wq = gl.load(arena + qn + dq, mask=qn >= 0, other=0.0)
@@ -196,6 +184,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     # SM made, ordered before this node by the chain of waits): the ring may hold what TMA read
     # before them, so the chunks holding them are patched from L2. Their cache rows are found here,
     # before the waits (the block table is the host's), for the first and the last such chunk
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
     f0 = gl.maximum(lo, pos0)
     f1 = gl.minimum(hi, pos)
     fresh = (s > 0) & (f0 < f1)
@@ -227,78 +216,68 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         gl.store(vc + dst, vnew)
     knew = knew.to(gl.float32)
     vnew = vnew.to(gl.float32)
-    if MMA:
-        acc, m_i, l_i, it = _chunks_mma(q, knew, vnew, bufs, full, it, lo, hi, n_ctx, scale, fresh, f0, f1, ca, cb,
-                                        row_a, in_a, row_b, in_b, kc, vc, ints, step, bs, row_words, g, i, trace,
-                                        empty, NBUF, TRACE, CW, HD, TILE, KVT, NQ, WNS, WNO)
-    else:
-        tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
-        ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-        l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-        acc = gl.zeros([GP, HD], gl.float32, layout=QL)
-        t0 = lo
-        while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
-            b = it % NBUF               # the ring slot (s is the step)
-            mbarrier.wait(full.index(b), (it // NBUF) & 1)
-            if TRACE:
-                if t0 == lo:
-                    gl.store(trace + i * TRACE_WORDS + 2, now())
-            if PUBLIC_REINTERPRET:
-                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            else:
-                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            if fresh & (t0 < f1) & (t0 + KVT > f0):
-                # one round trip for the chunk's rows of this launch, written over the ring's copy
-                if t0 == ca:
-                    rows_f, in_f = row_a, in_a
-                elif t0 == cb:
-                    rows_f, in_f = row_b, in_b
-                else:                   # a chunk between the first and the last (more steps than a chunk)
-                    rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
-                m2 = in_f[:, None]
-                at = rows_f[:, None] + df[None, :]
-                k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
-                v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
-                k_r = chunk.slice(0, KVT).load(FL)
-                v_r = chunk.slice(KVT, KVT).load(FL)
-                chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
-                chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
-                barrier()               # the patched rows before any warp reads them
-            for sub in gl.static_range(KVT // TILE):
-                toks = t0 + sub * TILE + tk
-                live = (toks < hi)[:, None]
-                new = (toks == n_ctx - 1)[:, None]
-                # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
-                k_s = chunk.slice(sub * TILE, TILE)
-                kt = gl.where(new, knew, gl.where(live, k_s.load(KL).to(gl.float32), 0.0))
-                v_s = chunk.slice(KVT + sub * TILE, TILE)
-                vt = gl.where(new, vnew, gl.where(live, v_s.load(KL).to(gl.float32), 0.0))
-                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-                sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-                p = gl.exp(sc - m_new[:, None])
-                alpha = gl.exp(m_i - m_new)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-                acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
-                m_i = m_new
-            barrier()                   # every warp is done with the slot before one thread frees it
-            fence_async_shared()
-            mbarrier.arrive(empty.index(b))
-            it += 1
-            t0 += KVT
-    AL: gl.constexpr = acc.type.layout                # [NQ, HD]: the output
-    RL: gl.constexpr = m_i.type.layout                # [NQ]: the running max and sum
-    jo = gl.arange(0, NQ, layout=gl.SliceLayout(1, AL))
-    do = gl.arange(0, HD, layout=gl.SliceLayout(0, AL))
+    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
+    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+    t0 = lo
+    while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
+        b = it % NBUF               # the ring slot (s is the step)
+        mbarrier.wait(full.index(b), (it // NBUF) & 1)
+        if TRACE:
+            if t0 == lo:
+                gl.store(trace + i * TRACE_WORDS + 2, now())
+        if PUBLIC_REINTERPRET:
+            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+        else:
+            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+        if fresh & (t0 < f1) & (t0 + KVT > f0):
+            # one round trip for the chunk's rows of this launch, written over the ring's copy
+            if t0 == ca:
+                rows_f, in_f = row_a, in_a
+            elif t0 == cb:
+                rows_f, in_f = row_b, in_b
+            else:                   # a chunk between the first and the last (more steps than a chunk)
+                rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
+            m2 = in_f[:, None]
+            at = rows_f[:, None] + df[None, :]
+            k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
+            v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
+            k_r = chunk.slice(0, KVT).load(FL)
+            v_r = chunk.slice(KVT, KVT).load(FL)
+            chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
+            chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
+            barrier()               # the patched rows before any warp reads them
+        for sub in gl.static_range(KVT // TILE):
+            toks = t0 + sub * TILE + tk
+            live = (toks < hi)[:, None]
+            new = (toks == n_ctx - 1)[:, None]
+            # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+            kt = gl.where(new, knew, gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            vt = gl.where(new, vnew, gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+            p = gl.exp(sc - m_new[:, None])
+            alpha = gl.exp(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+            acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            m_i = m_new
+        barrier()                   # every warp is done with the slot before one thread frees it
+        fence_async_shared()
+        mbarrier.arrive(empty.index(b))
+        it += 1
+        t0 += KVT
+    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     if splits == 1:
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, AL))[:, None]
-        gl.store(arena + out + (head0 + jo)[:, None] * HD + do[None, :], o, mask=(jo < grp)[:, None])
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
     elif busy:
         pb = arena + part + split * grp * (HD + 2)
-        gl.store(pb + jo[:, None] * HD + do[None, :], acc, mask=(jo < grp)[:, None])
-        js = gl.arange(0, NQ, layout=RL)
+        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
         gl.store(pb + grp * HD + js, m_i, mask=js < grp)
         gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
         if ticket >= 0:
@@ -313,95 +292,6 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
                 merge(arena, part, out, head0, grp, live, CW, HD, GP)
                 gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")
     return it, failed
-
-
-@gluon.jit
-def _chunks_mma(q, knew, vnew, bufs, full, it, lo, hi, n_ctx, scale, fresh, f0, f1, ca, cb, row_a, in_a, row_b, in_b,
-                kc, vc, ints, step, bs, row_words, g, i, trace, empty, NBUF: gl.constexpr, TRACE: gl.constexpr,
-                CW: gl.constexpr, HD: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NQ: gl.constexpr,
-                WNS: gl.constexpr, WNO: gl.constexpr):
-    """The online softmax over the share's chunks [lo, hi) with both products on tensor cores:
-    scores = q K^T as [NQ, TILE] mma tiles, out += P V as [NQ, HD], bf16 operands read from the
-    ring slot, fp32 accumulation. q and P are fp32: each goes in as a bf16 pair (hi + lo, two mmas),
-    so the products keep about 16 bits of them, against the FMA path's fp32 (the keys and values
-    are bf16 already). Rows the ring does not hold right are patched in the slot first: this
-    launch's rows (from L2), the new token's k and v, and rows past the share (zeroed: another
-    share's tokens, or stale rows; a NaN there times a zero probability would still be NaN).
-    Returns (acc [NQ, HD], m [NQ], l [NQ], the ring's chunk count)."""
-    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
-    MS: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[CW // WNS, WNS], instr_shape=[16, 8])
-    MO: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[CW // WNO, WNO], instr_shape=[16, 8])
-    qh = q.to(gl.bfloat16)
-    qa = gl.convert_layout(qh, gl.DotOperandLayout(0, MS, 2))
-    qb = gl.convert_layout((q - qh.to(gl.float32)).to(gl.bfloat16), gl.DotOperandLayout(0, MS, 2))
-    kn = knew.to(gl.bfloat16)                          # [1, HD] in FL: exact, they were rounded to bf16
-    vn = vnew.to(gl.bfloat16)
-    rf = gl.arange(0, KVT, layout=gl.SliceLayout(1, FL))
-    df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
-    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, MS))
-    m_i = gl.full([NQ], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MS))
-    l_i = gl.zeros([NQ], gl.float32, layout=gl.SliceLayout(1, MS))
-    acc = gl.zeros([NQ, HD], gl.float32, layout=MO)
-    t0 = lo
-    while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
-        b = it % NBUF
-        mbarrier.wait(full.index(b), (it // NBUF) & 1)
-        if TRACE:
-            if t0 == lo:
-                gl.store(trace + i * TRACE_WORDS + 2, now())
-        # plain: the slot as a row-major view of the same bytes, for the keys' transposed loads (Triton
-        # 3.6 addresses a permuted view of an unswizzled NVMMA layout as column-major, #10453)
-        if PUBLIC_REINTERPRET:
-            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            plain = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD],
-                                              gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        else:
-            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            plain = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD],
-                                               gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        mine = fresh & (t0 < f1) & (t0 + KVT > f0)
-        if mine | (t0 + KVT > hi) | ((t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)):
-            if t0 == ca:
-                rows_f, in_f = row_a, in_a
-            elif t0 == cb:
-                rows_f, in_f = row_b, in_b
-            else:                   # between the first and the last such chunk, or none of this launch's
-                rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, mine, row_words, g, HD)
-            m2 = in_f[:, None]
-            at = rows_f[:, None] + df[None, :]
-            k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
-            v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
-            k_r = chunk.slice(0, KVT).load(FL)
-            v_r = chunk.slice(KVT, KVT).load(FL)
-            live = (t0 + rf < hi)[:, None]
-            new = (t0 + rf == n_ctx - 1)[:, None]
-            zero = gl.zeros_like(k_r)
-            barrier()               # every warp has read the slot before any writes it
-            chunk.slice(0, KVT).store(gl.where(new, kn, gl.where(m2, k_f, gl.where(live, k_r, zero))))
-            chunk.slice(KVT, KVT).store(gl.where(new, vn, gl.where(m2, v_f, gl.where(live, v_r, zero))))
-            barrier()               # the patched rows before any warp reads them
-        for sub in gl.static_range(KVT // TILE):
-            kt = plain.slice(sub * TILE, TILE).permute((1, 0)).load(gl.DotOperandLayout(1, MS, 2))   # [HD, TILE]
-            sc = mma_v2(qa, kt, gl.zeros([NQ, TILE], gl.float32, layout=MS))
-            sc = mma_v2(qb, kt, sc) * scale
-            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-            p = gl.exp(sc - m_new[:, None])
-            alpha = gl.exp(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            ph = p.to(gl.bfloat16)
-            pa = gl.convert_layout(ph, gl.DotOperandLayout(0, MO, 2))
-            pb = gl.convert_layout((p - ph.to(gl.float32)).to(gl.bfloat16), gl.DotOperandLayout(0, MO, 2))
-            vt = chunk.slice(KVT + sub * TILE, TILE).load(gl.DotOperandLayout(1, MO, 2))               # [TILE, HD]
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, MO))[:, None]
-            acc = mma_v2(pb, vt, mma_v2(pa, vt, acc))
-            m_i = m_new
-        barrier()                   # every warp is done with the slot before one thread frees it
-        fence_async_shared()
-        mbarrier.arrive(empty.index(b))
-        it += 1
-        t0 += KVT
-    return acc, m_i, l_i, it
 
 
 @gluon.jit

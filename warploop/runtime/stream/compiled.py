@@ -34,7 +34,6 @@ class StreamConfig:
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
-    attn_mma: bool = False        # a chunk's scores and outputs on tensor cores (mma.sync) instead of fp32 FMAs
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kernel.TRACE_WORDS)
 
@@ -102,7 +101,7 @@ class StreamConfig:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
-                    KVT=self.kv_tokens, MMA=self.attn_mma, NB=self.batch_rows, XS=self.x_stages,
+                    KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
                     XR=self.x_rows)
 
 

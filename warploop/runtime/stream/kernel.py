@@ -207,8 +207,8 @@ def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, e
 def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
               BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, MMA: gl.constexpr,
-              NB: gl.constexpr, XS: gl.constexpr):
+              HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
+              XS: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -340,8 +340,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
-                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT,
-                                      MMA)
+                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
                     failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, SPIN, TRACE, CW)
@@ -365,7 +364,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  MMA: gl.constexpr, NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -383,6 +382,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, MMA, NB, XS)),
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS)),
         (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT, NB)),
     ], [LOADER_WARPS], [LOADER_REGS])
