@@ -28,7 +28,8 @@ ROUNDS = 5
 def anatomy(ex) -> dict:
     """Per kind of node (GEMVs told apart by their input width and rows), from the kernel's stamps of
     its last launch: instructions, and µs summed over them and averaged over CTAs (waiting, met wait
-    to first chunk, first chunk to published), the median instruction's stream time, the span."""
+    to first chunk, first chunk to published, the loader's wait for free slots), the median
+    instruction's stream time, the span."""
     stamps = ex.trace.cpu().numpy().astype("int64")
     insts = ex.built.instructions
     t0 = stamps[:, 0][stamps[:, 0] > 0].min()
@@ -39,15 +40,44 @@ def anatomy(ex) -> dict:
             continue
         f = inst.fields
         key = inst.kind.name + (f"/k{f.get('k')}x{f.get('batch', 1)}" if inst.kind.name == "gemv" else "")
-        d = kinds.setdefault(key, {"n": 0, "wait": 0.0, "to_first": 0.0, "to_published": 0.0, "pub": []})
+        d = kinds.setdefault(key, {"n": 0, "wait": 0.0, "to_first": 0.0, "to_published": 0.0, "loader_blocked": 0.0,
+                                   "pub": []})
         d["n"] += 1
+        d["loader_blocked"] += stamps[j, 5] / 1e3
         d["wait"] += s[j, 1] - s[j, 0]
         d["to_first"] += s[j, 2] - s[j, 1]
         d["to_published"] += s[j, 3] - s[j, 2]
         d["pub"].append(s[j, 3] - s[j, 2])
     return {"span_us": round(float(s[:, 3].max()), 1), "ctas": ex.ctas,
-            "kinds": {k: {"n": d["n"], **{p: round(d[p] / ex.ctas, 1) for p in ("wait", "to_first", "to_published")},
+            "kinds": {k: {"n": d["n"], **{p: round(d[p] / ex.ctas, 1)
+                                          for p in ("wait", "to_first", "to_published", "loader_blocked")},
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
+
+
+def compare(dec, spec: str, runs: int, step) -> dict:
+    """Each value of one StreamConfig field (`FIELD=V1,V2`) on dec's programs, the kernel timed in
+    interleaved rounds; the step's arena after each value must match the first value's (1e-3
+    relative: a value may sum in another order). Returns {value: median ms}."""
+    field, values = spec.split("=", 1)
+    base = {s: e.program.config for s, e in dec.executors.items()}
+    times, ref = {}, None
+    for r in range(ROUNDS):
+        for v in values.split(","):
+            for s, e in dec.executors.items():
+                e.program.config = dataclasses.replace(base[s], **{field: type(getattr(base[s], field))(v)})
+            if r == 0:
+                step()
+                dec.executor.wait()
+                got = dec.executor.arena.clone()
+                if ref is None:
+                    ref = got
+                err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                if err > 1e-3:
+                    raise SystemExit(f"{field}={v}: the step's arena differs from the first value's by {err:.2e}")
+            times.setdefault(v, []).append(time_ms(dec.executor.launch, runs, after=dec.executor.wait))
+    for s, e in dec.executors.items():
+        e.program.config = base[s]
+    return {v: statistics.median(t) for v, t in times.items()}
 
 
 def main():
@@ -65,6 +95,10 @@ def main():
                          "first chunk to published)")
     ap.add_argument("--batch", type=int, default=1,
                     help="rows a step decodes, each over blocks of its own (the GEMVs on tensor cores when > 1)")
+    ap.add_argument("--ab", default="",
+                    help="FIELD=V1,V2,...: also time the same program with a StreamConfig field that shapes no "
+                         "memory (a kernel constexpr) set to each value, rounds interleaved, in this process "
+                         "(ab_kernel_ms; each value's outputs are checked against the first's)")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
@@ -105,6 +139,7 @@ def main():
     for _ in range(3):
         generate(dec, args.loop)
     loop_host = (time.perf_counter() - t) / 3 / args.loop * 1e3
+    ab = compare(dec, args.ab, args.runs, lambda: step(dec)) if args.ab else None
     wbytes = sum(p.numel() * 2 for p in dec.program.pools)
     kv = b * cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
@@ -116,6 +151,8 @@ def main():
            "kernel_ms": kernel, "kernel_ms_rounds": rounds, "step_ms_host_driven": host, "loop_steps": args.loop,
            "loop_ms_per_token": loop / args.loop, "loop_ms_per_token_host_driven": loop_host,
            "floor_ms": floor, "weight_bytes": wbytes, "kv_bytes": kv, "pct_of_floor": 100 * floor / kernel}
+    if ab:
+        out["ab_kernel_ms"] = ab
     if args.trace:
         traced = StreamDecoder(cfg, w, device="cuda", config=dataclasses.replace(config, trace=True), **options)
         del dec

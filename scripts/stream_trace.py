@@ -2,9 +2,10 @@
 
 Runs `warploop bench stream`'s chain for one model with StreamConfig(trace=True): every instruction
 stamps %globaltimer when it starts, when its waits are met, when its first chunk is in the ring and
-when it has published. Prints one JSON object: where each CTA's time goes (µs, averaged over CTAs),
-and per kind of stage how long a published counter takes to reach its consumers and how long they
-then take to their first chunk.
+when it has published, and the loader when its first chunk's slot is free and how long it waited for
+free slots (its SM's copies idle, the ring full: loader_blocked). Prints one JSON object: where each
+CTA's time goes (µs, averaged over CTAs), and per kind of stage how long a published counter takes
+to reach its consumers and how long they then take to their first chunk.
 
     PYTHONPATH=. python scripts/stream_trace.py --model llama-3.2-1b
 """
@@ -33,7 +34,8 @@ def anatomy(ex, chain) -> dict:
     t0 = stamps[:, 0][stamps[:, 0] > 0].min()
     s = (stamps - t0) / 1e3                       # µs from the step's first instruction
     span = s[:, 3].max()
-    per_cta = {"wait": 0.0, "seen_to_first_chunk": 0.0, "first_chunk_to_published": 0.0, "between": 0.0}
+    per_cta = {"wait": 0.0, "seen_to_first_chunk": 0.0, "first_chunk_to_published": 0.0, "between": 0.0,
+               "loader_blocked": 0.0}
     last_pub = {}
     for c in range(ex.ctas):
         first, count = built.table[2 * c], built.table[2 * c + 1]
@@ -41,6 +43,7 @@ def anatomy(ex, chain) -> dict:
             per_cta["wait"] += s[j, 1] - s[j, 0]
             per_cta["seen_to_first_chunk"] += s[j, 2] - s[j, 1]
             per_cta["first_chunk_to_published"] += s[j, 3] - s[j, 2]
+            per_cta["loader_blocked"] += stamps[j, 5] / 1e3
             if j > first:
                 per_cta["between"] += s[j, 0] - s[j - 1, 3]
     per_cta = {k: v / ex.ctas for k, v in per_cta.items()}
@@ -74,10 +77,13 @@ def anatomy(ex, chain) -> dict:
     phases = {}
     for j, node in enumerate(nodes):
         if node >= 0:
-            ph = phases.setdefault(kind.get(node, "?"), {"wait": [], "to_first": [], "to_published": []})
+            ph = phases.setdefault(kind.get(node, "?"), {"wait": [], "to_first": [], "to_published": [],
+                                                          "loader_lead": [], "loader_blocked": []})
             ph["wait"].append(s[j, 1] - s[j, 0])
             ph["to_first"].append(s[j, 2] - s[j, 1])
             ph["to_published"].append(s[j, 3] - s[j, 2])
+            ph["loader_lead"].append(s[j, 2] - s[j, 4])         # its first slot free to the consumer's first chunk
+            ph["loader_blocked"].append(stamps[j, 5] / 1e3)
     return {"span_us": round(span, 1), "per_cta_us": {k: round(v, 1) for k, v in per_cta.items()},
             "stages": {k: {"waits": len(seen[k]), "publish_to_seen_us": med(seen[k]),
                            "seen_to_first_chunk_us": med(first_chunk[k])} for k in seen},

@@ -94,8 +94,11 @@ class StreamExecutor:
             raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
-        # with StreamConfig.trace: int64 ns stamps [instruction, 4] (start, waited, first chunk, published)
-        self.trace = torch.zeros((len(self.built.instructions) if program.config.trace else 1, 4), dtype=torch.int64,
+        # with StreamConfig.trace: int64 ns stamps [instruction, sync.TRACE_WORDS] (the consumer's start,
+        # waited, first chunk, published; the loader's first slot and its ns waiting for free slots)
+        from warploop.runtime.stream.sync import TRACE_WORDS
+        self.trace = torch.zeros((len(self.built.instructions) if program.config.trace else 1, TRACE_WORDS.value),
+                                 dtype=torch.int64,
                                  device=dev)
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools] if share is None else share._pools

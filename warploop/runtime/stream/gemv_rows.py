@@ -12,7 +12,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
@@ -152,9 +152,8 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
             xl = (xb - xh.to(gl.float32)).to(gl.bfloat16)
             acc2 = mma_v2(xl, wt, mma_v2(xh, wt, acc2))
         # every warp is done with the slot and the x stages before one thread frees the slot (and
-        # before the next chunk's copies reuse the stages)
+        # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
         _barrier()
-        fence_async_shared()
         mbarrier.arrive(empty.index(slot))
         it += 1
         c += 1

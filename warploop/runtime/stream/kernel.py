@@ -88,8 +88,8 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
 
 
 @gluon.jit
-def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr):
+def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
@@ -114,9 +114,16 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
             # a chunk is two [BR/2, BK] boxes: rows from row and from row2 at one column block, or
             # a narrow tile's BR/2 rows at two consecutive column blocks
             kk = 0
+            blocked = (k * 0).to(gl.int64)     # ns (int64, as the clock)
             while kk < k:
                 slot = it % NBUF
+                if TRACE:
+                    t = now()
                 mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+                if TRACE:
+                    blocked += now() - t
+                    if kk == 0:
+                        gl.store(trace + i * TRACE_WORDS + 4, now())
                 bar = full.index(slot)
                 mbarrier.expect(bar, BR * BK * 2)
                 kk2 = kk + BK * narrow
@@ -136,8 +143,12 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, BR: g
                     _tma_pair(d0, d1, d2, d3, pool, row, kk, row2, kk2, bar, dst.index(0), dst.index(1))
                 it += 1
                 kk += BK * (1 + narrow)
+            if TRACE:
+                gl.store(trace + i * TRACE_WORDS + 5, blocked)
         if HD != 0:
             if op == OP_ATTN:
+                if TRACE:
+                    gl.store(trace + i * TRACE_WORDS + 4, now())
                 it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, NBUF, HD, KVT)
         op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
         j += 1
@@ -303,10 +314,10 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                 wb = buf.slice(HALF, HALF).load(layout)
                 part_a += wa.to(gl.float32) * xc
                 part_b += wb.to(gl.float32) * xd
-                # every warp is done with the slot before one thread frees it; the proxy fence
-                # orders these reads before the next TMA write into it
+                # every warp is done with the slot before one thread frees it (the arrive orders
+                # these reads before the loader's next TMA write into it: no proxy fence, as
+                # nothing here wrote the slot)
                 _barrier()
-                fence_async_shared()
                 mbarrier.arrive(empty.index(slot))
                 it += 1
                 c += 1
@@ -383,5 +394,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS)),
-        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, BR, BK, NBUF, HD, KVT, NB)),
+        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR, BK,
+                   NBUF, HD, KVT, NB, TRACE)),
     ], [LOADER_WARPS], [LOADER_REGS])

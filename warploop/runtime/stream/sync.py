@@ -13,7 +13,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-TRACE_WORDS = gl.constexpr(4)   # with TRACE: ns stamps per instruction (start, waited, first chunk, published)
+# with TRACE, per instruction: the consumer's ns stamps (start, waits met, first chunk in hand,
+# published), then the loader's (its first chunk's slot free, and the ns it spent waiting for free
+# slots: its SM's copies had nothing to do, the ring full ahead of the consumer)
+TRACE_WORDS = gl.constexpr(6)
 
 
 @gluon.jit
