@@ -1,14 +1,16 @@
 """The streaming executor's kernel, in Gluon (Hopper: TMA, mbarriers, warp specialization).
 
-One CTA per SM runs its static instruction list (program.py builds it) with two roles:
+One CTA per SM runs its static instruction list (program.py builds it) with three roles:
 
 - the loader, one warp with a small register budget, walks the list and streams every node's
   streamed operand (kinds.Streamed) into a ring of NBUF shared-memory slots of [BR, BK] by TMA.
   It waits only for free slots, never on a dependency, so it runs ahead into later stages;
 - the consumer, one warpgroup, walks the same list: it waits on the node's dependency counters
   (bounded acquire polls), stages the node's input vector in shared memory, computes from
-  the ring chunk by chunk, releases each slot, writes its outputs and publishes its counter with a
-  release atomic.
+  the ring chunk by chunk, releases each slot, writes its outputs and hands its counter to
+- the publisher, one warp, which publishes it with a GPU-scope release atomic once the consumer's
+  stores are in (an mbarrier pair a publish, PQ deep), so the release's fence is off the consumer's
+  path.
 
 Ring protocol: chunk number `it` (counted alike by both roles) lives in slot it % NBUF, and
 (it // NBUF) & 1 is the parity of that slot's use. full[slot] completes when TMA has written the
@@ -68,6 +70,8 @@ EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
+PUBLISHER_WARPS = gl.constexpr(1)
+PQ = gl.constexpr(4)            # publishes the consumer may hand the publisher ahead of it
 
 
 @gluon.jit
@@ -219,7 +223,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
               BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr):
+              XS: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -236,6 +240,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
     xidx = (gl.arange(0, KMAX // BK, layout=gl.SliceLayout(1, xl))[:, None] * BK
             + gl.arange(0, BK, layout=gl.SliceLayout(0, xl))[None, :])
     it = 0
+    npub = 0
     failed = 0
     staged_x = -1
     staged_norm = -2
@@ -244,14 +249,14 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
-    op, w0, n0, w1, n1, sig, sigs, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
+    op, w0, n0, w1, n1, sig, _, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
     j = 0
     while j < n * steps:          # instruction j % n of step j // n: run epoch0 + j // n of the program
         i = j % n
         s = j // n
         epoch = epoch0 + s
         nb = instr + ((j + 1) % n) * W
-        (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
+        (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, _, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
             if op == OP_GEMV:
@@ -360,13 +365,42 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                                 failed, cta, i, trace, SPIN, TRACE, CW)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
-            _barrier()                # every thread's stores precede the one release below
-            gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
+            # every thread's stores precede one thread's CTA-scope release to the publisher, whose
+            # GPU-scope release atomic is cumulative over them; the consumer goes on meanwhile
+            _barrier()
+            q = npub % PQ
+            mbarrier.wait(pub_empty.index(q), ((npub // PQ) & 1) ^ 1)
+            mbarrier.arrive(pub_full.index(q))
+            npub += 1
         if TRACE:
             gl.store(trace + i * TRACE_WORDS + 3, now())
-        op, w0, n0, w1, n1, sig, sigs = n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_sigs
+        op, w0, n0, w1, n1, sig = n_op, n_w0, n_n0, n_w1, n_n1, n_sig
         k, x, norm, eps, rows_n, out, bias, epi = n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi
         narrow = n_narrow
+        j += 1
+
+
+@gluon.jit
+def _publisher(instr, n, steps, counters, pub_full, pub_empty):
+    """The publisher: walks the list as the consumer does and publishes each counter it signals:
+    once the consumer's stores are in (pub_full[q], a CTA-scope release by the consumer after its
+    barrier), one GPU-scope release atomic (cumulative over them), then frees q (pub_empty), so the
+    consumer never waits on the release's fence (H200, Llama-3.2-1B step: 0.914 -> 0.891 ms)."""
+    npub = 0
+    sig = gl.load(instr + H_SIGNAL)
+    sigs = gl.load(instr + H_SIGNALS)
+    j = 0
+    while j < n * steps:
+        nb = instr + ((j + 1) % n) * W
+        n_sig = gl.load(nb + H_SIGNAL)
+        n_sigs = gl.load(nb + H_SIGNALS)
+        if sig >= 0:
+            q = npub % PQ
+            mbarrier.wait(pub_full.index(q), (npub // PQ) & 1)
+            gl.atomic_add(counters + sig, sigs, sem="release", scope="gpu")
+            mbarrier.arrive(pub_empty.index(q))
+            npub += 1
+        sig, sigs = n_sig, n_sigs
         j += 1
 
 
@@ -387,13 +421,20 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                                    gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    pub_full = gl.allocate_shared_memory(gl.int64, [PQ, 1], mbarrier.MBarrierLayout())
+    pub_empty = gl.allocate_shared_memory(gl.int64, [PQ, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NBUF):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    for s in gl.static_range(PQ):
+        mbarrier.init(pub_full.index(s), count=1)
+        mbarrier.init(pub_empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS)),
-        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR, BK,
-                   NBUF, HD, KVT, NB, TRACE)),
-    ], [LOADER_WARPS], [LOADER_REGS])
+                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
+                     pub_full, pub_empty)),
+        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
+                   BK, NBUF, HD, KVT, NB, TRACE)),
+        (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
+    ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])
