@@ -160,9 +160,10 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace
 
 @gluon.jit
 def _words(base):
-    """The words of the instruction at `base` the consumer reads: the header, then the GEMV fields."""
+    """The words of the instruction at `base` the consumer reads: the header (not the signal count:
+    the publisher's), then the GEMV fields."""
     return (gl.load(base + H_OP), gl.load(base + H_WAIT0), gl.load(base + H_NEED0), gl.load(base + H_WAIT1),
-            gl.load(base + H_NEED1), gl.load(base + H_SIGNAL), gl.load(base + H_SIGNALS), gl.load(base + G_K),
+            gl.load(base + H_NEED1), gl.load(base + H_SIGNAL), gl.load(base + G_K),
             gl.load(base + G_X), gl.load(base + G_NORM), gl.load(base + G_EPS).to(gl.float32, bitcast=True),
             gl.load(base + G_ROWS), gl.load(base + G_OUT), gl.load(base + G_BIAS), gl.load(base + G_EPI),
             gl.load(base + G_NARROW))
@@ -249,14 +250,14 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
     # use is an inner range() bound.
-    op, w0, n0, w1, n1, sig, _, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
+    op, w0, n0, w1, n1, sig, k, x, norm, eps, rows_n, out, bias, epi, narrow = _words(instr)
     j = 0
     while j < n * steps:          # instruction j % n of step j // n: run epoch0 + j // n of the program
         i = j % n
         s = j // n
         epoch = epoch0 + s
         nb = instr + ((j + 1) % n) * W
-        (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, _, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
+        (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
             if op == OP_GEMV:
