@@ -30,9 +30,13 @@ _orig_jit_call = JITFunction.__call__
 _orig_interp_call = InterpretedFunction.__call__
 _orig_patch_tensor = interpreter._patch_lang_tensor
 _orig_set_attr = interpreter._LangPatchScope.set_attr
+_orig_patch_lang = interpreter._patch_lang
 _touched: dict = {}      # (id(obj), name) -> (obj, name, value before the first patch)
 _interrupts: dict[int, type[BaseException]] = {}   # thread id -> what it raises at its next operation
 _MISSING = object()
+_lang_records: dict[frozenset, list] = {}   # language modules seen by a function -> what patching them sets
+_lang_now: set = set()      # those patched since the bridge was entered
+_recording: list | None = None
 
 
 def _set_attr(self, obj, name, value) -> None:
@@ -44,7 +48,48 @@ def _set_attr(self, obj, name, value) -> None:
         _touched[key] = (obj, name, getattr(obj, name, _MISSING))
     if isinstance(value, types.FunctionType):
         value = _checked(value)
+    if _recording is not None:
+        _recording.append((obj, name, value))
     _orig_set_attr(self, obj, name, value)
+
+
+def _replay(scope, obj, name, value) -> None:
+    key = (id(obj), name)
+    if key not in _touched:
+        _touched[key] = (obj, name, getattr(obj, name, _MISSING))
+    _orig_set_attr(scope, obj, name, value)
+
+
+def _pristine() -> bool:
+    return all(tl.core.is_builtin(f) for f in (tl.load, tl.core.load, tl.core.tensor.__add__, tl.math.exp))
+
+
+def _patch_lang(fn):
+    """Triton's _patch_lang, which runs for every launch and again for every device function's first
+    call in it, walks the language with inspect.getmembers each time (most of a small task's time on
+    the CPU executor). The same modules patched from the untouched language always get the same
+    attributes: the first time they are recorded, later launches set them again from the record, and
+    a function whose modules this launch already patched patches nothing more."""
+    global _recording
+    key = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+    if key in _lang_now:
+        return interpreter._LangPatchScope()
+    record = _lang_records.get(key)
+    if _lang_now or not _pristine():
+        scope = _orig_patch_lang(fn)
+    elif record is None:
+        _recording = []
+        try:
+            scope = _orig_patch_lang(fn)
+            _lang_records[key] = _recording
+        finally:
+            _recording = None
+    else:
+        scope = interpreter._LangPatchScope()
+        for obj, name, value in record:
+            _replay(scope, obj, name, value)
+    _lang_now.add(key)
+    return scope
 
 
 def interrupt(thread_id: int, exc: type[BaseException]) -> None:
@@ -127,6 +172,7 @@ def _patched(overrides: dict):
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
             interpreter._LangPatchScope.set_attr = _set_attr
+            interpreter._patch_lang = _patch_lang
             for name, orig in _BITWISE.items():
                 setattr(_semantic.TritonSemantic, name, _int1_bitwise(orig))
         _depth += 1
@@ -140,6 +186,7 @@ def _patched(overrides: dict):
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
                 interpreter._LangPatchScope.set_attr = _orig_set_attr
+                interpreter._patch_lang = _orig_patch_lang
                 for name, orig in _BITWISE.items():
                     setattr(_semantic.TritonSemantic, name, orig)
                 for obj, name, original in _touched.values():
@@ -148,6 +195,7 @@ def _patched(overrides: dict):
                     elif name in vars(obj):
                         delattr(obj, name)
                 _touched.clear()
+                _lang_now.clear()
             _overrides.clear()
             _overrides.update(saved)
 
