@@ -17,7 +17,9 @@ first token, the position and the block table (covering every step) before it.
 from __future__ import annotations
 
 import dataclasses
+import os
 
+from warploop import config as settings
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
@@ -172,11 +174,13 @@ class StreamDecoder:
         self.executors = {}
         if self.device.type == "cuda":
             from warploop.runtime.stream.executor import StreamExecutor
-            first = StreamExecutor(self.program, self.device)
+            # placed programs are cached (not a traced one: its scripts read the build's instructions)
+            cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
+            first = StreamExecutor(self.program, self.device, build_cache=cache)
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
-                                                                                check=False)
+                                                                                check=False, build_cache=cache)
                               for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)

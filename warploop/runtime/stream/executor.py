@@ -50,10 +50,11 @@ def _check_shareable(program: StreamProgram, other: StreamProgram) -> None:
 
 class StreamExecutor:
     def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None,
-                 share: StreamExecutor | None = None, check: bool = True) -> None:
+                 share: StreamExecutor | None = None, check: bool = True, build_cache=None) -> None:
         """share: an executor whose arena, int arena, KV cache, embedding and pools this one runs
         over (its program declares the same regions, the same cache and pools). check: the
-        program's hazard check (StreamProgram.build)."""
+        program's hazard check (StreamProgram.build). build_cache: a folder of placed programs
+        (StreamProgram.build's cache), so a later start skips placement."""
         import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         dev = torch.device(device)
@@ -78,7 +79,7 @@ class StreamExecutor:
             dev, ctas = share.device, ctas or share.ctas
         self.program, self.device = program, dev
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.built = program.build(self.ctas, check=check)
+        self.built = program.build(self.ctas, check=check, cache=build_cache)
         self.reset_every = reset_interval(self.built.counter_sizes)
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
@@ -97,7 +98,7 @@ class StreamExecutor:
         # with StreamConfig.trace: int64 ns stamps [instruction, sync.TRACE_WORDS] (the consumer's start,
         # waited, first chunk, published; the loader's first slot and its ns waiting for free slots)
         from warploop.runtime.stream.sync import TRACE_WORDS
-        self.trace = torch.zeros((len(self.built.instructions) if program.config.trace else 1, TRACE_WORDS.value),
+        self.trace = torch.zeros((self.built.instruction_count if program.config.trace else 1, TRACE_WORDS.value),
                                  dtype=torch.int64,
                                  device=dev)
         cfg = program.config
