@@ -16,7 +16,7 @@ from warploop.bench import stream_chain  # noqa: E402
 from warploop.llm.stream_step import stream_config  # noqa: E402
 from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
 from warploop.runtime.stream.executor import StreamError, StreamExecutor  # noqa: E402
-from warploop.runtime.stream.kinds import WORDS, header_word  # noqa: E402
+from warploop.runtime.stream.kinds import TRACE_STAMPS, WORDS, header_word  # noqa: E402
 from warploop.runtime.stream.reference import first_difference, reference  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -59,7 +59,7 @@ def test_gpu_trace_stamps_are_causal():
     assert first_difference(chain.program, ex.arena, want, rtol=1e-4) is None
     st = ex.trace.cpu()
     gemv = [j for j, i in enumerate(ex.built.instructions) if i.kind.name == "gemv"]
-    assert gemv and st.shape[1] == 6
+    assert gemv and st.shape[1] == len(TRACE_STAMPS) == 6
     s = st[gemv]
     assert (s[:, 0] > 0).all() and (s[:, 4] > 0).all()
     assert (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all() and (s[:, 2] <= s[:, 3]).all()

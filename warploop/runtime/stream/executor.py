@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from warploop.runtime.stream.compiled import smem_layout
+from warploop.runtime.stream.kinds import TRACE_STAMPS
 from warploop.runtime.stream.program import StreamProgram
 
 RESET_EPOCH = 1 << 20                   # counters are zeroed at least this often (runs)
@@ -95,12 +96,9 @@ class StreamExecutor:
             raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
-        # with StreamConfig.trace: int64 ns stamps [instruction, sync.TRACE_WORDS] (the consumer's start,
-        # waited, first chunk, published; the loader's first slot and its ns waiting for free slots)
-        from warploop.runtime.stream.sync import TRACE_WORDS
-        self.trace = torch.zeros((self.built.instruction_count if program.config.trace else 1, TRACE_WORDS.value),
-                                 dtype=torch.int64,
-                                 device=dev)
+        # with StreamConfig.trace: int64 words [instruction, kinds.TRACE_STAMPS]
+        self.trace = torch.zeros((self.built.instruction_count if program.config.trace else 1, len(TRACE_STAMPS)),
+                                 dtype=torch.int64, device=dev)
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools] if share is None else share._pools
         self._pools = pools                         # the descriptors point into these

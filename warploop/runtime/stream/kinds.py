@@ -31,6 +31,10 @@ WORDS = 32                                       # int32 words an instruction
 HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal", "signals")
 MAX_WAITS = 2
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
+# StreamConfig.trace: int64 words an instruction, in this order: the consumer's ns stamps (start,
+# waits met, first chunk in hand, handed to the publisher), then the loader's (its first chunk's slot
+# free, and the ns it spent waiting for free slots: its SM's copies idle, the ring full)
+TRACE_STAMPS = ("start", "waited", "first_chunk", "published", "loader_first", "loader_blocked")
 
 
 def header_word(name: str) -> int:

@@ -13,10 +13,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-# with TRACE, per instruction: the consumer's ns stamps (start, waits met, first chunk in hand,
-# published), then the loader's (its first chunk's slot free, and the ns it spent waiting for free
-# slots: its SM's copies had nothing to do, the ring full ahead of the consumer)
-TRACE_WORDS = gl.constexpr(6)
+from warploop.runtime.stream.kinds import TRACE_STAMPS
+
+TRACE_WORDS = gl.constexpr(len(TRACE_STAMPS))   # with TRACE: kinds.TRACE_STAMPS an instruction
 
 
 @gluon.jit
