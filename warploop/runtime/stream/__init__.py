@@ -9,6 +9,7 @@ dependencies and a consumer warpgroup waits only on activations (docs/stream.md)
     attention.py  the attention kinds' bodies (the loader's context stream, the consumer's softmax)
     sync.py       waits with a way out, the clock, Triton-version aliases
     compiled.py   its compile-time shape (StreamConfig), compiling without a GPU, resources
+    builds.py     a placed program, and the folder that keeps placed programs for the next start
     executor.py   running a program on the GPU, with bounded waits and a timeout
     reference.py  the CPU executor every GPU run is diffed against
 """
