@@ -5,7 +5,8 @@ dependencies and a consumer warpgroup waits only on activations (docs/stream.md)
     kinds.py      node kinds and instruction words, declared once as data
     program.py    a program: weight pools, arenas, nodes, placement, instruction words
     hazards.py    the hazard check: every write ordered against every other touch
-    kernel.py     the Gluon kernel (loader and consumer roles, the GEMV body)
+    kernel.py     the Gluon kernel (loader, consumer and publisher roles, the batch-1 GEMV body)
+    small.py      the bodies of the kinds with no streamed operand (EMBED, SAMPLE, NOP)
     attention.py  the attention kinds' bodies (the loader's context stream, the consumer's softmax)
     sync.py       waits with a way out, the clock, Triton-version aliases
     compiled.py   its compile-time shape (StreamConfig), compiling without a GPU, resources

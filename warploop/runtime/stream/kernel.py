@@ -29,7 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
 from warploop.runtime.stream.gemv_rows import SB, gemv_rows
-from warploop.runtime.stream.kinds import EMBED, EPILOGUES, GEMV, SAMPLE, WORDS, header_word
+from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.small import small
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import tma_load as _tma_load
@@ -57,14 +58,6 @@ G_EPS = gl.constexpr(GEMV.word("eps"))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_BATCH = gl.constexpr(GEMV.word("batch"))
-OP_EMBED = gl.constexpr(EMBED.opcode)
-E_TOKEN, E_OUT, E_K = gl.constexpr(EMBED.word("token")), gl.constexpr(EMBED.word("out")), gl.constexpr(EMBED.word("k"))
-E_ROWS = gl.constexpr(EMBED.word("rows"))
-OP_SAMPLE = gl.constexpr(SAMPLE.opcode)
-S_PAIRS, S_COUNT, S_BASE = gl.constexpr(SAMPLE.word("pairs")), gl.constexpr(SAMPLE.word("count")), \
-    gl.constexpr(SAMPLE.word("base"))
-S_TOKEN, S_TOKENS = gl.constexpr(SAMPLE.word("token")), gl.constexpr(SAMPLE.word("tokens"))
-SBLK = gl.constexpr(4096)       # amax pairs a SAMPLE reduces per round
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
@@ -167,56 +160,6 @@ def _words(base):
             gl.load(base + G_X), gl.load(base + G_NORM), gl.load(base + G_EPS).to(gl.float32, bitcast=True),
             gl.load(base + G_ROWS), gl.load(base + G_OUT), gl.load(base + G_BIAS), gl.load(base + G_EPI),
             gl.load(base + G_NARROW))
-
-
-@gluon.jit
-def _embed(arena, ints, emb, base, xidx):
-    """The EMBED kind's body: out[:k] = float(emb[ints[token], :k])."""
-    k = gl.load(base + E_K)
-    # the token is the step before's SAMPLE's (another SM's store, ordered by the wait): from L2
-    tok = gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg")
-    row = emb + gl.minimum(gl.maximum(tok, 0), gl.load(base + E_ROWS) - 1).to(gl.int64) * k
-    gl.store(arena + gl.load(base + E_OUT) + xidx, gl.load(row + xidx, mask=xidx < k, other=0.0).to(gl.float32),
-             mask=xidx < k)
-
-
-@gluon.jit
-def _sample(arena, ints, base, s, CW: gl.constexpr):
-    """The SAMPLE kind's body: the offset of the largest of the amax pairs (the first of equal ones),
-    less the logits' base, into ints[token] and ints[tokens + s]."""
-    PL: gl.constexpr = gl.BlockedLayout([SBLK // (32 * CW)], [32], [CW], [0])
-    pairs = gl.load(base + S_PAIRS)
-    count = gl.load(base + S_COUNT)
-    c = gl.arange(0, SBLK, layout=PL)
-    best = float("-inf")
-    at = 2 ** 30
-    c0 = 0
-    while c0 < count:
-        live = c0 + c < count
-        v = gl.load(arena + pairs + 2 * (c0 + c), mask=live, other=float("-inf"), cache_modifier=".cg")
-        o = gl.load(arena + pairs + 2 * (c0 + c) + 1, mask=live, other=2.0 ** 30, cache_modifier=".cg").to(gl.int32)
-        top = gl.max(v, axis=0)
-        first = gl.min(gl.where(v == top, o, 2 ** 30), axis=0)
-        at = gl.where(top > best, first, gl.where(top == best, gl.minimum(at, first), at))
-        best = gl.maximum(best, top)
-        c0 += SBLK
-    token = at - gl.load(base + S_BASE)
-    gl.store(ints + gl.load(base + S_TOKEN), token)
-    gl.store(ints + gl.load(base + S_TOKENS) + s, token)
-
-
-@gluon.jit
-def _small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr):
-    """A node with no streamed operand (EMBED, SAMPLE, NOP): its waits, then its body."""
-    failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
-    if TRACE:
-        gl.store(trace + i * TRACE_WORDS + 2, now())
-    if op == OP_EMBED:
-        _embed(arena, ints, emb, base, xidx)
-    if op == OP_SAMPLE:
-        _sample(arena, ints, base, s, CW)
-    return failed
 
 
 @gluon.jit
@@ -359,10 +302,10 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
                                       failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
-                    failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
+                    failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, SPIN, TRACE, CW)
             else:
-                failed = _small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
+                failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
                                 failed, cta, i, trace, SPIN, TRACE, CW)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
