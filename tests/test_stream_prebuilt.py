@@ -142,3 +142,18 @@ def test_a_config_with_no_prebuilt_variant_loads_none(built, tmp_path):
     folder, _ = built
     assert pb.PrebuiltKernel.load(folder, StreamConfig(kmax=1024, head_dim=64), FakeDriver()) is None
     assert pb.PrebuiltKernel.load(tmp_path, CFG, FakeDriver()) is None
+
+
+def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
+    from warploop import config
+    monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
+    config.get.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json"):
+            config.get()
+        (tmp_path / pb.MANIFEST).write_text('{"kernels": {}}')
+        config.get.cache_clear()
+        assert config.get().stream_prebuilt == str(tmp_path)
+    finally:
+        monkeypatch.delenv("WARPLOOP_STREAM_PREBUILT")
+        config.get.cache_clear()
