@@ -68,6 +68,55 @@ def test_gpu_trace_stamps_are_causal():
     assert (s[:, 5] >= 0).all() and (s[:, 5] <= span).all()
 
 
+PREBUILT_CHILD = """
+import sys
+class Block:
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("no Triton on this path: " + name)
+sys.meta_path.insert(0, Block())
+import torch
+from test_stream_gpu import prebuilt_run
+print(prebuilt_run(sys.argv[1]))
+"""
+
+
+def prebuilt_run(folder):
+    """A layer chain with attention run by the prebuilt kernel in `folder`, against the reference:
+    the first difference (None when there is none)."""
+    import dataclasses
+    m = SHAPES["llama_gqa"]
+    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
+    chain = stream_chain.layer_chain(m, cfg, device="cuda", context=300, block_size=16, splits=3)
+    p = chain.program
+    start = p.arena("cuda")
+    want = reference(p, start, kv=p.kv.clone())
+    ex = StreamExecutor(p, prebuilt=folder)
+    ex.arena.copy_(start)
+    ex.run(timeout=60)
+    return first_difference(p, ex.arena, want, rtol=3e-3, start=start)
+
+
+def test_gpu_prebuilt_kernel_runs_with_no_triton(tmp_path):
+    """The kernel compiled ahead of time (prebuilt.write_variant) and launched through the CUDA driver
+    gives the reference's outputs, in a process where importing Triton fails; a folder without the
+    program's variant is refused by name."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from warploop.runtime.stream.prebuilt import write_variant
+    m = SHAPES["llama_gqa"]
+    write_variant(dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8), tmp_path, block_size=16)
+    assert prebuilt_run(tmp_path) is None
+    out = subprocess.run([sys.executable, "-c", PREBUILT_CHILD, str(tmp_path)], capture_output=True, text=True,
+                         cwd=os.path.dirname(__file__), timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "None", out.stderr[-2000:]
+    chain = stream_chain.layer_chain(m, CONFIGS[0], device="cuda")
+    with pytest.raises(ValueError, match="no prebuilt kernel"):
+        StreamExecutor(chain.program, prebuilt=tmp_path)
+
+
 # the CPU tests' shapes (head_dim 16), and the bench models' head sizes
 ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(family="qwen3", head_dim=128)}
 

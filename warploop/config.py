@@ -27,6 +27,7 @@ class Config:
     debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
     mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
     stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
+    stream_prebuilt: str | None = None   # WARPLOOP_STREAM_PREBUILT: a folder of prebuilt stream kernels
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
@@ -36,6 +37,10 @@ class Config:
         if self.stream_rows != 0 and not 2 <= self.stream_rows <= 32:
             raise ValueError(f"WARPLOOP_STREAM_ROWS={self.stream_rows}: use 0 (batches of 2 or more run per op) or "
                              "2 to 32 (decode batches up to that many run on the streaming kernel)")
+        if self.stream_prebuilt is not None and not os.path.isfile(
+                os.path.join(self.stream_prebuilt, "stream-kernels.json")):
+            raise ValueError(f"WARPLOOP_STREAM_PREBUILT={self.stream_prebuilt}: no stream-kernels.json there; point it "
+                             "at a folder scripts/stream_prebuild.py wrote, or unset it to compile the kernel")
         if not isinstance(self.mk_plan, dict):
             raise ValueError(f"WARPLOOP_MK_PLAN={self.mk_plan!r}: use a JSON object, e.g. '{{\"tile_kb\": 64}}'")
 
@@ -58,6 +63,7 @@ def get() -> Config:
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
         stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
+        stream_prebuilt=os.environ.get("WARPLOOP_STREAM_PREBUILT") or None,
     )
 
 

@@ -129,5 +129,6 @@ def build_backend(cfg: ModelConfig, weights, device, *, block_size: int = 16, nu
         from warploop.llm.stream_backend import StreamBackend
         rows = min(config.get().stream_rows, max_num_seqs)
         return StreamBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs,
-                             pools=packed, rows=rows if rows > 1 else 0), max_context
+                             pools=packed, rows=rows if rows > 1 else 0,
+                             prebuilt=config.get().stream_prebuilt), max_context
     return TorchBackend(cfg, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs), max_context

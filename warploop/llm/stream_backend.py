@@ -48,11 +48,12 @@ class StreamBackend(Backend):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True,
-                 pools=None, rows: int = 0) -> None:
+                 pools=None, rows: int = 0, prebuilt=None) -> None:
         """use_cuda_graphs: the per-op path's decode batches replay CUDA graphs (captured in warmup), as
         on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
-        weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op)."""
+        weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
+        prebuilt: a folder of prebuilt stream kernels to launch with no compiler (WARPLOOP_STREAM_PREBUILT)."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -66,11 +67,12 @@ class StreamBackend(Backend):
         pools = pools or pack_pools(weights, self.device)
         self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                      block_size=layout.block_size, splits=splits, kv=self.per_op.kv,
-                                     pools=pools)
+                                     pools=pools, prebuilt=prebuilt)
         self.rows = None             # the decoder of batches, over the same pools and cache
         if rows:
             self.rows = StreamDecoder(config, weights, device=self.device, max_context=max_context,
-                                      block_size=layout.block_size, kv=self.per_op.kv, pools=pools, batch=rows)
+                                      block_size=layout.block_size, kv=self.per_op.kv, pools=pools, batch=rows,
+                                      prebuilt=prebuilt)
         self.max_context, self.timeout = max_context, timeout
         self.last = self.decoder         # the decoder of the latest loop
 

@@ -131,14 +131,16 @@ class StreamDecoder:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, pools=None, batch: int = 1) -> None:
+                 kv=None, pools=None, batch: int = 1, prebuilt=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
         pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here).
         splits: attention shares per KV head, one program; default: one program per split_levels
         level, each launch running the one its context needs.
         batch: rows a step decodes, each at its own position over its own block table (the CPU
-        reference and the streaming kernel, the kernel's GEMVs then on tensor cores)."""
+        reference and the streaming kernel, the kernel's GEMVs then on tensor cores).
+        prebuilt: a folder of prebuilt kernels (runtime/stream/prebuilt.py) to launch from, with no
+        compiler (on a GPU; default: the kernel is compiled)."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -176,11 +178,12 @@ class StreamDecoder:
             from warploop.runtime.stream.executor import StreamExecutor
             # placed programs are cached (not a traced one: its scripts read the build's instructions)
             cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
-            first = StreamExecutor(self.program, self.device, build_cache=cache)
+            first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache)
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
-                                                                                check=False, build_cache=cache)
+                                                                                check=False, prebuilt=prebuilt,
+                                                                                build_cache=cache)
                               for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)

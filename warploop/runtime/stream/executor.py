@@ -51,13 +51,15 @@ def _check_shareable(program: StreamProgram, other: StreamProgram) -> None:
 
 class StreamExecutor:
     def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None,
-                 share: StreamExecutor | None = None, check: bool = True, build_cache=None) -> None:
+                 share: StreamExecutor | None = None, check: bool = True, prebuilt=None,
+                 build_cache=None) -> None:
         """share: an executor whose arena, int arena, KV cache, embedding and pools this one runs
         over (its program declares the same regions, the same cache and pools). check: the
-        program's hazard check (StreamProgram.build). build_cache: a folder of placed programs
-        (StreamProgram.build's cache), so a later start skips placement."""
+        program's hazard check (StreamProgram.build). prebuilt: a folder of prebuilt kernels
+        (prebuilt.py); its variant of the program's StreamConfig launches through the CUDA driver
+        with no Triton, and a folder without one is an error. build_cache: a folder of placed
+        programs (StreamProgram.build's cache), so a later start skips placement."""
         import torch
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -102,30 +104,59 @@ class StreamExecutor:
         cfg = program.config
         pools = [p if p.device == dev else p.to(dev) for p in program.pools] if share is None else share._pools
         self._pools = pools                         # the descriptors point into these
-        box, layout = list(cfg.weight_box), smem_layout(bool(cfg.batch_rows))
-        descs = [TensorDescriptor.from_tensor(p, box, layout) for p in pools]
-        self.descs = (descs + descs[:1] * 4)[:4]
-        self.kv_desc = descs[0]                     # a stand-in where no attention runs
+        # what the four weight descriptors and the cache's cover (the first pool stands in for
+        # missing ones): the cache as [layers * 2 * blocks * block_size, kv_heads * head_dim] rows,
+        # a box kv_box tokens of one KV head (the loader streams a context chunk as boxes of it)
+        self._desc_tensors = (pools + pools[:1] * 4)[:4]
+        self._kv_rows = pools[0]
+        kv_box = list(cfg.weight_box)
         if program.kv is not None and cfg.head_dim:
-            # the cache as [layers * 2 * blocks * block_size, kv_heads * head_dim] rows: one box is
-            # kv_box tokens of one KV head (the loader streams a context chunk as boxes of it)
             layers, _, blocks, bs, kvh, hd = self.kv.shape
-            self.kv_desc = TensorDescriptor.from_tensor(self.kv.view(-1, kvh * hd), [cfg.kv_box(bs), hd],
-                                                        smem_layout())
+            self._kv_rows, kv_box = self.kv.view(-1, kvh * hd), [cfg.kv_box(bs), hd]
+        self.prebuilt = None
+        if prebuilt is not None:
+            from warploop.driver.select import get_driver
+            from warploop.runtime.stream.prebuilt import PrebuiltKernel, TensorArg
+            from warploop.target import probe_devices
+            info = next((i for i in probe_devices() if i.target.backend == "cuda" and i.index == dev.index), None)
+            if info is None:
+                raise RuntimeError(f"the CUDA driver sees no device {dev.index} (is cuda-bindings installed? "
+                                   "pip install 'warploop[cuda]')")
+            driver = get_driver(info)
+            self.prebuilt = PrebuiltKernel.load(prebuilt, cfg, driver)
+            if self.prebuilt is None:
+                raise ValueError(f"{prebuilt} holds no prebuilt kernel for this StreamConfig on this GPU; "
+                                 "leave prebuilt out to compile it")
+            self._targs = ([TensorArg(t, tuple(cfg.weight_box)) for t in self._desc_tensors]
+                           + [TensorArg(self._kv_rows, tuple(kv_box))])
+        else:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+            box, layout = list(cfg.weight_box), smem_layout(bool(cfg.batch_rows))
+            self.descs = [TensorDescriptor.from_tensor(p, box, layout) for p in self._desc_tensors]
+            self.kv_desc = TensorDescriptor.from_tensor(self._kv_rows, kv_box, smem_layout() if cfg.head_dim
+                                                        and program.kv is not None else layout)
         self.epoch = 0
 
     def launch(self, steps: int = 1) -> None:
         """Queue `steps` runs of the program in one launch (a decode loop's steps: each run waits
         for the one before where the program says so) on the current stream; no wait."""
-        from warploop.runtime.stream.kernel import CW, stream_kernel
         if not 1 <= steps <= self.reset_every:
             raise ValueError(f"steps must be 1 to {self.reset_every}, not {steps}")
         if steps > 1 and self.program.loop is None:
             raise ValueError("a launch of several steps needs a decode loop (StreamProgram.decode_loop): "
                              "without one, nothing orders a step after the one before")
+        if self.prebuilt is None:
+            from warploop.runtime.stream.kernel import CW, stream_kernel
         if self.epoch + steps > self.reset_every:
             self.counters.zero_()
             self.epoch = 0
+        if self.prebuilt is not None:
+            import torch
+            self.prebuilt.launch(self.ctas, torch.cuda.current_stream(self.device).cuda_stream, self._targs,
+                                 [self.words, self.table, self.arena, self.ints, self.kv, self.emb, self.counters,
+                                  self.err, self.epoch, steps, self.trace])
+            self.epoch += steps
+            return
         stream_kernel[(self.ctas,)](*self.descs, self.kv_desc, self.words, self.table, self.arena, self.ints, self.kv,
                                     self.emb, self.counters, self.err, self.epoch, steps, self.trace,
                                     **self.program.config.constexprs(), num_warps=CW.value)
