@@ -138,10 +138,48 @@ def test_a_launch_refuses_another_box_or_argument_count(built):
         k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (CFG.kv_box(16), 64))], [0] * 10)
 
 
-def test_a_config_with_no_prebuilt_variant_loads_none(built, tmp_path):
+def test_a_config_with_no_prebuilt_variant_is_refused_with_the_reason(built, tmp_path):
     folder, _ = built
-    assert pb.PrebuiltKernel.load(folder, StreamConfig(kmax=1024, head_dim=64), FakeDriver()) is None
-    assert pb.PrebuiltKernel.load(tmp_path, CFG, FakeDriver()) is None
+    with pytest.raises(pb.PrebuiltError, match="no kernel for sm_90 and .*KMAX=1024"):
+        pb.PrebuiltKernel.load(folder, StreamConfig(kmax=1024, head_dim=64), FakeDriver())
+    with pytest.raises(pb.PrebuiltError, match="holds no stream-kernels.json"):
+        pb.PrebuiltKernel.load(tmp_path, CFG, FakeDriver())
+
+
+def test_kernels_built_from_other_sources_are_never_loaded_and_a_new_build_replaces_them(built, tmp_path,
+                                                                                        monkeypatch):
+    import shutil
+    folder = tmp_path / "copy"
+    shutil.copytree(built[0], folder)
+    assert pb.find(folder, CFG.constexprs(), 90)[0] is not None
+    monkeypatch.setattr(pb, "source_hash", lambda: "0" * 64)        # the kernel's sources changed since
+    entry, why = pb.find(folder, CFG.constexprs(), 90)
+    assert entry is None and "other sources" in why
+    assert pb.listing(folder)[0]["current"] is False
+    with pytest.raises(pb.PrebuiltError, match="other sources"):
+        pb.PrebuiltKernel.load(folder, CFG, FakeDriver())
+    old = {f.name for f in folder.glob("*.cubin")}
+    other = StreamConfig(kmax=1024, head_dim=64)
+    pb.write_variant(other, folder, arch=90)                         # a build from the new sources
+    manifest = json.loads((folder / pb.MANIFEST).read_text())
+    assert manifest["sources"] == "0" * 64 and list(manifest["kernels"]) == [pb.key(other.constexprs(), 90)]
+    assert {f.name for f in folder.glob("*.cubin")} == {manifest["kernels"][pb.key(other.constexprs(), 90)]["cubin"]}
+    assert old and not old & {f.name for f in folder.glob("*.cubin")}
+
+
+def test_a_malformed_manifest_is_refused_by_name(tmp_path):
+    (tmp_path / pb.MANIFEST).write_text("{not json")
+    with pytest.raises(pb.PrebuiltError, match="not a readable manifest.*stream_prebuild"):
+        pb.find(tmp_path, CFG.constexprs(), 90)
+    (tmp_path / pb.MANIFEST).write_text('["a list"]')
+    with pytest.raises(pb.PrebuiltError, match="no \"kernels\" table"):
+        pb.listing(tmp_path)
+
+
+def test_listing_names_each_variant(built):
+    folder, _ = built
+    assert pb.listing(folder) == [{"kind": "stream", "target": "cuda:90", "dtype": "bf16", "head_dim": 64,
+                                   "attn_group": 4, "kmax": 512, "batch_rows": 0, "current": True}]
 
 
 def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
@@ -149,8 +187,13 @@ def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
     monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
     config.get.cache_clear()
     try:
-        with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json"):
+        with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json.*'auto'.*'off'"):
             config.get()
+        for word in ("auto", "off"):
+            monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", word)
+            config.get.cache_clear()
+            assert config.get().stream_prebuilt == word
+        monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
         (tmp_path / pb.MANIFEST).write_text('{"kernels": {}}')
         config.get.cache_clear()
         assert config.get().stream_prebuilt == str(tmp_path)

@@ -17,6 +17,9 @@ On the CPU the program runs on the streaming executor's CPU reference: a check, 
 """
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import torch
 
@@ -29,6 +32,9 @@ from warploop.llm.stream_step import StreamDecoder, pack_pools, unsupported
 from warploop.llm.weights import ModelWeights
 
 MAX_STEPS = 32            # a loop's most steps: an arrival waits at most this many for its turn
+COMPILE_NOTICE_S = 5.0
+COMPILE_NOTICE = ("warploop: compiling the streaming kernel for this model shape (the first start of a shape takes "
+                  "up to a minute on a GPU; later starts read Triton's cache)")
 
 
 def greedy(seq) -> bool:
@@ -53,7 +59,8 @@ class StreamBackend(Backend):
         on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
         weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
-        prebuilt: a folder of prebuilt stream kernels to launch with no compiler (WARPLOOP_STREAM_PREBUILT)."""
+        prebuilt: where the stream kernels come from (WARPLOOP_STREAM_PREBUILT: "auto", "off" or a folder
+        of prebuilt kernels launched with no compiler; stream_step.prebuilt_folder)."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -133,11 +140,21 @@ class StreamBackend(Backend):
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)
         if self.device.type == "cuda":
-            # the kernels compile on their first launch (seconds): here, not in a request. They write
-            # k and v rows into block 0, which no sequence holds yet
-            self.decoder.step(0, 0, [0])
-            if self.rows is not None:
-                self.rows.step_rows([0, 0], [0, 0], [[0], [0]])
+            # the kernels compile on their first launch (up to a minute): here, not in a request, and
+            # a start that compiles says so and why (one served from Triton's cache or from prebuilt
+            # kernels returns before the notice is due). They write k and v rows into block 0, which
+            # no sequence holds yet
+            why = "; ".join(sorted({d.compiles for d in (self.decoder, self.rows) if d is not None and d.compiles}))
+            notice = threading.Timer(COMPILE_NOTICE_S, lambda: print(
+                COMPILE_NOTICE + (f" ({why})" if why else ""), file=sys.stderr, flush=True))
+            notice.daemon = True
+            notice.start()
+            try:
+                self.decoder.step(0, 0, [0])
+                if self.rows is not None:
+                    self.rows.step_rows([0, 0], [0, 0], [[0], [0]])
+            finally:
+                notice.cancel()
 
 
 class StreamLoopRun:

@@ -41,6 +41,41 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
 
 BATCH_ROWS = (16, 32)                              # the rows a batched kernel is compiled for
 
+# The kernels the package ships prebuilt (runtime/stream/shipped, scripts/stream_prebuild.py
+# --shipped): batch 1, sm_90, one a (widest input, head size, group) and the models it serves
+SHIPPED_KERNELS = {
+    (1024, 64, 2): "the embedded tiny model",
+    (2048, 64, 4): "SmolLM2-135M",
+    (4096, 64, 4): "SmolLM2-360M",
+    (8192, 64, 1): "SmolLM2-1.7B",
+    (8192, 64, 4): "Llama-3.2-1B",
+    (4096, 128, 2): "Qwen3-0.6B",
+    (8192, 128, 2): "Qwen3-1.7B",
+    (8192, 128, 4): "Llama-3.2-3B",
+    (16384, 128, 4): "Llama-3.1-8B, Qwen3-4B, Qwen3-8B",
+}
+SHIPPED_ARCH = 90
+
+
+def shipped_configs() -> list[StreamConfig]:
+    return [StreamConfig(kmax=k, head_dim=hd, attn_group=g) for k, hd, g in SHIPPED_KERNELS]
+
+
+def prebuilt_folder(setting: str | None, config: StreamConfig, arch: int,
+                    block_size: int = 16) -> tuple[str | None, str]:
+    """Where a decoder's kernel launches from for WARPLOOP_STREAM_PREBUILT's `setting` (None or
+    "off": compiled; "auto": the shipped kernels when they hold `config` for sm_`arch` and a KV
+    cache of `block_size`-token blocks; else that folder), and why it compiles when it does ("" when
+    it does not, or when asked to)."""
+    from warploop.runtime.stream import prebuilt
+    if setting in (None, "off"):
+        return None, ""
+    if setting != "auto":
+        return setting, ""
+    kv_box = config.kv_box(block_size) if config.head_dim else None
+    entry, why = prebuilt.find(prebuilt.SHIPPED, config.constexprs(), arch, kv_box)
+    return (str(prebuilt.SHIPPED), "") if entry is not None else (None, why)
+
 
 def batch_rows(batch: int) -> int:
     """StreamConfig.batch_rows for a decoder of `batch` rows: 0 for one row, else the fewest of
@@ -139,8 +174,10 @@ class StreamDecoder:
         level, each launch running the one its context needs.
         batch: rows a step decodes, each at its own position over its own block table (the CPU
         reference and the streaming kernel, the kernel's GEMVs then on tensor cores).
-        prebuilt: a folder of prebuilt kernels (runtime/stream/prebuilt.py) to launch from, with no
-        compiler (on a GPU; default: the kernel is compiled)."""
+        prebuilt: where the kernel comes from on a GPU (prebuilt_folder): "auto" (the shipped kernels
+        where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
+        launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
+        when "auto" found none."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -174,8 +211,11 @@ class StreamDecoder:
         self.arena = self.program.arena(self.device)
         self.ints = self.program.int_arena(self.device)
         self.executors = {}
+        self.compiles = ""
         if self.device.type == "cuda":
             from warploop.runtime.stream.executor import StreamExecutor
+            major, minor = torch.cuda.get_device_capability(self.device)
+            prebuilt, self.compiles = prebuilt_folder(prebuilt, self.config, major * 10 + minor, block_size)
             # placed programs are cached (not a traced one: its scripts read the build's instructions)
             cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
             first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache)

@@ -116,17 +116,17 @@ class StreamExecutor:
         self.prebuilt = None
         if prebuilt is not None:
             from warploop.driver.select import get_driver
-            from warploop.runtime.stream.prebuilt import PrebuiltKernel, TensorArg
+            from warploop.runtime.stream.prebuilt import PrebuiltError, PrebuiltKernel, TensorArg
             from warploop.target import probe_devices
             info = next((i for i in probe_devices() if i.target.backend == "cuda" and i.index == dev.index), None)
             if info is None:
                 raise RuntimeError(f"the CUDA driver sees no device {dev.index} (is cuda-bindings installed? "
                                    "pip install 'warploop[cuda]')")
             driver = get_driver(info)
-            self.prebuilt = PrebuiltKernel.load(prebuilt, cfg, driver)
-            if self.prebuilt is None:
-                raise ValueError(f"{prebuilt} holds no prebuilt kernel for this StreamConfig on this GPU; "
-                                 "leave prebuilt out to compile it")
+            try:
+                self.prebuilt = PrebuiltKernel.load(prebuilt, cfg, driver)
+            except PrebuiltError as e:
+                raise ValueError(f"no prebuilt kernel for this program: {e}; leave prebuilt out to compile it") from e
             self._targs = ([TensorArg(t, tuple(cfg.weight_box)) for t in self._desc_tensors]
                            + [TensorArg(self._kv_rows, tuple(kv_box))])
         else:
