@@ -161,12 +161,33 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     return Packed(pools, at, copied)
 
 
+def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelConfig:
+    """The model as one tensor-parallel rank's streaming program sees it (tp.shard.local_config's
+    heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
+    import dataclasses
+
+    from warploop.llm.tp.shard import local_config
+    local = dataclasses.replace(local_config(cfg, world), vocab_size=cfg.vocab_size)
+    lw = weights.layers[0]
+    want = {"qkv": (local.q_size + 2 * local.kv_size, cfg.hidden_size), "o": (cfg.hidden_size, local.q_size),
+            "gate_up": (2 * local.intermediate_size, cfg.hidden_size),
+            "down": (cfg.hidden_size, local.intermediate_size)}
+    for name, shape in want.items():
+        if tuple(getattr(lw, name).shape) != shape:
+            raise ValueError(f"a rank of {world} holds {name} of {shape}, not {tuple(getattr(lw, name).shape)}: "
+                             "pass the rank's share (tp.shard.shard_weights)")
+    if weights.embed.shape[0] != cfg.vocab_size or weights.lm_head.shape[0] != cfg.vocab_size:
+        raise ValueError("a rank of the streaming decoder holds the whole embedding and lm_head "
+                         "(tp.shard.shard_weights), not a vocabulary shard")
+    return local
+
+
 class StreamDecoder:
     MAX_STEPS = 256                               # the most steps one launch (generate) runs
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, pools=None, batch: int = 1, prebuilt=None) -> None:
+                 kv=None, pools=None, batch: int = 1, prebuilt=None, tp=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
         pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here).
@@ -177,12 +198,24 @@ class StreamDecoder:
         prebuilt: where the kernel comes from on a GPU (prebuilt_folder): "auto" (the shipped kernels
         where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
         launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
-        when "auto" found none."""
+        when "auto" found none.
+        tp: tensor parallelism, this rank's side of the ranks' exchange (reference.Exchange(world).rank(r),
+        each rank's decoder in its own thread; the CPU reference only, so far). `cfg` is then the
+        whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns,
+        the embedding and lm_head whole); o_proj and down_proj write partial sums that all-reduce
+        nodes add into the residual, the same bits on every rank, so every rank samples the same
+        tokens. The KV cache holds the rank's KV heads."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
         if max_context < 1 or block_size < 1 or batch < 1 or (splits is not None and splits < 1):
             raise ValueError("max_context, block_size, batch and splits must be positive")
+        self.tp, self.world = tp, 1 if tp is None else tp.world
+        if tp is not None:
+            cfg = _rank_config(cfg, self.world, weights)
+            if torch.device(device).type != "cpu":
+                raise NotImplementedError("a tensor-parallel stream decoder runs on the CPU reference only: the "
+                                          "streaming kernel has no all-reduce body yet")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
@@ -244,6 +277,11 @@ class StreamDecoder:
                  "pairs": 2 * cdiv(cfg.vocab_size, self.config.block_rows), "step": self.step_words,
                  "token": 1, "tokens": self.MAX_STEPS, "part": kvh * self.splits * (h // kvh) * (hd + 2)}
         r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
+        world = self.world
+        if world > 1:             # each rank's partial sums, one region an all-reduce a layer (two
+            # regions, so a rank overwrites one only after a later all-reduce, whose signals the
+            # peers send once they are done reading it: on a GPU they read it in place)
+            r |= {name: p.buffer(name, rows * cfg.hidden_size) for name in ("red_attn", "red_mlp")}
         cos, sin = rope
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
@@ -265,12 +303,21 @@ class StreamDecoder:
             a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
                              layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
                              part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
-            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
+            # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
+            # all-reduce nodes add every rank's into the residual
+            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"] if world == 1 else r["red_attn"],
+                       epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
                        narrow=narrow(cfg.hidden_size, self.config), batch=rows, after=a)
+            if world > 1:
+                b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, epi="add", after=b)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
                        eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
-            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c, batch=rows,
+            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"] if world == 1 else r["red_mlp"],
+                          epi="add" if world == 1 else "store", after=c, batch=rows,
                           narrow=narrow(cfg.hidden_size, self.config))
+            if world > 1:
+                prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, epi="add",
+                                   after=prev)
         head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
                       amax=r["pairs"], batch=rows, after=prev)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
@@ -393,4 +440,4 @@ class StreamDecoder:
             if wait:
                 self.executor.wait()
         else:
-            self.arena = reference(self.programs[level], self.arena, self.ints, self.kv, steps=steps)
+            self.arena = reference(self.programs[level], self.arena, self.ints, self.kv, steps=steps, exchange=self.tp)

@@ -66,6 +66,10 @@ class StreamExecutor:
         if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
             raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
                                "elsewhere run the program with reference.reference()")
+        reduces = [n.index for n in program.nodes if n.kind.name == "allreduce"]
+        if reduces:
+            raise NotImplementedError(f"node {reduces[0]} is an all-reduce: the streaming kernel has no all-reduce "
+                                      "body yet, so a tensor-parallel program runs on the CPU reference only")
         most = max(program.config.batch_rows, 1)
         batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > most]
         if batched:

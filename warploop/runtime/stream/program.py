@@ -27,6 +27,7 @@ from warploop.runtime.stream.builds import Built, build_key, read_built, write_b
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.hazards import check_hazards
 from warploop.runtime.stream.kinds import (
+    ALLREDUCE,
     ATTN,
     EMBED,
     EPILOGUES,
@@ -40,6 +41,7 @@ from warploop.runtime.stream.kinds import (
 )
 
 MAX_POOLS = 4
+ALLREDUCE_SLICE = 1024          # floats an all-reduce node sums (a hidden row of 2,048: two nodes)
 ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
 
 
@@ -103,6 +105,7 @@ class StreamProgram:
         self.nodes: list[Node] = []
         self.loop: list[tuple[int, int]] | None = None   # (SAMPLE, EMBED) a row: the decode loop's back edges
         self.tickets: list[int] = []             # an attention merge ticket's shares (build gives each a counter)
+        self.meets: list[int] = []               # an all-reduce slice's ranks (build gives each a counter)
 
     # -- memory ----------------------------------------------------------------------------------
     def buffer(self, name: str, size: int, init=None) -> Region:
@@ -293,6 +296,26 @@ class StreamProgram:
         return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
                         tokens=tokens.offset)
 
+    def allreduce(self, src: Region, out: Region, n: int, *, world: int, epi: str = "store", after=(),
+                  slice_floats: int = ALLREDUCE_SLICE) -> list[int]:
+        """Tensor parallelism: out[:n] = (or +=, epi "add") the sum over the `world` ranks of each
+        rank's src[:n] (kinds.ALLREDUCE), as slices of at most `slice_floats` floats, one node each
+        (the ranks' CTAs then share the work); returns the nodes."""
+        if world < 2:
+            raise ValueError(f"an all-reduce needs at least two ranks, not {world}")
+        if n < 1 or src.size < n or out.size < n:
+            raise ValueError(f"an all-reduce of {n} floats needs src and out to hold them")
+        if epi not in ("store", "add"):
+            raise ValueError(f"an all-reduce's epi is 'store' or 'add', not {epi!r}")
+        deps = _Deps(self._deps(after))
+        nodes = []
+        for lo in range(0, n, slice_floats):
+            self.meets.append(world)
+            nodes.append(self.add(ALLREDUCE, after=deps, src=src.offset + lo, out=out.offset + lo,
+                                  n=min(slice_floats, n - lo), epi=EPILOGUES[epi], world=world,
+                                  meet=len(self.meets) - 1))
+        return nodes
+
     def decode_loop(self, sample, embed) -> None:
         """Run after run, `embed` waits for the run before's `sample` (its token): a launch of
         several runs is a decode loop. A batch passes a list of each, row by row. Every other node
@@ -354,6 +377,11 @@ class StreamProgram:
             sizes = sizes + tuple(self.tickets)
             insts = [dataclasses.replace(i, fields={**i.fields, "ticket": base + i.fields["ticket"]})
                      if i.kind is ATTN and i.fields["ticket"] >= 0 else i for i in insts]
+        if self.meets:                            # each all-reduce slice: a counter its peers signal
+            base = len(sizes)
+            sizes = sizes + tuple(w - 1 for w in self.meets)
+            insts = [dataclasses.replace(i, fields={**i.fields, "meet": base + i.fields["meet"]})
+                     if i.kind is ALLREDUCE else i for i in insts]
         # one NOP's words past the last instruction: a CTA with no instructions reads its first
         # (unused) words there, inside the array. A node's fields were encoded when it was added
         # (Node.body); an instruction whose fields build replaced (a ticket) is encoded here
