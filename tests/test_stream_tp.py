@@ -10,6 +10,7 @@ from test_stream_step import CONFIGS, bf16_exact_weights
 
 from warploop.llm.stream_step import StreamDecoder
 from warploop.llm.tp.shard import shard_weights
+from warploop.runtime.stream.hazards import check_hazards
 from warploop.runtime.stream.kinds import ALLREDUCE
 from warploop.runtime.stream.program import StreamProgram
 from warploop.runtime.stream.reference import Exchange, ExchangeTimeout
@@ -68,6 +69,8 @@ def test_a_rank_program_all_reduces_twice_a_layer_in_slices_each_with_its_counte
     assert len(reduces) == 2 * cfg.num_layers
     assert {n.fields["world"] for n in reduces} == {2} and {n.fields["n"] for n in reduces} == {cfg.hidden_size}
     assert dec.cfg.num_heads == 2 and dec.cfg.num_kv_heads == 1 and dec.kv.shape[-2] == 1
+    for program in dec.programs.values():           # every level's: each all-reduce ordered against its
+        check_hazards(program)                      # partials' writers and the residual's readers
     p = StreamProgram()
     x, out = p.buffer("x", 2500), p.buffer("out", 2500)
     nodes = p.allreduce(x, out, 2500, world=2)
