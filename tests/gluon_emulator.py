@@ -75,6 +75,8 @@ class T:
         return types.SimpleNamespace(layout="emulated", shape=self.a.shape)
 
     def to(self, dt, bitcast=False):
+        if isinstance(dt, tuple) and dt[0] == "pointer":   # an address (address()) made a pointer again
+            return P(ADDRESSES[int(self.a)])
         if bitcast:
             return T(np.asarray(self.a, dtype=np.int32).view(np.float32))
         if dt == BF16:
@@ -92,6 +94,17 @@ for _name, _op in _BINARY.items():
     setattr(T, f"__{_name}__", lambda s, o, op=_op: T(op(s.a, np.asarray(_a(o)))))
     if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
         setattr(T, f"__r{_name}__", lambda s, o, op=_op: T(op(np.asarray(_a(o)), s.a)))
+
+
+ADDRESSES: dict[int, np.ndarray] = {}
+
+
+def address(buf: np.ndarray) -> int:
+    """A made-up address for `buf` (a symmetric-memory peer's arena, say): an int64 word holding it,
+    loaded and cast to a pointer (.to(gl.pointer_type(...), bitcast=True)), points at `buf`."""
+    at = (len(ADDRESSES) + 1) << 40
+    ADDRESSES[at] = buf
+    return at
 
 
 class P:
@@ -115,7 +128,7 @@ def _masked(ptr: P, mask, *shapes):
     return off, m
 
 
-def load(ptr: P, mask=None, other=0.0, cache_modifier=None):
+def load(ptr: P, mask=None, other=0.0, cache_modifier=None, volatile=False):
     off, m = _masked(ptr, mask)
     v = ptr.buf[np.where(m, off, 0)]
     other = np.asarray(_a(other)).astype(ptr.buf.dtype)
@@ -187,7 +200,7 @@ def mma_v2(a: T, b: T, acc: T) -> T:
 
 
 gl = types.SimpleNamespace(
-    float32=F32, bfloat16=BF16, int32=I32, int64=I64,
+    float32=F32, bfloat16=BF16, int32=I32, int64=I64, pointer_type=lambda dt: ("pointer", dt),
     arange=lambda lo, hi, layout=None: T(np.arange(lo, hi)),
     zeros=_filled(0.0), full=_filled(None), zeros_like=lambda t: T(np.zeros_like(t.a), t.dt),
     load=load, store=store, atomic_add=_atomic(operator.add), atomic_xchg=_atomic(lambda old, new: new),

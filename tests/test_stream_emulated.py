@@ -189,3 +189,49 @@ def test_attention_body_gives_the_reference_outputs(name, splits, pos, steps):
     done = torch.isfinite(kv_want.float())
     torch.testing.assert_close(torch.from_numpy(cache)[done], kv_want.float()[done], rtol=1e-2, atol=1e-2)
     assert counters.sum() == 0              # every merge set its ticket back
+
+
+@pytest.mark.parametrize("epi", ["store", "add"])
+def test_allreduce_body_sums_every_ranks_partial_in_rank_order_after_the_peers_bumps(epi):
+    """Three ranks' ALLREDUCE bodies (allreduce.py), one after another, each rank's arena and
+    counters at made-up addresses in `peers`, as symmetric memory gives them: each rank bumps the
+    others' meet counter once, passes its wait once the peers' bumps are in (the first rank's come
+    from ranks not yet run, set here as if they had), and leaves out the reference's sum, bit for
+    bit; with a peer's bump missing the wait gives up and says where."""
+    from gluon_emulator import address
+
+    from warploop.runtime.stream import allreduce
+    from warploop.runtime.stream.kinds import ALLREDUCE, EPILOGUES
+    world, n, src, out, meet, epoch = 3, 2500, 16, 4096, 2, 5
+    rng = np.random.RandomState(0)
+    arenas = [rng.randn(8192).astype(np.float32) for _ in range(world)]
+    counters = [np.zeros(4, np.int64) for _ in range(world)]
+    peers = P(np.array([address(a) for a in arenas] + [address(c) for c in counters], dtype=np.int64))
+    want = arenas[0][src:src + n] + arenas[1][src:src + n] + arenas[2][src:src + n]
+    if epi == "add":
+        want = [want + a[out:out + n] for a in arenas]
+    else:
+        want = [want] * world
+    body = emulated(allreduce.allreduce)
+    # the ranks run one after another here: when rank r runs, the ranks before it have bumped its
+    # counter (their bodies did), and the ones after it are set here as if they had run ahead
+    for r in range(world):
+        counters[r][meet] = (world - 1) * epoch + (world - 1 - r)
+    fields = lambda r: dict(src=src, out=out, n=n, epi=EPILOGUES[epi], world=world, rank=r, meet=meet)
+    for r in range(world):
+        before = [int(c[meet]) for c in counters]
+        err = P(np.zeros(4, np.int64))
+        failed = body(P(arenas[r]), P(counters[r]), peers, words(ALLREDUCE, fields(r)), epoch, 0, 7, 3, err,
+                      1 << 10, kernel.CW.value)
+        assert failed == 0 and err.buf[0] == 0
+        assert [int(c[meet]) - b for c, b in zip(counters, before, strict=True)] == [int(q != r)
+                                                                                          for q in range(world)]
+    for r in range(world):
+        np.testing.assert_array_equal(arenas[r][out:out + n], want[r])
+    # a peer that never bumps: the wait gives up after SPIN polls and names the counter, CTA and instruction
+    lonely = [np.zeros(4, np.int64) for _ in range(world)]
+    peers2 = P(np.array([address(a) for a in arenas] + [address(c) for c in lonely], dtype=np.int64))
+    err = P(np.zeros(4, np.int64))
+    failed = body(P(arenas[1]), P(lonely[1]), peers2, words(ALLREDUCE, fields(1)), 0, 0, 7, 3, err, 64,
+                  kernel.CW.value)
+    assert failed == 1 and list(err.buf) == [1, meet, 7, 3]

@@ -25,9 +25,9 @@ def test_a_build_writes_the_cubin_and_a_manifest_entry_checked_against_the_ptx(b
     entry = json.loads((folder / pb.MANIFEST).read_text())["kernels"][key]
     assert (folder / entry["cubin"]).read_bytes()[:4] == b"\x7fELF"
     # five descriptors (four weight pools, the KV cache), each a map, 2 shape i32s, 2 stride i64s;
-    # eight pointers, epoch and steps, the trace pointer, two scratch pointers
+    # eight pointers, epoch and steps, the trace and peers pointers, two scratch pointers
     assert entry["params"] == (["tmap", "i32", "i32", "i64", "i64"] * 5 + ["ptr"] * 8 + ["i32", "i32"]
-                               + ["ptr"] * 3)
+                               + ["ptr"] * 4)
     assert entry["threads"] % 128 == 0 and entry["shared"] > 100_000
     assert [m["block_size"] for m in entry["tmaps"]] == [list(CFG.weight_box)] * 4 + [[CFG.kv_box(16), 64]]
     assert key.startswith("sm90:") and "HD=64" in key
@@ -107,7 +107,7 @@ def test_a_launch_packs_every_parameter_where_the_kernel_reads_it(built):
     cache = FakeTensor(0x90000, (4096, 128))
     descs = [pb.TensorArg(p, CFG.weight_box) for p in pools] + [pb.TensorArg(cache, (CFG.kv_box(16), 64))]
     ptrs = [0x1000 * (i + 1) for i in range(8)]
-    k.launch(132, 7, descs, [*ptrs, 5, 32, 0xABC000])
+    k.launch(132, 7, descs, [*ptrs, 5, 32, 0xABC000, 0xDEF000])
     (fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra), = driver.launches
     assert (fn, gx, gy, gz, bx, by, bz, shared, stream, extra) == ("function", 132, 1, 1, k.entry["threads"], 1, 1,
                                                                     k.entry["shared"], 7, 0)
@@ -122,7 +122,7 @@ def test_a_launch_packs_every_parameter_where_the_kernel_reads_it(built):
         t = (pools + [cache])[d]
         assert [i32(5 * d + 1), i32(5 * d + 2), i64(5 * d + 3), i64(5 * d + 4)] == [*t.shape, t.shape[1], 1]
     assert [i64(25 + j) for j in range(8)] == ptrs and [i32(33), i32(34)] == [5, 32]
-    assert [i64(35), i64(36), i64(37)] == [0xABC000, 0, 0]
+    assert [i64(35), i64(36), i64(37), i64(38)] == [0xABC000, 0xDEF000, 0, 0]     # trace, peers, scratch
     # the cache's map: bf16 rows of 128, boxes of [kv_box, 64], unswizzled
     dtype, rank, address, dims, strides, box = driver.cu.encoded[4][:6]
     assert (dtype, rank, address, dims, strides, box) == (9, 2, 0x90000, [128, 4096], [256], [64, CFG.kv_box(16)])
@@ -133,9 +133,9 @@ def test_a_launch_refuses_another_box_or_argument_count(built):
     k = pb.PrebuiltKernel.load(folder, CFG, FakeDriver())
     pools = [pb.TensorArg(FakeTensor(0x10000, (64, 512)), CFG.weight_box)] * 4
     with pytest.raises(pb.PrebuiltError, match="box"):
-        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (4, 64))], [0] * 11)
+        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (4, 64))], [0] * 12)
     with pytest.raises(pb.PrebuiltError, match="descriptors"):
-        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (CFG.kv_box(16), 64))], [0] * 10)
+        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (CFG.kv_box(16), 64))], [0] * 11)
 
 
 def test_a_config_with_no_prebuilt_variant_is_refused_with_the_reason(built, tmp_path):

@@ -73,7 +73,7 @@ def test_a_rank_program_all_reduces_twice_a_layer_in_slices_each_with_its_counte
         check_hazards(program)                      # partials' writers and the residual's readers
     p = StreamProgram()
     x, out = p.buffer("x", 2500), p.buffer("out", 2500)
-    nodes = p.allreduce(x, out, 2500, world=2)
+    nodes = p.allreduce(x, out, 2500, world=2, rank=0)
     assert [p.nodes[i].fields["n"] for i in nodes] == [1024, 1024, 452]
     built = p.build(4, check=True)
     meets = sorted({i.fields["meet"] for i in built.instructions if i.kind is ALLREDUCE})
@@ -102,7 +102,7 @@ def test_bad_shards_and_devices_are_refused_by_name():
     w = bf16_exact_weights(cfg)
     with pytest.raises(ValueError, match="pass the rank's share"):
         StreamDecoder(cfg, w, max_context=32, block_size=4, tp=Exchange(2).rank(0))
-    with pytest.raises(NotImplementedError, match="CPU reference only"):
+    with pytest.raises(ValueError, match="on a GPU, a stream_step.GroupRank"):
         StreamDecoder(cfg, shard_weights(w, cfg, 2, 0), device="cuda", max_context=32, block_size=4,
                       tp=Exchange(2).rank(0))
     with pytest.raises(ValueError, match="rank 2 is outside"):

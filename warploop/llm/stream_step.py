@@ -161,6 +161,16 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     return Packed(pools, at, copied)
 
 
+class GroupRank:
+    """A tensor-parallel rank on a GPU (StreamDecoder's tp): the ranks' torch.distributed group, one
+    process and GPU a rank; the executors set up their arenas and counters in symmetric memory."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+        self.group = group or dist.group.WORLD
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+
+
 def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelConfig:
     """The model as one tensor-parallel rank's streaming program sees it (tp.shard.local_config's
     heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
@@ -199,8 +209,9 @@ class StreamDecoder:
         where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
         launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
         when "auto" found none.
-        tp: tensor parallelism, this rank's side of the ranks' exchange (reference.Exchange(world).rank(r),
-        each rank's decoder in its own thread; the CPU reference only, so far). `cfg` is then the
+        tp: tensor parallelism: on the CPU this rank's side of the ranks' exchange
+        (reference.Exchange(world).rank(r), each rank's decoder in its own thread), on a GPU a
+        GroupRank (a process and a GPU a rank; written, not yet run on GPUs). `cfg` is then the
         whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns,
         the embedding and lm_head whole); o_proj and down_proj write partial sums that all-reduce
         nodes add into the residual, the same bits on every rank, so every rank samples the same
@@ -213,13 +224,14 @@ class StreamDecoder:
         self.tp, self.world = tp, 1 if tp is None else tp.world
         if tp is not None:
             cfg = _rank_config(cfg, self.world, weights)
-            if torch.device(device).type != "cpu":
-                raise NotImplementedError("a tensor-parallel stream decoder runs on the CPU reference only: the "
-                                          "streaming kernel has no all-reduce body yet")
+            gpu = torch.device(device).type != "cpu"
+            if gpu != hasattr(tp, "group"):
+                raise ValueError("tp: on the CPU, the rank's side of a reference.Exchange; on a GPU, a "
+                                 "stream_step.GroupRank (the ranks' torch.distributed group)")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
-        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch))
+        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch), tensor_parallel=tp is not None)
         if self.device.type == "cuda" and batch > max(1, self.config.batch_rows):
             raise ValueError(f"batch {batch}: the kernel's StreamConfig.batch_rows is {self.config.batch_rows}; "
                              f"use {batch_rows(batch)} (or leave config out)")
@@ -251,12 +263,13 @@ class StreamDecoder:
             prebuilt, self.compiles = prebuilt_folder(prebuilt, self.config, major * 10 + minor, block_size)
             # placed programs are cached (not a traced one: its scripts read the build's instructions)
             cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
-            first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache)
+            group = None if tp is None else tp.group
+            first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache, tp_group=group)
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
                                                                                 check=False, prebuilt=prebuilt,
-                                                                                build_cache=cache)
+                                                                                build_cache=cache, tp_group=group)
                               for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)
@@ -309,15 +322,16 @@ class StreamDecoder:
                        epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
                        narrow=narrow(cfg.hidden_size, self.config), batch=rows, after=a)
             if world > 1:
-                b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, epi="add", after=b)
+                b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
+                                epi="add", after=b)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
                        eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
             prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"] if world == 1 else r["red_mlp"],
                           epi="add" if world == 1 else "store", after=c, batch=rows,
                           narrow=narrow(cfg.hidden_size, self.config))
             if world > 1:
-                prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, epi="add",
-                                   after=prev)
+                prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
+                                   epi="add", after=prev)
         head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
                       amax=r["pairs"], batch=rows, after=prev)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),

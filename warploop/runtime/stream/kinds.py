@@ -240,14 +240,16 @@ SAMPLE = NodeKind(
     cost=lambda f, br: float(8 * f["count"]), footprint=lambda f, br: ([(f["pairs"], 2 * f["count"])], []))
 
 # Tensor parallelism: one slice of an all-reduce across the `world` ranks, each running its own
-# program of the same shape over its shard of the weights. Every rank's arena holds its partial sum
-# at `src` (n floats: a row-parallel GEMV's output); out[:n] gets their sum, taken in rank order so
-# every rank holds the same bits ("store"), or that sum added to out ("add": the residual). On a GPU
-# the ranks meet at counter `meet` (the build gives each all-reduce slice its own) and read each
-# other's partials through their arenas in symmetric memory; the CPU reference exchanges them
-# (reference.Exchange).
+# program of the same shape over its shard of the weights (this one is rank `rank`). Every rank's
+# arena holds its partial sum at `src` (n floats: a row-parallel GEMV's output); out[:n] gets their
+# sum, taken in rank order so every rank holds the same bits ("store"), or that sum added to out
+# ("add": the residual). On a GPU (StreamConfig.tensor_parallel) the ranks' arenas and counters are
+# in symmetric memory: each rank bumps counter `meet` (the build gives each slice its own) in every
+# peer's counters, waits for the peers' bumps in its own, then reads their partials; the CPU
+# reference exchanges them (reference.Exchange).
 ALLREDUCE = NodeKind(
-    "allreduce", 6, fields=(Field("src"), Field("out"), Field("n"), Field("epi"), Field("world"), Field("meet")),
+    "allreduce", 6, fields=(Field("src"), Field("out"), Field("n"), Field("epi"), Field("world"), Field("rank"),
+                            Field("meet")),
     cost=lambda f, br: float(4 * f["n"] * (f["world"] + 1)),
     footprint=lambda f, br: ([(f["src"], f["n"])] + ([(f["out"], f["n"])] if f["epi"] == EPILOGUES["add"] else []),
                              [(f["out"], f["n"])]))

@@ -296,13 +296,14 @@ class StreamProgram:
         return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
                         tokens=tokens.offset)
 
-    def allreduce(self, src: Region, out: Region, n: int, *, world: int, epi: str = "store", after=(),
+    def allreduce(self, src: Region, out: Region, n: int, *, world: int, rank: int, epi: str = "store", after=(),
                   slice_floats: int = ALLREDUCE_SLICE) -> list[int]:
         """Tensor parallelism: out[:n] = (or +=, epi "add") the sum over the `world` ranks of each
-        rank's src[:n] (kinds.ALLREDUCE), as slices of at most `slice_floats` floats, one node each
-        (the ranks' CTAs then share the work); returns the nodes."""
-        if world < 2:
-            raise ValueError(f"an all-reduce needs at least two ranks, not {world}")
+        rank's src[:n] (kinds.ALLREDUCE), this program being rank `rank`'s, as slices of at most
+        `slice_floats` floats, one node each (the ranks' CTAs then share the work); returns the nodes."""
+        if world < 2 or not 0 <= rank < world:
+            raise ValueError(f"an all-reduce needs at least two ranks and a rank among them, not rank {rank} "
+                             f"of {world}")
         if n < 1 or src.size < n or out.size < n:
             raise ValueError(f"an all-reduce of {n} floats needs src and out to hold them")
         if epi not in ("store", "add"):
@@ -312,7 +313,7 @@ class StreamProgram:
         for lo in range(0, n, slice_floats):
             self.meets.append(world)
             nodes.append(self.add(ALLREDUCE, after=deps, src=src.offset + lo, out=out.offset + lo,
-                                  n=min(slice_floats, n - lo), epi=EPILOGUES[epi], world=world,
+                                  n=min(slice_floats, n - lo), epi=EPILOGUES[epi], world=world, rank=rank,
                                   meet=len(self.meets) - 1))
         return nodes
 

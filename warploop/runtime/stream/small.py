@@ -1,10 +1,12 @@
-"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP): their waits,
-then their bodies, run by the consumer (kernel.py)."""
+"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP, and ALLREDUCE in
+a tensor-parallel kernel: allreduce.py): their waits, then their bodies, run by the consumer
+(kernel.py)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from warploop.runtime.stream.allreduce import OP_ALLREDUCE, allreduce
 from warploop.runtime.stream.kinds import EMBED, SAMPLE
 from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 
@@ -55,9 +57,10 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 
 
 @gluon.jit
-def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr):
-    """A node with no streamed operand (EMBED, SAMPLE, NOP): its waits, then its body."""
+def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr):
+    """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP): its waits, then its
+    body."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
@@ -65,4 +68,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
         _sample(arena, ints, base, s, CW)
+    if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
+        if op == OP_ALLREDUCE:
+            failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
     return failed
