@@ -12,7 +12,8 @@
 #             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
-#   prefill   the chunked-prefill engine tests, then `warploop bench prefill --json` ($MODELS, default all three)
+#   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
+#             $PROFILE_MODELS), then `warploop bench prefill --json` ($MODELS, default all three)
 #             -> $OUT/prefill-<device>-<date>.json
 #   soak      scripts/soak.py for $SOAK_MINUTES (default 8) on the GPU, backend $SOAK_BACKEND (default: the
 #             device's) -> $OUT/soak.json
@@ -21,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,19p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,20p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -99,6 +100,10 @@ for part in "$@"; do
         ${SOAK_BACKEND:+--backend "$SOAK_BACKEND"} > "$OUT/soak.json"; echo "soak rc=$?"; tail -c 2000 "$OUT/soak.json"; echo ;;
     prefill)
       environment; gpu_tests tests/test_chunked_prefill.py
+      for m in ${PROFILE_MODELS:-llama-3.2-1b qwen3-0.6b}; do   # where each system's prefill time goes
+        timeout 200 python scripts/prefill_profile.py --model "$m" > "$OUT/prefill-profile-$m.json"
+        echo "profile $m rc=$?"; head -c 2500 "$OUT/prefill-profile-$m.json"; echo
+      done
       timeout "${BENCH_S:-500}" python -m warploop.cli bench prefill --json ${MODELS:+--models "$MODELS"} \
         --save "$OUT/prefill-$(stamp).json" > /dev/null
       echo "bench prefill rc=$?"; head -c 3000 "$OUT/prefill-$(stamp).json"; echo ;;
