@@ -35,12 +35,22 @@ def profile(fn, runs: int, top: int) -> dict:
     return {"device_us": round(sum(r["us"] for r in rows), 1), "kernels": len(rows), "top": rows[:top]}
 
 
+def ours(cfg, device, dtype, n: int, args) -> dict:
+    import torch
+
+    from warploop.bench.prefill import _backend
+    from warploop.llm.backend import ModelBatch
+    backend, _ = _backend(cfg, device, dtype, n)
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    with torch.no_grad():
+        return profile(lambda: backend.forward(batch), args.runs, args.top)
+
+
 def main() -> int:
     import torch
 
     from warploop.bench.decode_peers import CompiledDecoder, gptfast_model
-    from warploop.bench.prefill import _backend
-    from warploop.llm.backend import ModelBatch
     from warploop.llm.shapes import GPU_MODELS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,12 +64,7 @@ def main() -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg, n = GPU_MODELS[args.model][1], args.tokens
     out = {"model": args.model, "tokens": n, "runs": args.runs}
-    backend, _ = _backend(cfg, device, dtype, n)
-    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
-    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
-    with torch.no_grad():
-        out["warploop"] = profile(lambda: backend.forward(batch), args.runs, args.top)
-    del backend
+    out["warploop"] = ours(cfg, device, dtype, n, args)
     torch.cuda.empty_cache()
     model = gptfast_model(cfg, device, dtype)
     dec = CompiledDecoder(model, use_cuda_graphs=False)
