@@ -54,13 +54,16 @@ class StreamBackend(Backend):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True,
-                 pools=None, rows: int = 0, prebuilt=None) -> None:
+                 pools=None, rows: int = 0, prebuilt=None, per_op: Backend | None = None,
+                 decoder: StreamDecoder | None = None) -> None:
         """use_cuda_graphs: the per-op path's decode batches replay CUDA graphs (captured in warmup), as
         on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
         weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
         prebuilt: where the stream kernels come from (WARPLOOP_STREAM_PREBUILT: "auto", "off" or a folder
-        of prebuilt kernels launched with no compiler; stream_step.prebuilt_folder)."""
+        of prebuilt kernels launched with no compiler; stream_step.prebuilt_folder).
+        per_op and decoder: built by the caller (tensor parallelism: tp/build.py gives the ranks'
+        per-op backend and a decoder that has every rank run each launch; `weights` is then unused)."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -70,11 +73,15 @@ class StreamBackend(Backend):
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
         if rows == 1 or rows < 0:
             raise ValueError(f"rows={rows}: use 0 (batches per op) or 2 to 32")
-        self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
-        pools = pools or pack_pools(weights, self.device)
-        self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
-                                     block_size=layout.block_size, splits=splits, kv=self.per_op.kv,
-                                     pools=pools, prebuilt=prebuilt)
+        if (per_op is None) != (decoder is None) or (decoder is not None and rows):
+            raise ValueError("per_op and decoder come together, and with them no batched decoder (rows=0)")
+        if per_op is None:
+            per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
+            pools = pools or pack_pools(weights, self.device)
+            decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
+                                    block_size=layout.block_size, splits=splits, kv=per_op.kv,
+                                    pools=pools, prebuilt=prebuilt)
+        self.per_op, self.decoder = per_op, decoder
         self.rows = None             # the decoder of batches, over the same pools and cache
         if rows:
             self.rows = StreamDecoder(config, weights, device=self.device, max_context=max_context,
@@ -136,6 +143,9 @@ class StreamBackend(Backend):
 
     def loop_logits(self, rows: list[int]) -> torch.Tensor:
         return self.last.logits()[rows].clone()
+
+    def close(self) -> None:
+        self.per_op.close()
 
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)

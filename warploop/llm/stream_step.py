@@ -171,6 +171,22 @@ class GroupRank:
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
 
+class DistRank:
+    """A tensor-parallel rank on the CPU in a process of its own (StreamDecoder's tp): the CPU
+    reference's all-reduce nodes gather every rank's partial through torch.distributed (gloo)."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+        self._group = group or dist.group.WORLD
+        self.rank, self.world = dist.get_rank(self._group), dist.get_world_size(self._group)
+
+    def gather(self, tensor) -> list:
+        import torch.distributed as dist
+        parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
+        dist.all_gather(parts, tensor.contiguous(), group=self._group)
+        return parts
+
+
 def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelConfig:
     """The model as one tensor-parallel rank's streaming program sees it (tp.shard.local_config's
     heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
@@ -224,10 +240,10 @@ class StreamDecoder:
         self.tp, self.world = tp, 1 if tp is None else tp.world
         if tp is not None:
             cfg = _rank_config(cfg, self.world, weights)
-            gpu = torch.device(device).type != "cpu"
-            if gpu != hasattr(tp, "group"):
-                raise ValueError("tp: on the CPU, the rank's side of a reference.Exchange; on a GPU, a "
-                                 "stream_step.GroupRank (the ranks' torch.distributed group)")
+            if not hasattr(tp, "group" if torch.device(device).type != "cpu" else "gather"):
+                raise ValueError("tp: on the CPU, an exchange (reference.Exchange(world).rank(r) for ranks in "
+                                 "threads, stream_step.DistRank for processes); on a GPU, a stream_step.GroupRank "
+                                 "(the ranks' torch.distributed group)")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
