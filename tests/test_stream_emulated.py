@@ -235,3 +235,37 @@ def test_allreduce_body_sums_every_ranks_partial_in_rank_order_after_the_peers_b
     failed = body(P(arenas[1]), P(lonely[1]), peers2, words(ALLREDUCE, fields(1)), 0, 0, 7, 3, err, 64,
                   kernel.CW.value)
     assert failed == 1 and list(err.buf) == [1, meet, 7, 3]
+
+
+def test_sample_body_picks_the_lowest_token_of_the_largest_across_ranks_pairs():
+    """SAMPLE over two ranks' runs of amax pairs (per 3, shards of 100 tokens), each pair's offset into
+    its own rank's logits (base 40): the largest value's token, rank 1's offsets shifted by 100, the
+    lowest token of equal values, as the reference picks it; per 0 is one rank's plain offsets."""
+    from warploop.runtime.stream import small
+    from warploop.runtime.stream.kinds import SAMPLE
+    body = emulated(small._sample)
+    for per, shard, pairs, want in [
+            (3, 100, [(1.0, 41), (5.0, 47), (2.0, 50), (4.0, 42), (5.0, 44), (float("-inf"), 0)], 7),
+            (3, 100, [(1.0, 41), (2.0, 47), (2.0, 50), (4.0, 42), (9.0, 44), (float("-inf"), 0)], 104),
+            (0, 0, [(3.0, 45), (3.0, 43), (1.0, 41)], 3)]:
+        arena = np.zeros(64, np.float32)
+        arena[8:8 + 2 * len(pairs)] = np.array(pairs, np.float32).reshape(-1)
+        ints = np.zeros(16, np.int64)
+        fields = dict(pairs=8, count=len(pairs), base=40, token=2, tokens=4, per=per, shard=shard)
+        body(P(arena), P(ints), words(SAMPLE, fields), 1, kernel.CW.value)
+        assert ints[2] == ints[5] == want, (pairs, ints[2])
+
+
+def test_embed_body_gives_a_shards_row_or_zeros():
+    """EMBED with a vocabulary shard (first 10, 4 rows): tokens 10..13 give their rows, others zeros;
+    without shard a token outside the table reads the nearest row, as before."""
+    from warploop.runtime.stream import small
+    from warploop.runtime.stream.kinds import EMBED
+    body = emulated(small._embed)
+    emb = np.arange(4 * 8, dtype=np.float32)
+    xidx = T(np.arange(16))
+    for token, shard, want in [(11, 1, emb[8:16]), (9, 1, np.zeros(8)), (14, 1, np.zeros(8)), (14, 0, emb[24:32]),
+                               (3, 0, emb[0:8])]:
+        arena, ints = np.full(32, 7.0, np.float32), np.array([token], np.int64)
+        body(P(arena), P(ints), P(emb), words(EMBED, dict(token=0, out=4, k=8, rows=4, first=10, shard=shard)), xidx)
+        np.testing.assert_array_equal(arena[4:12], want)

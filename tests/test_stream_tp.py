@@ -2,6 +2,7 @@
 and MLP columns, o_proj and down_proj partial sums added into the residual by all-reduce nodes) run
 in a thread of its own, the ranks exchanging partials (reference.Exchange). Every rank holds the
 same residual bits and picks the same tokens, the one-rank decoder's."""
+import dataclasses
 import threading
 
 import pytest
@@ -46,9 +47,15 @@ def steps_of(dec):
     return logits, dec.generate(int(logits[-1].argmax()), len(PROMPT), 8)
 
 
-@pytest.mark.parametrize("name, world", [("llama3", 2), ("llama3", 4), ("qwen2_bias", 2), ("qwen3_qk_norm", 2)])
+# llama3_v65: a vocabulary of 65 over two ranks: the last shard holds 32 real rows of 33, one lm_head tile
+# fewer than the first (its pairs' run ends in -inf), and a padded row that must never be sampled
+CASES = CONFIGS | {"llama3_v65": dataclasses.replace(CONFIGS["llama3"], vocab_size=65)}
+
+
+@pytest.mark.parametrize("name, world", [("llama3", 2), ("llama3", 4), ("qwen2_bias", 2), ("qwen3_qk_norm", 2),
+                                         ("llama3_v65", 2)])
 def test_ranks_give_the_one_rank_decoders_logits_and_tokens(name, world):
-    cfg = CONFIGS[name]
+    cfg = CASES[name]
     w = bf16_exact_weights(cfg)
     want_logits, want_tokens = steps_of(StreamDecoder(cfg, w, max_context=32, block_size=4))
     got = run_ranks(world, lambda r, ex: steps_of(StreamDecoder(cfg, shard_weights(w, cfg, world, r), max_context=32,
@@ -66,8 +73,10 @@ def test_a_rank_program_all_reduces_twice_a_layer_in_slices_each_with_its_counte
     w = shard_weights(bf16_exact_weights(cfg), cfg, 2, 1)
     dec = StreamDecoder(cfg, w, max_context=32, block_size=4, tp=Exchange(2).rank(1))
     reduces = [n for n in dec.program.nodes if n.kind is ALLREDUCE]
-    assert len(reduces) == 2 * cfg.num_layers
-    assert {n.fields["world"] for n in reduces} == {2} and {n.fields["n"] for n in reduces} == {cfg.hidden_size}
+    # the embedding row, two a layer, the lm_head shards' amax pairs (48 vocabulary rows a rank: 2 tiles)
+    assert len(reduces) == 2 * cfg.num_layers + 2
+    assert {n.fields["world"] for n in reduces} == {2}
+    assert [n.fields["n"] for n in reduces] == [cfg.hidden_size] * (2 * cfg.num_layers + 1) + [2 * 2 * 2]
     assert dec.cfg.num_heads == 2 and dec.cfg.num_kv_heads == 1 and dec.kv.shape[-2] == 1
     for program in dec.programs.values():           # every level's: each all-reduce ordered against its
         check_hazards(program)                      # partials' writers and the residual's readers
@@ -94,7 +103,9 @@ def test_shards_put_back_together_are_the_model():
     assert torch.equal(torch.cat([p.down for p in parts], 1), lw.down)
     assert torch.equal(torch.cat([p.gate_up[:f] for p in parts]), lw.gate_up[:cfg.intermediate_size])
     assert parts[0].o_bias is lw.o_bias and parts[1].o_bias is None     # a row-parallel bias: rank 0 adds it
-    assert shards[1].lm_head is w.lm_head and shards[1].embed is w.embed
+    v = -(-cfg.vocab_size // 2)
+    assert torch.equal(torch.cat([s.lm_head for s in shards])[:cfg.vocab_size], w.lm_head)
+    assert all(s.embed.shape[0] == v for s in shards) and not shards[1].lm_head[cfg.vocab_size - v:].any()
 
 
 def test_bad_shards_and_devices_are_refused_by_name():

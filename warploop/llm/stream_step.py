@@ -170,6 +170,13 @@ class GroupRank:
         self.group = group or dist.group.WORLD
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
+    def gather(self, tensor) -> list:
+        """Every rank's `tensor`, in rank order (NCCL: the logits' vocabulary shards)."""
+        import torch.distributed as dist
+        parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        return parts
+
 
 class DistRank:
     """A tensor-parallel rank on the CPU in a process of its own (StreamDecoder's tp): the CPU
@@ -192,7 +199,7 @@ def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelCo
     heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
     import dataclasses
 
-    from warploop.llm.tp.shard import local_config
+    from warploop.llm.tp.shard import local_config, vocab_shard
     local = dataclasses.replace(local_config(cfg, world), vocab_size=cfg.vocab_size)
     lw = weights.layers[0]
     want = {"qkv": (local.q_size + 2 * local.kv_size, cfg.hidden_size), "o": (cfg.hidden_size, local.q_size),
@@ -202,9 +209,10 @@ def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelCo
         if tuple(getattr(lw, name).shape) != shape:
             raise ValueError(f"a rank of {world} holds {name} of {shape}, not {tuple(getattr(lw, name).shape)}: "
                              "pass the rank's share (tp.shard.shard_weights)")
-    if weights.embed.shape[0] != cfg.vocab_size or weights.lm_head.shape[0] != cfg.vocab_size:
-        raise ValueError("a rank of the streaming decoder holds the whole embedding and lm_head "
-                         "(tp.shard.shard_weights), not a vocabulary shard")
+    v = vocab_shard(cfg, world)
+    if weights.embed.shape[0] != v or weights.lm_head.shape[0] != v:
+        raise ValueError(f"a rank of {world} holds {v} rows of the embedding and of lm_head (its vocabulary shard, "
+                         f"tp.shard.shard_weights), not {weights.embed.shape[0]} and {weights.lm_head.shape[0]}")
     return local
 
 
@@ -228,10 +236,12 @@ class StreamDecoder:
         tp: tensor parallelism: on the CPU this rank's side of the ranks' exchange
         (reference.Exchange(world).rank(r), each rank's decoder in its own thread), on a GPU a
         GroupRank (a process and a GPU a rank; written, not yet run on GPUs). `cfg` is then the
-        whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns,
-        the embedding and lm_head whole); o_proj and down_proj write partial sums that all-reduce
-        nodes add into the residual, the same bits on every rank, so every rank samples the same
-        tokens. The KV cache holds the rank's KV heads."""
+        whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns
+        and its vocabulary shard of the embedding and lm_head); all-reduce nodes sum the ranks' embedding
+        rows and o_proj and down_proj partial sums into the residual, the same bits on every rank, and
+        gather the lm_head shards' amax pairs, so every rank samples the same tokens. The KV cache holds
+        the rank's KV heads; logits() and step() gather the vocabulary (a collective: every rank calls
+        them). One row."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -240,6 +250,8 @@ class StreamDecoder:
         self.tp, self.world = tp, 1 if tp is None else tp.world
         if tp is not None:
             cfg = _rank_config(cfg, self.world, weights)
+            if batch != 1:
+                raise ValueError(f"batch {batch}: a tensor-parallel decoder decodes one row (batches run per op)")
             if not hasattr(tp, "group" if torch.device(device).type != "cpu" else "gather"):
                 raise ValueError("tp: on the CPU, an exchange (reference.Exchange(world).rank(r) for ranks in "
                                  "threads, stream_step.DistRank for processes); on a GPU, a stream_step.GroupRank "
@@ -301,28 +313,43 @@ class StreamDecoder:
         at = [(index[k], row) for k, row in packed.at]
         hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
         p.kv_cache(self.kv)
+        world = self.world
+        vocab = cfg.vocab_size if world == 1 else weights.lm_head.shape[0]     # this rank's logits
+        per = cdiv(vocab, self.config.block_rows)                             # the lm_head tiles' amax pairs
         width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
-                 "act": cfg.intermediate_size, "logits": cfg.vocab_size,
-                 "pairs": 2 * cdiv(cfg.vocab_size, self.config.block_rows), "step": self.step_words,
+                 "act": cfg.intermediate_size, "logits": vocab, "pairs": 2 * per * world, "step": self.step_words,
                  "token": 1, "tokens": self.MAX_STEPS, "part": kvh * self.splits * (h // kvh) * (hd + 2)}
         r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
-        world = self.world
         if world > 1:             # each rank's partial sums, one region an all-reduce a layer (two
             # regions, so a rank overwrites one only after a later all-reduce, whose signals the
-            # peers send once they are done reading it: on a GPU they read it in place)
-            r |= {name: p.buffer(name, rows * cfg.hidden_size) for name in ("red_attn", "red_mlp")}
+            # peers send once they are done reading it: on a GPU they read it in place); the
+            # embedding row (the token's rank's, zeros elsewhere) and the ranks' gathered amax pairs
+            r |= {name: p.buffer(name, rows * cfg.hidden_size) for name in ("red_attn", "red_mlp", "red_emb")}
+            r["pairs_all"] = p.buffer("pairs_all", width["pairs"])
         cos, sin = rope
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
-        r["pairs"] = p.buffer("pairs", rows * width["pairs"])
+        if world == 1:
+            r["pairs"] = p.buffer("pairs", rows * width["pairs"])
+        else:                     # this rank's tiles fill its run of pairs; a run's pairs past the tiles
+            # hold -inf (the last shard's fewer rows), other ranks' runs zeros: the all-reduce's sum is
+            # then every rank's pairs, exactly
+            rank, tiles = self.tp.rank, cdiv(min(vocab, cfg.vocab_size - self.tp.rank * vocab), self.config.block_rows)
+            init = torch.zeros(width["pairs"])
+            init[2 * (rank * per + tiles):2 * (rank + 1) * per:2] = float("-inf")
+            r["pairs"] = p.buffer("pairs", width["pairs"], init=init)
         p.embedding(embed)
         if self.splits > 1:
             r["part"] = p.buffer("part", rows * width["part"])
         row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
         vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
         eps = cfg.rms_norm_eps
-        firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
-        prev: list[int] = firsts
+        if world == 1:
+            firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
+            prev: list[int] = firsts
+        else:                     # the token's rank has its row, the others zeros: their sum is the row
+            firsts = [p.embed(row("token", 0), r["red_emb"], cfg.hidden_size, first=self.tp.rank * vocab)]
+            prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=self.tp.rank, after=firsts)
         for i, lw in enumerate(weights.layers):
             (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
             a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
@@ -348,10 +375,21 @@ class StreamDecoder:
             if world > 1:
                 prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
                                    epi="add", after=prev)
-        head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                      amax=r["pairs"], batch=rows, after=prev)
-        samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
-                            after=head) for b in range(rows)]
+        if world == 1:
+            head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
+                          amax=r["pairs"], batch=rows, after=prev)
+            samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
+                                after=head) for b in range(rows)]
+        else:                     # this rank's shard of the vocabulary (the last shard's real rows), its
+            # pairs gathered from every rank, then every rank samples the same token
+            rank = self.tp.rank
+            real = min(vocab, cfg.vocab_size - rank * vocab)
+            mine = Region(r["pairs"].offset + 2 * rank * per, 2 * per)
+            head = p.gemv(*at[-1], real, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
+                          amax=mine, after=prev)
+            gathered = p.allreduce(r["pairs"], r["pairs_all"], width["pairs"], world=world, rank=rank, after=head)
+            samples = [p.sample(r["pairs_all"], world * per, r["logits"], row("token", 0), row("tokens", 0),
+                                after=gathered, per=per, shard=vocab)]
         p.decode_loop(samples, firsts)
         return p
 
@@ -366,16 +404,20 @@ class StreamDecoder:
         return self.arena[reg.offset:reg.offset + reg.size]
 
     def logits(self):
-        """The latest step's float32 logits, [batch, vocab] (a view, valid until the next step)."""
+        """The latest step's float32 logits, [batch, vocab] (a view, valid until the next step; with
+        tensor parallelism a copy, every rank's shard gathered: every rank calls it)."""
+        if self.tp is not None:
+            import torch
+            return torch.cat(self.tp.gather(self.view("logits")))[:self.cfg.vocab_size][None]
         return self.view("logits").view(self.batch, self.cfg.vocab_size)
 
     def step(self, token: int, pos: int, table: list[int] | None = None):
         """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
-        next step). Batch 1; step_rows for a batch."""
+        next step; gathered with tensor parallelism, as logits()). Batch 1; step_rows for a batch."""
         self._check_one()
         self._run([token], [pos], 1, [table])
-        return self.view("logits")
+        return self.view("logits") if self.tp is None else self.logits()[0]
 
     def step_rows(self, tokens: list[int], positions: list[int], tables: list[list[int]]):
         """One step of every row: row b's token at positions[b] through blocks tables[b] (each row

@@ -80,11 +80,11 @@ def receive_batch(message: tuple[ModelBatch, int | None], device) -> ModelBatch:
 
 class BroadcastDecoder:
     """Rank 0's streaming decoder under tensor parallelism (stream_step.StreamDecoder with tp): each
-    launch is sent to the other ranks first, whose decoders run the same launch, so the ranks'
-    all-reduce nodes pair up (over symmetric memory on GPUs, gloo on the CPU); everything else is
-    rank 0's decoder's own (its logits and tokens are every rank's: the ranks hold the same bits)."""
+    launch, and each gathering of the logits, is sent to the other ranks first, whose decoders do the
+    same, so the ranks' all-reduce nodes and gathers pair up (over symmetric memory and NCCL on GPUs,
+    gloo on the CPU); everything else is rank 0's decoder's own (its tokens are every rank's)."""
 
-    LAUNCHES = ("step", "step_rows", "launch", "launch_rows", "generate", "generate_rows")
+    LAUNCHES = ("step", "step_rows", "launch", "launch_rows", "generate", "generate_rows", "logits")
 
     def __init__(self, decoder, ranks: Ranks) -> None:
         self._decoder, self._ranks = decoder, ranks

@@ -52,10 +52,10 @@ class _Rank:
         self.spec, self.rank, self.job = spec, rank, job
         self.device = group.rank_device(spec, rank)
         dtype = getattr(torch, job.dtype)
-        self.stream_weights = None        # the streaming decoder's: the same layers, the whole vocabulary
+        self.stream_weights = None        # the streaming decoder's: the per-op backend's own
         if job.backend == "stream":
-            self.weights, self.stream_weights = stream_shard(job.model_dir, job.cfg, spec.world, rank, self.device,
-                                                             dtype)
+            self.weights = self.stream_weights = stream_shard(job.model_dir, job.cfg, spec.world, rank, self.device,
+                                                              dtype)
         elif job.model_dir is None:
             self.weights = random_shard(job.cfg, spec.world, rank, self.device, dtype)
         else:

@@ -69,28 +69,10 @@ def _drop_row_biases(weights: ModelWeights, rank: int) -> ModelWeights:
 
 
 def stream_shard(path: str | Path | None, cfg: ModelConfig, n: int, rank: int, device, dtype):
-    """Rank `rank`'s weights for the streaming decoder's tensor parallelism: (the per-op backend's
-    share, as load_shard's, the embedding and lm_head by vocabulary shard; the streaming decoder's,
-    the same layer objects with the whole embedding and lm_head). From the checkpoint at `path`, or
-    random (one full model on every rank, the same seed, then sharded: both paths read one model)."""
-    import torch
-
-    from warploop.llm.tp.shard import shard_weights, vocab_shard
-    v = vocab_shard(cfg, n)
+    """Rank `rank`'s weights for the streaming decoder's tensor parallelism, which the per-op backend
+    shares (its layers and vocabulary shards): load_shard's from the checkpoint at `path`, or, random,
+    one full model on every rank (the same seed) sharded, so every rank holds a share of one model."""
+    from warploop.llm.tp.shard import shard_weights
     if path is None:
-        full = random_weights(cfg, device, dtype, seed=0)
-        mine = shard_weights(full, cfg, n, rank)
-
-        def rows(t):
-            part = t[rank * v:min((rank + 1) * v, cfg.vocab_size)]
-            return part if part.shape[0] == v else torch.cat([part, part.new_zeros(v - part.shape[0], part.shape[1])])
-        embed = rows(full.embed)
-        per_op = ModelWeights(embed=embed, layers=mine.layers, norm=full.norm,
-                              lm_head=embed if cfg.tie_word_embeddings else rows(full.lm_head))
-        return per_op, mine
-    per_op = load_shard(path, cfg, n, rank, device, dtype)
-    where = open_checkpoint(Path(path), cfg)
-    whole = lambda name: read_slice(where[name], name, None).to(device=device, dtype=dtype).contiguous()
-    embed = whole("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings else whole("lm_head.weight")
-    return per_op, ModelWeights(embed=embed, layers=per_op.layers, norm=per_op.norm, lm_head=lm_head)
+        return shard_weights(random_weights(cfg, device, dtype, seed=0), cfg, n, rank)
+    return load_shard(path, cfg, n, rank, device, dtype)

@@ -110,9 +110,9 @@ def slices(cfg: ModelConfig, n: int, rank: int) -> dict[str, Slice | None]:
 def shard_weights(weights, cfg: ModelConfig, n: int, rank: int):
     """Rank `rank`'s share of fused ModelWeights (weights.fuse's layout) already in memory: its q, k
     and v heads and its gate/up rows (column-parallel), its columns of o_proj and down_proj
-    (row-parallel; their biases on rank 0 alone), norms whole. The embedding and lm_head stay whole
-    (the streaming decoder's tensor parallelism replicates them). Shapes: local_config's, but for
-    the vocabulary."""
+    (row-parallel; their biases on rank 0 alone), norms whole, and its vocabulary shard of the
+    embedding and lm_head (vocab_shard rows, the last shard padded with zero rows). Shapes:
+    local_config's, as load_shard reads them."""
     import torch
 
     from warploop.llm.weights import LayerWeights, ModelWeights
@@ -138,4 +138,12 @@ def shard_weights(weights, cfg: ModelConfig, n: int, rank: int):
         gate_up=rows(lw.gate_up, gu_rows), gate_up_bias=rows(lw.gate_up_bias, gu_rows),
         down=cols(lw.down, rank * f, (rank + 1) * f), down_bias=lw.down_bias if rank == 0 else None,
         q_norm=lw.q_norm, k_norm=lw.k_norm) for lw in weights.layers]
-    return ModelWeights(embed=weights.embed, layers=layers, norm=weights.norm, lm_head=weights.lm_head)
+    v = vocab_shard(cfg, n)
+
+    def vocab(t):
+        part = t[rank * v:min((rank + 1) * v, cfg.vocab_size)]
+        return (part if part.shape[0] == v else torch.cat([part, part.new_zeros(v - part.shape[0], part.shape[1])])
+                ).contiguous()
+    embed = vocab(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else vocab(weights.lm_head)
+    return ModelWeights(embed=embed, layers=layers, norm=weights.norm, lm_head=lm_head)

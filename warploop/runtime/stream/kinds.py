@@ -225,18 +225,23 @@ ATTN = NodeKind(
             Field("split"), Field("splits"), Field("part"), Field("ticket")),
     streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
-# The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [rows, k]
-# table (StreamProgram.embedding); a token outside [0, rows) reads row 0 or rows - 1, never outside
-# the table (NaN logits leave SAMPLE no largest value). The first node of a decode step.
+# The token's embedding row: out[:k] = float(emb[ints[token] - first, :k]), emb the kernel's bf16
+# [rows, k] table (StreamProgram.embedding); a token outside [first, first + rows) reads row 0 or
+# rows - 1, never outside the table (NaN logits leave SAMPLE no largest value), or, with shard = 1
+# (tensor parallelism: the table is this rank's share of the vocabulary, from token `first`), zeros:
+# an all-reduce then sums the one rank's row with the others' zeros. The first node of a decode step.
 EMBED = NodeKind(
-    "embed", 4, fields=(Field("token"), Field("out"), Field("k"), Field("rows")),
+    "embed", 4, fields=(Field("token"), Field("out"), Field("k"), Field("rows"), Field("first"), Field("shard")),
     cost=lambda f, br: float(2 * f["k"]), footprint=lambda f, br: ([], [(f["out"], f["k"])]))
 # Greedy sampling: of the `count` (value, arena offset) pairs at arena `pairs` (GEMV amax), the
-# offset of the largest value (the first of equal ones), less `base` (the logits' offset), is the
-# token: written to ints[token] (the next step's EMBED reads it) and ints[tokens + s], s the step of
-# the launch.
+# offset of the largest value, less `base` (the logits' offset), is the token (of equal values, the
+# lowest token): written to ints[token] (the next step's EMBED reads it) and ints[tokens + s], s the
+# step of the launch. With per > 0 (tensor parallelism) the pairs are the ranks' in turn, `per` a
+# rank, each rank's offsets into its own logits, which hold its `shard` tokens of the vocabulary:
+# pair i's token is its offset - base + (i // per) * shard.
 SAMPLE = NodeKind(
-    "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens")),
+    "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens"),
+                         Field("per"), Field("shard")),
     cost=lambda f, br: float(8 * f["count"]), footprint=lambda f, br: ([(f["pairs"], 2 * f["count"])], []))
 
 # Tensor parallelism: one slice of an all-reduce across the `world` ranks, each running its own

@@ -279,22 +279,29 @@ class StreamProgram:
             done += nodes
         return done
 
-    def embed(self, token: Region, out: Region, k: int, after=()) -> int:
-        """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED)."""
+    def embed(self, token: Region, out: Region, k: int, after=(), first: int | None = None) -> int:
+        """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED). first: the
+        table is a vocabulary shard from token `first` (tensor parallelism), other tokens give zeros."""
         if self.emb is None:
             raise ValueError("embed needs the embedding table: call embedding() first")
         if k != self.emb.shape[1] or out.size < k or token.size < 1:
             raise ValueError(f"k must be the table's width {self.emb.shape[1]} and out hold it")
-        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k, rows=self.emb.shape[0])
+        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k, rows=self.emb.shape[0],
+                        first=first or 0, shard=int(first is not None))
 
-    def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=()) -> int:
-        """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE)."""
+    def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=(),
+               per: int = 0, shard: int = 0) -> int:
+        """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE).
+        per and shard: the pairs are the tensor-parallel ranks' in turn, `per` a rank, each rank's
+        logits `shard` tokens of the vocabulary."""
         if pairs.size < 2 * count or token.size < 1 or tokens.size < 1:
             raise ValueError("sample needs two floats a pair, a token word and a tokens list")
+        if per and (count % per or shard < 1):
+            raise ValueError(f"the ranks' pairs come {per} a rank ({count} pairs) over shards of {shard} tokens")
         if self.floats.size >= 2 ** 24:
             raise ValueError("an amax pair holds an arena offset as a float: the arena must stay under 2^24 floats")
         return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
-                        tokens=tokens.offset)
+                        tokens=tokens.offset, per=per, shard=shard)
 
     def allreduce(self, src: Region, out: Region, n: int, *, world: int, rank: int, epi: str = "store", after=(),
                   slice_floats: int = ALLREDUCE_SLICE) -> list[int]:

@@ -188,13 +188,18 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
         return
     f = node.fields
     if node.kind is EMBED:
-        row = min(max(int(ints[f["token"]]), 0), f["rows"] - 1)
+        local = int(ints[f["token"]]) - f["first"]
+        if f["shard"] and not 0 <= local < f["rows"]:   # another rank's token: its row comes from there
+            arena[f["out"]:f["out"] + f["k"]] = 0.0
+            return
+        row = min(max(local, 0), f["rows"] - 1)
         arena[f["out"]:f["out"] + f["k"]] = program.emb[row].float().to(arena.device)
         return
     if node.kind is SAMPLE:
         pairs = arena[f["pairs"]:f["pairs"] + 2 * f["count"]].view(-1, 2)
-        best = int(pairs[:, 0].argmax())                     # the first of equal maxima, as the kernel
-        ints[f["token"]] = ints[f["tokens"] + s] = int(pairs[best, 1]) - f["base"]
+        best = int(pairs[:, 0].argmax())    # the first of equal maxima: the lowest token, as the kernel
+        rank = best // f["per"] if f["per"] else 0
+        ints[f["token"]] = ints[f["tokens"] + s] = int(pairs[best, 1]) - f["base"] + rank * f["shard"]
         return
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
