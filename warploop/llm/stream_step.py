@@ -162,8 +162,10 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
 
 
 class GroupRank:
-    """A tensor-parallel rank on a GPU (StreamDecoder's tp): the ranks' torch.distributed group, one
-    process and GPU a rank; the executors set up their arenas and counters in symmetric memory."""
+    """A tensor-parallel rank in a process of its own (StreamDecoder's tp): the ranks'
+    torch.distributed group. On a GPU (NCCL) the executors set up their arenas and counters in
+    symmetric memory over it; on the CPU (gloo) the reference's all-reduce nodes gather the ranks'
+    partials through it; on both, the logits' vocabulary shards are gathered through it."""
 
     def __init__(self, group=None) -> None:
         import torch.distributed as dist
@@ -171,26 +173,10 @@ class GroupRank:
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
 
     def gather(self, tensor) -> list:
-        """Every rank's `tensor`, in rank order (NCCL: the logits' vocabulary shards)."""
+        """Every rank's `tensor`, in rank order (a collective: every rank calls it)."""
         import torch.distributed as dist
         parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
         dist.all_gather(parts, tensor.contiguous(), group=self.group)
-        return parts
-
-
-class DistRank:
-    """A tensor-parallel rank on the CPU in a process of its own (StreamDecoder's tp): the CPU
-    reference's all-reduce nodes gather every rank's partial through torch.distributed (gloo)."""
-
-    def __init__(self, group=None) -> None:
-        import torch.distributed as dist
-        self._group = group or dist.group.WORLD
-        self.rank, self.world = dist.get_rank(self._group), dist.get_world_size(self._group)
-
-    def gather(self, tensor) -> list:
-        import torch.distributed as dist
-        parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
-        dist.all_gather(parts, tensor.contiguous(), group=self._group)
         return parts
 
 
@@ -233,9 +219,9 @@ class StreamDecoder:
         where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
         launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
         when "auto" found none.
-        tp: tensor parallelism: on the CPU this rank's side of the ranks' exchange
-        (reference.Exchange(world).rank(r), each rank's decoder in its own thread), on a GPU a
-        GroupRank (a process and a GPU a rank; written, not yet run on GPUs). `cfg` is then the
+        tp: tensor parallelism: a GroupRank (a process a rank; on GPUs written, not yet run), or on
+        the CPU this rank's side of an exchange (reference.Exchange(world).rank(r), each rank's
+        decoder in its own thread). `cfg` is then the
         whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns
         and its vocabulary shard of the embedding and lm_head); all-reduce nodes sum the ranks' embedding
         rows and o_proj and down_proj partial sums into the residual, the same bits on every rank, and
@@ -253,9 +239,8 @@ class StreamDecoder:
             if batch != 1:
                 raise ValueError(f"batch {batch}: a tensor-parallel decoder decodes one row (batches run per op)")
             if not hasattr(tp, "group" if torch.device(device).type != "cpu" else "gather"):
-                raise ValueError("tp: on the CPU, an exchange (reference.Exchange(world).rank(r) for ranks in "
-                                 "threads, stream_step.DistRank for processes); on a GPU, a stream_step.GroupRank "
-                                 "(the ranks' torch.distributed group)")
+                raise ValueError("tp: a stream_step.GroupRank (the ranks' torch.distributed group, a process a rank), "
+                                 "or on the CPU the rank's side of a reference.Exchange (ranks in threads)")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")

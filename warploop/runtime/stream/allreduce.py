@@ -20,6 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from warploop.runtime.stream.kinds import ALLREDUCE, EPILOGUES
+from warploop.runtime.stream.sync import wait_counter
 
 OP_ALLREDUCE = gl.constexpr(ALLREDUCE.opcode)
 A_SRC, A_OUT, A_N = gl.constexpr(ALLREDUCE.word("src")), gl.constexpr(ALLREDUCE.word("out")), \
@@ -46,19 +47,7 @@ def allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN: gl
             theirs = gl.load(peers + world + q).to(gl.pointer_type(gl.int32), bitcast=True)
             gl.atomic_add(theirs + meet, 1, sem="release", scope="sys")
         q += 1
-    target = (world - 1) * (epoch + 1)
-    limit = SPIN * (1 - failed)
-    polls = 0
-    cnt = gl.atomic_add(counters + meet, 0, sem="acquire", scope="sys")
-    while (cnt < target) & (polls < limit):
-        cnt = gl.atomic_add(counters + meet, 0, sem="acquire", scope="sys")
-        polls += 1
-    if cnt < target:
-        failed = 1
-        gl.store(err + 1, meet)
-        gl.store(err + 2, cta)
-        gl.store(err + 3, i)
-        gl.store(err + 0, 1)
+    failed = wait_counter(counters, err, meet, (world - 1) * (epoch + 1), failed, cta, i, SPIN, "sys")
     layout: gl.constexpr = gl.BlockedLayout([4], [32], [CW], [0])
     idx = gl.arange(0, ABLK, layout=layout)
     c0 = 0
