@@ -5,6 +5,9 @@ memory set-up); the floor is each rank's streamed bytes (its layer shards plus t
 over the measured copy bandwidth. Prints one JSON object; `speedup` is world 1's ms over each.
 
     python scripts/stream_tp_time.py --worlds 1,2 [--model llama-3.1-8b|small] [--runs 10]
+
+`--device cpu --model small` runs the same processes on the CPU reference (gloo), a smoke test of
+this script before it spends device time (tests/test_stream_tp_time.py).
 """
 from __future__ import annotations
 
@@ -33,17 +36,20 @@ def rank_main(args) -> None:
     from warploop.llm.weights import random_weights
 
     cfg, world, rank = SHAPES[args.model], args.world, args.rank
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    gpu = args.device == "cuda"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank) if gpu else torch.device("cpu")
     tp = None
     if world > 1:
-        dist.init_process_group("nccl", init_method="file://" + args.rendezvous, rank=rank, world_size=world)
+        dist.init_process_group("nccl" if gpu else "gloo", init_method="file://" + args.rendezvous, rank=rank,
+                                world_size=world)
         tp = GroupRank()
     w = random_weights(cfg, dev, torch.bfloat16, seed=0)
     if world > 1:
         w = shard_weights(w, cfg, world, rank)
-    dec = StreamDecoder(cfg, w, device=dev, max_context=1024, block_size=16, tp=tp)
-    steps = 32
+    dec = StreamDecoder(cfg, w, device=dev, max_context=1024 if gpu else 64, block_size=16, tp=tp)
+    steps = 32 if gpu else 4
     dec.generate(1, 0, steps)                       # compiles, places, warms
     times = []
     for _ in range(args.runs):
@@ -67,7 +73,8 @@ def run_world(args, world: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONPATH=str(ROOT))
         procs = [subprocess.Popen([sys.executable, __file__, "--model", args.model, "--runs", str(args.runs),
-                                   "--world", str(world), "--rank", str(r), "--rendezvous", f"{tmp}/rdv"],
+                                   "--device", args.device, "--world", str(world), "--rank", str(r),
+                                   "--rendezvous", f"{tmp}/rdv"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for r in range(world)]
         outs = [p.communicate(timeout=args.timeout) for p in procs]
@@ -81,6 +88,7 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3.1-8b", choices=["llama-3.1-8b", "small"])
     ap.add_argument("--worlds", default="1,2", help="comma-separated world sizes (each in fresh processes)")
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the CPU reference (a smoke test)")
     ap.add_argument("--timeout", type=int, default=400, help="seconds for one world size's processes")
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
