@@ -269,3 +269,18 @@ def test_embed_body_gives_a_shards_row_or_zeros():
         arena, ints = np.full(32, 7.0, np.float32), np.array([token], np.int64)
         body(P(arena), P(ints), P(emb), words(EMBED, dict(token=0, out=4, k=8, rows=4, first=10, shard=shard)), xidx)
         np.testing.assert_array_equal(arena[4:12], want)
+
+
+@pytest.mark.parametrize("seed, counter", [(7, 12), (2 ** 63 + 5, 2 ** 31 - 1), (123456789012345, 1)])
+def test_gumbel_body_draws_philox_s_numbers(seed, counter):
+    """The kernel's Gumbel noise (sampling.py: Philox in int64 words) equals philox.gumbel, the numpy
+    reference that tests/test_stream_sampling.py checks against Triton's own tl.philox."""
+    from warploop.runtime.stream import philox, sampling
+    body = emulated(sampling.gumbel)
+    idx = np.arange(0, 4096, 7)
+    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    as_i32 = lambda v: v - (1 << 32) if v >= 1 << 31 else v        # the int32 words the kernel reads
+    with np.errstate(divide="ignore"):
+        got = body(T(np.int64(as_i32(lo))), T(np.int64(as_i32(hi))), T(np.int64(counter)), T(idx)).a
+    # the words are exact (a wrong one is another number entirely); the logs round as numpy does them
+    np.testing.assert_allclose(got, philox.gumbel(seed, counter, idx), rtol=2e-5, atol=1e-6)
