@@ -276,6 +276,28 @@ def test_gpu_stream_backend_loops_give_its_single_steps_tokens():
     assert stats["stream"]["decode_loops"] >= 2 and stats["steps"]["decode_loops"] == 0
 
 
+def test_gpu_stream_sampled_loops_draw_what_single_steps_draw():
+    """A request at a temperature alone, seeded: the kernel draws every token (Gumbel-max,
+    runtime/stream/sampling.py) in loops and in single steps alike, and a step's pick is the race
+    winner of its own logits under philox.py's noise."""
+    import numpy as np
+
+    from warploop.llm.engine import Engine, SamplingParams
+    from warploop.runtime.stream import philox
+    params = SamplingParams(max_tokens=40, temperature=0.9, seed=1234, ignore_eos=True)
+    outs = {}
+    for name, options in (("loops", {}), ("steps", dict(decode_loop=False))):
+        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend="stream", max_num_seqs=1,
+                               progress=False, **options) as engine:
+            outs[name] = engine.generate("def main(", params).token_ids
+            assert (engine.stats()["decode_loops"] > 0) == (name == "loops")
+            dec = engine.backend.decoder
+            logits = dec.step(7, 3, [0], sampling=(0.9, 77)).float().cpu().numpy()
+            race = logits / np.float32(0.9) + philox.gumbel(77, 4, np.arange(logits.size))
+            assert dec.tokens(1)[0] == int(np.argmax(race))
+    assert outs["loops"] == outs["steps"] and len(set(outs["loops"])) > 5
+
+
 def test_gpu_stream_batches_give_each_requests_own_tokens(monkeypatch):
     """WARPLOOP_STREAM_ROWS=8 on the GPU: six greedy requests together (their own budgets) run
     decode loops of the batch on the batched kernel and give each request's tokens alone (batch 1

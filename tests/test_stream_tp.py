@@ -68,6 +68,18 @@ def test_ranks_give_the_one_rank_decoders_logits_and_tokens(name, world):
     assert got[0][1] == want_tokens
 
 
+@pytest.mark.parametrize("name", ["llama3", "llama3_v65"])
+def test_ranks_sample_the_one_rank_decoders_tokens(name):
+    """Sampling at a temperature on two ranks: each rank's tiles race their own vocabulary shard with
+    the noise of the global token ids (kinds.SAMP_WORDS' token base), so the ranks draw one rank's."""
+    cfg = CASES[name]
+    w = bf16_exact_weights(cfg)
+    want = StreamDecoder(cfg, w, max_context=32, block_size=4).generate(3, 0, 12, sampling=(1.1, 99))
+    got = run_ranks(2, lambda r, ex: StreamDecoder(cfg, shard_weights(w, cfg, 2, r), max_context=32, block_size=4,
+                                                   tp=ex).generate(3, 0, 12, sampling=(1.1, 99)))
+    assert got[0] == got[1] == want
+
+
 def test_a_rank_program_all_reduces_twice_a_layer_in_slices_each_with_its_counter():
     cfg = CONFIGS["llama3"]
     w = shard_weights(bf16_exact_weights(cfg), cfg, 2, 1)

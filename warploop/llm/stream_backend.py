@@ -7,7 +7,10 @@ second program of that many rows (its GEMVs on tensor cores, rows past the batch
 for every other batch, the per-op TorchBackend runs it. Greedy sequences run decode loops on the
 device (`start_loop`): up to MAX_STEPS steps in one launch, each step's tokens picked on the GPU and
 fed to the next step's embeddings, the host writing only the first tokens, the positions and the
-block tables (each sequence's blocks and the ones it takes from the loan for the steps ahead).
+block tables (each sequence's blocks and the ones it takes from the loan for the steps ahead). A
+single sequence sampled at a temperature alone (no top-k, top-p, min-p or penalty) is drawn on the
+GPU too, by Gumbel-max (runtime/stream/philox.py: its seed and position give its token), in loops
+and single steps alike; other sampled sequences take single steps, sampled on the host.
 
 The kernel runs every step of a launch for every row; a launch runs at most the smallest budget
 of its rows, and the host applies each row's stop ids to the tokens it reads back (a token after the
@@ -41,6 +44,13 @@ def greedy(seq) -> bool:
     """Whether the device's pick (the argmax) is this sequence's: greedy, nothing that reshapes logits."""
     p = seq.params
     return p.temperature == 0 and p.repetition_penalty == 1.0
+
+
+def device_sampled(seq) -> bool:
+    """Whether the kernel draws this sequence's token (one row): temperature alone, by Gumbel-max
+    (runtime/stream/philox.py); top-k, top-p, min-p and repetition penalties sample on the host."""
+    p = seq.params
+    return p.temperature > 0 and p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0.0 and p.repetition_penalty == 1.0
 
 
 def _tokens(batch: ModelBatch) -> list[int]:
@@ -89,6 +99,7 @@ class StreamBackend(Backend):
                                       prebuilt=prebuilt)
         self.max_context, self.timeout = max_context, timeout
         self.last = self.decoder         # the decoder of the latest loop
+        self.seeds = np.random.default_rng()     # a fresh seed a launch for sampled rows that ask for none
 
     def on_stream(self, batch: ModelBatch) -> bool:
         return (batch.is_decode and batch.logits_indices is None
@@ -108,7 +119,24 @@ class StreamBackend(Backend):
 
     # -- the decode loop on the device ------------------------------------------------------------
     def loop_ready(self, batch: ModelBatch, seqs: list) -> bool:
-        return self.on_stream(batch) and all(greedy(seq) for seq in seqs)
+        return self.on_stream(batch) and (all(greedy(seq) for seq in seqs)
+                                          or (batch.num_seqs == 1 and device_sampled(seqs[0])))
+
+    def _sampling(self, seq) -> tuple | None:
+        """The kernel's sampling of a one-row step: (temperature, seed), the request's seed or a fresh
+        one (a seeded request's token at a position is a function of its seed: loops and single steps
+        draw alike); None for greedy rows."""
+        if not device_sampled(seq):
+            return None
+        p = seq.params
+        return p.temperature, p.seed if p.seed is not None else int(self.seeds.integers(0, 2 ** 63))
+
+    def forward_sample(self, batch: ModelBatch, seqs: list):
+        if self.on_stream(batch) and batch.num_seqs == 1 and device_sampled(seqs[0]):
+            self.decoder.step(_tokens(batch)[0], batch.positions[0], batch.block_tables[0],
+                              sampling=self._sampling(seqs[0]))
+            return torch.tensor(self.decoder.tokens(1), dtype=torch.int64, device=self.device)
+        return super().forward_sample(batch, seqs)
 
     def start_loop(self, batch: ModelBatch, seqs: list, steps: int, remaining: list[int], stops: list[list[int]],
                    free: list[int]) -> StreamLoopRun:
@@ -138,7 +166,8 @@ class StreamBackend(Backend):
         tokens = _tokens(batch)
         kernel_tables = [t[:cdiv(p + steps, bs)] for t, p in zip(tables, batch.positions, strict=True)]
         self.last = self._decoder(batch)
-        self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables)
+        sampling = self._sampling(seqs[0]) if n == 1 else None
+        self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables, sampling=sampling)
         return StreamLoopRun(self.last, steps, takes, remaining, [set(s) for s in stops], self.timeout)
 
     def loop_logits(self, rows: list[int]) -> torch.Tensor:

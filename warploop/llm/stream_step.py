@@ -25,6 +25,7 @@ from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.kinds import SAMP_WORDS
 from warploop.runtime.stream.program import Region, StreamProgram
 
 
@@ -314,6 +315,10 @@ class StreamDecoder:
         cos, sin = rope
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
+        if rows == 1:             # the row's sampling words (kinds.SAMP_WORDS): the host writes the first
+            # four a launch; the last is the token id of this rank's first logit less their offset
+            first = 0 if world == 1 else self.tp.rank * vocab
+            r["samp"] = p.ints("samp", len(SAMP_WORDS), init=[0] * (len(SAMP_WORDS) - 1) + [first - r["logits"].offset])
         if world == 1:
             r["pairs"] = p.buffer("pairs", rows * width["pairs"])
         else:                     # this rank's tiles fill its run of pairs; a run's pairs past the tiles
@@ -362,7 +367,7 @@ class StreamDecoder:
                                    epi="add", after=prev)
         if world == 1:
             head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                          amax=r["pairs"], batch=rows, after=prev)
+                          amax=r["pairs"], batch=rows, after=prev, samp=r.get("samp"))
             samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
                                 after=head) for b in range(rows)]
         else:                     # this rank's shard of the vocabulary (the last shard's real rows), its
@@ -371,7 +376,7 @@ class StreamDecoder:
             real = min(vocab, cfg.vocab_size - rank * vocab)
             mine = Region(r["pairs"].offset + 2 * rank * per, 2 * per)
             head = p.gemv(*at[-1], real, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                          amax=mine, after=prev)
+                          amax=mine, after=prev, samp=r["samp"])
             gathered = p.allreduce(r["pairs"], r["pairs_all"], width["pairs"], world=world, rank=rank, after=head)
             samples = [p.sample(r["pairs_all"], world * per, r["logits"], row("token", 0), row("tokens", 0),
                                 after=gathered, per=per, shard=vocab)]
@@ -396,12 +401,14 @@ class StreamDecoder:
             return torch.cat(self.tp.gather(self.view("logits")))[:self.cfg.vocab_size][None]
         return self.view("logits").view(self.batch, self.cfg.vocab_size)
 
-    def step(self, token: int, pos: int, table: list[int] | None = None):
+    def step(self, token: int, pos: int, table: list[int] | None = None, sampling: tuple | None = None):
         """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
-        next step; gathered with tensor parallelism, as logits()). Batch 1; step_rows for a batch."""
+        next step; gathered with tensor parallelism, as logits()). The kernel's pick is tokens(1)[0]:
+        the argmax, or with sampling = (temperature, seed) a draw from softmax(logits / temperature)
+        by Gumbel-max (philox.py: a seed and position give one token). Batch 1; step_rows for a batch."""
         self._check_one()
-        self._run([token], [pos], 1, [table])
+        self._run([token], [pos], 1, [table], sampling=sampling)
         return self.view("logits") if self.tp is None else self.logits()[0]
 
     def step_rows(self, tokens: list[int], positions: list[int], tables: list[list[int]]):
@@ -410,12 +417,13 @@ class StreamDecoder:
         self._run(tokens, positions, 1, tables)
         return self.logits()
 
-    def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> list[int]:
-        """Greedy decoding in one launch: `token` at `pos`, then each step's pick at the next
-        position, `steps` steps; returns the picked tokens. `table` must cover pos + steps - 1.
-        The logits view holds the last step's. Batch 1; generate_rows for a batch."""
+    def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None,
+                 sampling: tuple | None = None) -> list[int]:
+        """Decoding in one launch: `token` at `pos`, then each step's pick (greedy, or sampling as in
+        step) at the next position, `steps` steps; returns the picked tokens. `table` must cover
+        pos + steps - 1. The logits view holds the last step's. Batch 1; generate_rows for a batch."""
         self._check_one()
-        self._run([token], [pos], steps, [table])
+        self._run([token], [pos], steps, [table], sampling=sampling)
         return self.tokens(steps)
 
     def generate_rows(self, tokens: list[int], positions: list[int], steps: int,
@@ -425,15 +433,17 @@ class StreamDecoder:
         self._run(tokens, positions, steps, tables)
         return self.row_tokens(steps)
 
-    def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> None:
+    def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None,
+               sampling: tuple | None = None) -> None:
         """generate's launch, without the wait (on the CPU it runs here): wait(), then tokens()."""
         self._check_one()
-        self._run([token], [pos], steps, [table], wait=False)
+        self._run([token], [pos], steps, [table], wait=False, sampling=sampling)
 
-    def launch_rows(self, tokens: list[int], positions: list[int], steps: int, tables: list[list[int]]) -> None:
+    def launch_rows(self, tokens: list[int], positions: list[int], steps: int, tables: list[list[int]],
+                    sampling: tuple | None = None) -> None:
         """generate_rows's launch, without the wait (on the CPU it runs here): wait(), then row_tokens().
-        1 to `batch` rows; the rest idle."""
-        self._run(tokens, positions, steps, tables, wait=False)
+        1 to `batch` rows; the rest idle. sampling: as in step, for a decoder of one row."""
+        self._run(tokens, positions, steps, tables, wait=False, sampling=sampling)
 
     def wait(self, timeout: float = 60.0) -> None:
         if self.executor is not None:
@@ -456,12 +466,25 @@ class StreamDecoder:
         if self.batch != 1:
             raise ValueError(f"this decoder runs batches of {self.batch}: use step_rows / generate_rows")
 
-    def _run(self, tokens: list[int], positions: list[int], steps: int, tables: list, wait: bool = True) -> None:
+    def _run(self, tokens: list[int], positions: list[int], steps: int, tables: list, wait: bool = True,
+             sampling: tuple | None = None) -> None:
+        import numpy as np
         import torch
 
         from warploop.runtime.stream.reference import reference
         if not 1 <= steps <= self.MAX_STEPS:
             raise ValueError(f"steps must be 1 to {self.MAX_STEPS}, not {steps}")
+        if "samp" in self.program.int_regions:        # temperature 0: the argmax
+            temperature, seed = sampling if sampling is not None else (0.0, 0)
+            if not temperature >= 0 or temperature == float("inf"):
+                raise ValueError(f"sampling: the temperature must be finite and >= 0, not {temperature}")
+            seed &= (1 << 64) - 1
+            words = [int(np.float32(temperature).view(np.int32)), *(int(np.uint32(v).view(np.int32)) for v in
+                                                                     (seed & 0xFFFFFFFF, seed >> 32)), positions[0] + 1]
+            r = self.program.int_regions["samp"]
+            self.ints[r.offset:r.offset + len(words)] = torch.tensor(words, dtype=torch.int32, device=self.ints.device)
+        elif sampling is not None:
+            raise ValueError("sampling on the kernel takes a decoder of one row (batches sample on the host)")
         if not 1 <= len(tokens) == len(positions) == len(tables) <= self.batch:
             raise ValueError(f"a step takes 1 to {self.batch} row(s): tokens, positions and tables, one each; got "
                              f"{len(tokens)}, {len(positions)}, {len(tables)}")

@@ -94,10 +94,10 @@ class BroadcastDecoder:
         if name not in self.LAUNCHES:
             return attr
 
-        def launch(*args):
+        def launch(*args, **kwargs):
             self._ranks.check_alive()
-            self._ranks.send(("stream", (name, args)))
-            return attr(*args)
+            self._ranks.send(("stream", (name, args, kwargs)))
+            return attr(*args, **kwargs)
         return launch
 
 

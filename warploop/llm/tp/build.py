@@ -115,8 +115,8 @@ def worker_main(spec: group.GroupSpec, rank: int, conn, job: RankJob) -> None:
             state.backend.warmup(value)
             return "warm"
         if kind == "stream":              # rank 0's decoder launched this: the same launch here
-            method, args = value
-            getattr(state.decoder, method)(*args)
+            method, args, kwargs = value
+            getattr(state.decoder, method)(*args, **kwargs)
             return None
         raise ValueError(f"unknown message {kind!r}")
 

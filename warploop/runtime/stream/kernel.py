@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
 from warploop.runtime.stream.gemv_rows import SB, gemv_rows
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
@@ -58,6 +59,7 @@ G_EPS = gl.constexpr(GEMV.word("eps"))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_BATCH = gl.constexpr(GEMV.word("batch"))
+G_SAMP = gl.constexpr(GEMV.word("samp"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
@@ -289,6 +291,16 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             if amx >= 0:              # the tile's largest output and its offset (the first of equal ones)
                 va = gl.where(ma, acc_a, float("-inf"))
                 vb = gl.where(mb, acc_b, float("-inf"))
+                smp = gl.load(instr + i * W + G_SAMP)
+                if smp >= 0:          # a sampled row: the race values y / T + G (kinds.GEMV, sampling.py)
+                    temp = gl.load(ints + smp).to(gl.float32, bitcast=True)
+                    if temp > 0:
+                        lo = gl.load(ints + smp + 1)
+                        hi = gl.load(ints + smp + 2)
+                        ctx = gl.load(ints + smp + 3) + s
+                        tb = gl.load(ints + smp + 4)
+                        va = gl.where(ma, acc_a / temp + gumbel(lo, hi, ctx, out + rows + tb), float("-inf"))
+                        vb = gl.where(mb, acc_b / temp + gumbel(lo, hi, ctx, out + HALF + rows + tb), float("-inf"))
                 top = gl.maximum(gl.max(va, axis=0), gl.max(vb, axis=0))
                 at = gl.minimum(gl.min(gl.where(va == top, out + rows, 2 ** 30), axis=0),
                                 gl.min(gl.where(vb == top, out + HALF + rows, 2 ** 30), axis=0))

@@ -31,6 +31,7 @@ WORDS = 32                                       # int32 words an instruction
 HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal", "signals")
 MAX_WAITS = 2
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
+SAMP_WORDS = ("temperature", "seed_lo", "seed_hi", "context", "token_base")   # GEMV "samp": int-arena words
 # StreamConfig.trace: int64 words an instruction, in this order: the consumer's ns stamps (start,
 # waits met, first chunk in hand, handed to the publisher), then the loader's (its first chunk's slot
 # free, and the ns it spent waiting for free slots: its SM's copies idle, the ring full)
@@ -180,11 +181,16 @@ NOP = NodeKind("nop", 0, ())
 # A batch of `batch` rows: x holds them one after another (row b at x + b * k), each normalised on
 # its own; row b's outputs go to out + b * ostride and its amax pair to amax + b * astride. (The
 # CPU reference and the Gluon kernel run batches; the kernel, up to StreamConfig.batch_rows.)
+# Sampling (batch 1, with amax): the int-arena words at samp >= 0 are the row's temperature (float
+# bits), its seed's low and high words, the launch's first context length, and the token id of the
+# logits' first row (a rank's first token) less their arena offset; at a temperature T > 0 the amax
+# pair's value is the largest y / T + G(seed, context length of step s, token id) (philox.py): SAMPLE's
+# argmax over the tiles then draws the token from softmax(y / T).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
-            Field("batch"), Field("ostride"), Field("astride")),
+            Field("batch"), Field("ostride"), Field("astride"), Field("samp")),
     streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:

@@ -34,6 +34,7 @@ from warploop.runtime.stream.kinds import (
     GEMV,
     HEADER,
     NOP,
+    SAMP_WORDS,
     SAMPLE,
     WORDS,
     Instruction,
@@ -176,13 +177,15 @@ class StreamProgram:
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
-             worker: int | None = None) -> list[int]:
+             worker: int | None = None, samp: Region | None = None) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
         each a tile. amax: a region of two floats a tile where each tile leaves its largest output
         and that output's offset (a SAMPLE node's pairs). batch: x holds that many rows of the
-        pool's width one after another, out that many rows of n, amax that many rows of pairs."""
+        pool's width one after another, out that many rows of n, amax that many rows of pairs.
+        samp: an int region of kinds.SAMP_WORDS: the amax pairs of a sampled row (batch 1) race
+        y / T + Gumbel noise (kinds.GEMV)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -193,6 +196,8 @@ class StreamProgram:
         tiles_n = -(-n // (br // 2 if epi == "silu_mul" or narrow else br))
         if amax is not None and (epi == "silu_mul" or amax.size < batch * 2 * tiles_n):
             raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles, each row")
+        if samp is not None and (amax is None or batch != 1 or samp.size < len(SAMP_WORDS)):
+            raise ValueError(f"samp takes a GEMV with amax, of one row, and {len(SAMP_WORDS)} int words")
         if narrow and epi == "silu_mul":
             raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
         if (epi == "silu_mul") != (up is not None):
@@ -220,7 +225,7 @@ class StreamProgram:
                           out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
                           bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                           narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
-                          batch=batch, ostride=n, astride=2 * tiles_n)
+                          batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset)
             if template is None or t == count - 1:     # encoded and checked: the first and the last tile
                 tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                 template = template or list(self.nodes[-1].body)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+from warploop.runtime.stream import philox
 from warploop.runtime.stream.kinds import (
     ALLREDUCE,
     ATTN,
@@ -16,6 +17,7 @@ from warploop.runtime.stream.kinds import (
     EPILOGUES,
     GEMV,
     NOP,
+    SAMP_WORDS,
     SAMPLE,
     tile_pool_rows,
     tile_rows,
@@ -229,10 +231,27 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
         if f["epi"] == EPILOGUES["add"]:
             y = y + arena[out:out + n]
         arena[out:out + n] = y
-        if f["amax"] >= 0:                      # the largest output and its arena offset
+        if f["amax"] >= 0:                      # the largest output (or race value) and its arena offset
+            y = _raced(y, f, out, ints, s)
             best, at = int(y.argmax()), f["amax"] + b * f["astride"]
             arena[at] = y[best]
             arena[at + 1] = float(out + best)
+
+
+def _raced(y, f, out: int, ints, s: int):
+    """A sampled row's race values y / T + G (kinds.GEMV "samp"); y itself for greedy rows."""
+    if f["samp"] < 0:
+        return y
+    import numpy as np
+    import torch
+    w = [int(v) for v in ints[f["samp"]:f["samp"] + len(SAMP_WORDS)]]
+    temperature = float(np.int32(w[0]).view(np.float32))
+    if temperature <= 0:
+        return y
+    seed = (w[1] & 0xFFFFFFFF) | (w[2] & 0xFFFFFFFF) << 32
+    tokens = np.arange(out, out + y.shape[0]) + w[4]
+    noise = torch.from_numpy(philox.gumbel(seed, w[3] + s, tokens)).to(y.device)
+    return y / temperature + noise
 
 
 def reference(program, arena=None, ints=None, kv=None, steps: int = 1, exchange: RankExchange | None = None):
