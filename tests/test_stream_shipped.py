@@ -3,6 +3,8 @@ kernel sources, one for every shape stream_step.SHIPPED_KERNELS names, and found
 they serve. Reads files only: no Triton, no GPU."""
 import json
 
+import pytest
+
 from warploop.llm import stream_step
 from warploop.llm.config import ModelConfig
 from warploop.llm.shapes import GPU_MODELS
@@ -55,3 +57,22 @@ def test_listing_reports_every_shipped_kernel_as_current():
     assert len(rows) == len(stream_step.SHIPPED_KERNELS) and all(r["current"] for r in rows)
     assert {(r["kmax"], r["head_dim"], r["attn_group"]) for r in rows} == set(stream_step.SHIPPED_KERNELS)
     assert {r["target"] for r in rows} == {"cuda:90"} and {r["dtype"] for r in rows} == {"bf16"}
+
+
+def test_auto_compiles_when_a_shipped_kernel_does_not_load_and_says_why(caplog):
+    from warploop.driver.base import DriverError
+    from warploop.llm.stream_step import first_executor
+    calls = []
+
+    def make(folder):
+        calls.append(folder)
+        if folder is not None:
+            raise DriverError("cuModuleLoadData: CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+        return "compiled"
+
+    assert first_executor(make, "/shipped", auto=True)[:2] == ("compiled", None) and calls == ["/shipped", None]
+    assert "did not load (DriverError: cuModuleLoadData" in first_executor(make, "/shipped", auto=True)[2]
+    assert "compiling the streaming kernel" in caplog.text
+    with pytest.raises(DriverError):            # a folder the user named: its failure is theirs to see
+        first_executor(make, "/mine", auto=False)
+    assert first_executor(make, None, auto=True) == ("compiled", None, "")

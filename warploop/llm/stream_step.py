@@ -17,6 +17,7 @@ first token, the position and the block table (covering every step) before it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from warploop import config as settings
@@ -27,6 +28,8 @@ from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.kinds import SAMP_WORDS
 from warploop.runtime.stream.program import Region, StreamProgram
+
+log = logging.getLogger("warploop.stream")
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
@@ -162,6 +165,21 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     return Packed(pools, at, copied)
 
 
+def first_executor(make, prebuilt: str | None, auto: bool):
+    """make(prebuilt) -> the decoder's first executor, and the folder it launches from, and why it
+    compiles ("" if not). With auto (WARPLOOP_STREAM_PREBUILT=auto), a shipped kernel that does not
+    load (a driver too old for its cubin, say) is compiled instead, saying why: auto never fails a
+    start the compiler can serve."""
+    try:
+        return make(prebuilt), prebuilt, ""
+    except (ValueError, RuntimeError) as e:
+        if not (auto and prebuilt is not None):
+            raise
+        why = f"the shipped kernel did not load ({type(e).__name__}: {e})"
+        log.warning("warploop: %s; compiling the streaming kernel", why)
+        return make(None), None, why
+
+
 class GroupRank:
     """A tensor-parallel rank in a process of its own (StreamDecoder's tp): the ranks'
     torch.distributed group. On a GPU (NCCL) the executors set up their arenas and counters in
@@ -274,11 +292,15 @@ class StreamDecoder:
         if self.device.type == "cuda":
             from warploop.runtime.stream.executor import StreamExecutor
             major, minor = torch.cuda.get_device_capability(self.device)
+            auto = prebuilt == "auto"
             prebuilt, self.compiles = prebuilt_folder(prebuilt, self.config, major * 10 + minor, block_size)
             # placed programs are cached (not a traced one: its scripts read the build's instructions)
             cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
             group = None if tp is None else tp.group
-            first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache, tp_group=group)
+            first, prebuilt, why = first_executor(
+                lambda folder: StreamExecutor(self.program, self.device, prebuilt=folder, build_cache=cache,
+                                              tp_group=group), prebuilt, auto)
+            self.compiles = why or self.compiles
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
