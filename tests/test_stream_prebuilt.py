@@ -189,8 +189,8 @@ def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
     try:
         with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json.*'auto'.*'off'"):
             config.get()
-        for word in ("auto", "off"):
-            monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", word)
+        for raw, word in (("auto", "auto"), ("off", "off"), (" AUTO ", "auto"), ("Off", "off"), ("", "off")):
+            monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", raw)
             config.get.cache_clear()
             assert config.get().stream_prebuilt == word
         monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))

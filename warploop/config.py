@@ -70,8 +70,13 @@ def get() -> Config:
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
         stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
-        stream_prebuilt=os.environ.get("WARPLOOP_STREAM_PREBUILT") or "off",
+        stream_prebuilt=_prebuilt(os.environ.get("WARPLOOP_STREAM_PREBUILT", "").strip()),
     )
+
+
+def _prebuilt(raw: str) -> str:
+    """WARPLOOP_STREAM_PREBUILT: auto or off in any case (unset: off), else a folder as given."""
+    return raw.lower() if raw.lower() in PREBUILT_WORDS else raw or "off"
 
 
 def _int(name: str, default: int) -> int:
