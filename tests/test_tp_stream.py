@@ -67,4 +67,6 @@ def test_a_backend_that_cannot_split_is_refused_before_any_process_starts():
     import multiprocessing
     with pytest.raises(ValueError, match="--backend megakernel does not run under --tensor-parallel"):
         Engine.from_model("tiny", device="cpu", backend="megakernel", tensor_parallel=2)
+    with pytest.raises(ValueError, match="streaming backend cannot run this model: it runs bfloat16 models"):
+        Engine.from_model("tiny", device="cpu", dtype="float32", backend="stream", tensor_parallel=2)
     assert not multiprocessing.active_children()

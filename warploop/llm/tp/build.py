@@ -137,6 +137,11 @@ def build_tp_backend(cfg: ModelConfig, world: int, device, job: RankJob):
     from warploop.llm.tp.backend import BroadcastDecoder, TensorParallelBackend
 
     check(cfg, world)
+    if job.backend == "stream":           # refused here, before any rank starts
+        from warploop.llm.stream_step import unsupported
+        why = unsupported(cfg, job.dtype)
+        if why:
+            raise ValueError(f"the streaming backend cannot run this model: {why}; use --backend torch")
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"--tensor-parallel {world} needs {world} GPUs but {torch.cuda.device_count()} are visible; "
                          "lower it or set CUDA_VISIBLE_DEVICES")
