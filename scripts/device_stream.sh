@@ -42,7 +42,8 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
               --skip megakernel --batches 8 --no-ttft --save "$OUT/decode.json" > /dev/null 2> "$OUT/decode.stderr"
             echo "decode: rc $?"; tail -n 5 "$OUT/decode.stderr"
             python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, 'floor', e['floor_ms'], \
-{s: e[s].get('ms_per_token_bs1') for s in ('stream', 'torch_compile')}, e['ratios']) for n, e in r['models'].items()]" \
+{s: (e[s].get('ms_per_token_bs1'), e[s].get('ms_per_token_sampled_bs1')) for s in ('stream', 'torch_compile')}, \
+e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
     batch) for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
              timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
