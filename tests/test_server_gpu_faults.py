@@ -10,11 +10,13 @@ signals than its producers ever give.
 """
 from __future__ import annotations
 
-import httpx
 import pytest
-from test_server_faults import AppServer, kv_blocks_used
 
 torch = pytest.importorskip("torch")
+httpx = pytest.importorskip("httpx")
+
+from test_server_faults import AppServer, kv_blocks_used  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                 reason="needs a Hopper GPU")
 

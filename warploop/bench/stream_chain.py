@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.program import Region, StreamProgram
+from warploop.runtime.stream.program import StreamProgram
 
 
 @dataclasses.dataclass

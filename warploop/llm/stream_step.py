@@ -26,9 +26,10 @@ from warploop.llm.rope import cos_sin_table
 from warploop.llm.stream_shipped import first_executor, prebuilt_folder
 from warploop.llm.stream_tp import rank_config
 from warploop.llm.weights import ModelWeights
+from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.kinds import SAMP_WORDS
-from warploop.runtime.stream.program import Region, StreamProgram
+from warploop.runtime.stream.program import StreamProgram
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
