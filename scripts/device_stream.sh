@@ -13,7 +13,8 @@
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
 #           cache -> $OUT/decode-prebuilt.json (start_s: no stream kernel compiled)
-#   faults  faults injected into the kernel's words under `--backend stream` (tests/test_server_gpu_faults.py)
+#   faults  faults injected into the kernel's words under `--backend stream` (tests/test_server_gpu_faults.py;
+#           the wheels from .carry/whl, as the server part)
 #   bash scripts/device_stream.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
@@ -21,6 +22,15 @@ OUT="${OUT:-/tmp/stream-out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 python -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 PART="${PART:-tests,bench}"
+# the GPU image has no fastapi/uvicorn/httpx: the server's and its tests' wheels travel in .carry/whl (carry it),
+# made here with pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .carry/whl
+wheels() {
+  if [ -d .carry/whl ] && [ ! -d /tmp/wl-site ]; then
+    pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl
+  fi
+  [ -d /tmp/wl-site ] && export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
+  return 0
+}
 for part in ${PART//,/ }; do
   echo "== $part $(date +%T)"
   case "$part" in
@@ -28,10 +38,7 @@ for part in ${PART//,/ }; do
              || echo "tests: rc $?" ;;
     bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
              > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
-    server) if [ -d .carry/whl ]; then
-              pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl
-              export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
-            fi
+    server) wheels
             (cd tests && timeout "${SERVER_S:-300}" python -m pytest -q --timeout=280 test_server_gpu.py -k stream) \
               || echo "server: rc $?" ;;
     trace) for m in ${TRACE_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
@@ -59,7 +66,8 @@ round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', roun
               echo "decode prebuilt: rc $?"; tail -n 5 "$OUT/prebuilt.stderr"
               python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, e['stream'].get('start_s'), \
 e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/decode-prebuilt.json" ;;
-    faults) (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \
+    faults) wheels
+            (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \
               || echo "faults: rc $?" ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \

@@ -72,7 +72,20 @@ class FakeCu:
                      "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill"):
             setattr(self, name, int)
 
-    def cuTensorMapEncodeTiled(self, *args):
+    class cuuint32_t(int):
+        pass
+
+    class cuuint64_t(int):
+        pass
+
+    def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, element_strides, *rest):
+        # as cuda-bindings does: the counts are its own integer types, and a plain int is refused
+        # ("Cannot convert int to cuda.bindings.driver.cuuint32_t", seen on the H200's 12.x bindings)
+        for want, values in ((self.cuuint32_t, [rank, *box, *element_strides]), (self.cuuint64_t, [*dims, *strides])):
+            if not all(isinstance(v, want) for v in values):
+                raise TypeError(f"Cannot convert int to cuda.bindings.driver.{want.__name__}")
+        args = (dtype, int(rank), address, [int(x) for x in dims], [int(x) for x in strides], [int(x) for x in box],
+                [int(x) for x in element_strides], *rest)
         self.encoded.append(args)
         raw = (ctypes.c_char * 128)(*([len(self.encoded)] * 128))
         self._maps.append(raw)
@@ -189,14 +202,17 @@ def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
     try:
         with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json.*'auto'.*'off'"):
             config.get()
-        for raw, word in (("auto", "auto"), ("off", "off"), (" AUTO ", "auto"), ("Off", "off"), ("", "off")):
+        for raw, word in (("auto", "auto"), ("off", "off"), (" AUTO ", "auto"), ("Off", "off"), ("", "auto")):
             monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", raw)
             config.get.cache_clear()
             assert config.get().stream_prebuilt == word
+        monkeypatch.delenv("WARPLOOP_STREAM_PREBUILT")       # unset: the shipped kernels where they fit
+        config.get.cache_clear()
+        assert config.get().stream_prebuilt == "auto"
         monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
         (tmp_path / pb.MANIFEST).write_text('{"kernels": {}}')
         config.get.cache_clear()
         assert config.get().stream_prebuilt == str(tmp_path)
     finally:
-        monkeypatch.delenv("WARPLOOP_STREAM_PREBUILT")
+        monkeypatch.delenv("WARPLOOP_STREAM_PREBUILT", raising=False)
         config.get.cache_clear()

@@ -32,8 +32,8 @@ class Config:
     stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
     # WARPLOOP_STREAM_PREBUILT: where the stream kernel comes from: "auto" (the package's shipped
     # kernels when they hold the model's shape, else compiled), "off" (compiled), or a folder of
-    # prebuilt kernels (scripts/stream_prebuild.py). "off" until the shipped kernels' GPU test has run
-    stream_prebuilt: str = "off"
+    # prebuilt kernels (scripts/stream_prebuild.py)
+    stream_prebuilt: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
@@ -75,8 +75,8 @@ def get() -> Config:
 
 
 def _prebuilt(raw: str) -> str:
-    """WARPLOOP_STREAM_PREBUILT: auto or off in any case (unset: off), else a folder as given."""
-    return raw.lower() if raw.lower() in PREBUILT_WORDS else raw or "off"
+    """WARPLOOP_STREAM_PREBUILT: auto or off in any case (unset: auto), else a folder as given."""
+    return raw.lower() if raw.lower() in PREBUILT_WORDS else raw or "auto"
 
 
 def _int(name: str, default: int) -> int:

@@ -269,9 +269,13 @@ class PrebuiltKernel:
                                         f"copies {meta['block_size']} (another KV block size?)")
                 shape, strides = list(t.shape), list(t.stride())
                 kw = tmap_args(meta, int(t.data_ptr()), shape, strides)
+                # cuda-bindings takes the counts as its own cuuint32_t / cuuint64_t, not ints
+                u32, u64 = cu.cuuint32_t, cu.cuuint64_t
                 err, tmap = cu.cuTensorMapEncodeTiled(
-                    cu.CUtensorMapDataType(kw["dtype"]), kw["rank"], kw["address"], kw["dims"], kw["strides"],
-                    kw["box"], kw["element_strides"], cu.CUtensorMapInterleave(kw["interleave"]),
+                    cu.CUtensorMapDataType(kw["dtype"]), u32(kw["rank"]), kw["address"],
+                    [u64(x) for x in kw["dims"]], [u64(x) for x in kw["strides"]],
+                    [u32(x) for x in kw["box"]], [u32(x) for x in kw["element_strides"]],
+                    cu.CUtensorMapInterleave(kw["interleave"]),
                     cu.CUtensorMapSwizzle(kw["swizzle"]), cu.CUtensorMapL2promotion(kw["l2"]),
                     cu.CUtensorMapFloatOOBfill(kw["fill"]))
                 if err != 0:
