@@ -109,8 +109,9 @@ def test_a_stale_bundle_says_how_to_rebuild_it_and_is_not_used(tmp_path, monkeyp
         why = ops_prebuilt.stale()
         assert why and "built from another ops_kernels.py" in why and "scripts/ops_bundle.py" in why, why
         monkeypatch.setattr(ops_prebuilt, "_bundles", {})
+        monkeypatch.setattr(ops_prebuilt, "_said", set())
         with caplog.at_level(logging.WARNING, logger="warploop.llm"):
-            assert ops_prebuilt.shipped(0) is None and ops_prebuilt.shipped(0) is None
+            assert ops_prebuilt.shipped(0) is None and ops_prebuilt.shipped(1) is None   # two GPUs, one line
         assert [r.getMessage() for r in caplog.records] == [f"{why}; the per-op GPU kernels compile with Triton "
                                                             "instead"]
         assert all(e["current"] is False for e in ops_prebuilt.listing())
@@ -165,6 +166,7 @@ def test_every_model_shape_launches_from_the_bundle(target, dtype, monkeypatch):
 def test_the_jit_takes_what_the_bundle_does_not_fit(monkeypatch, caplog):
     bundle, driver = fake_gpu("cuda:90")
     jitted = serve_from(bundle, monkeypatch.setattr)
+    monkeypatch.setattr(ops_prebuilt, "_said", set())
     x, w = torch.randn(2, 2048, dtype=torch.bfloat16), torch.randn(2048, dtype=torch.bfloat16)
     triton_ops.rms_norm(x, w, 1e-6)
     assert (len(driver.launches), jitted) == (1, [])
@@ -193,13 +195,14 @@ def test_cpu_tensors_and_a_machine_without_cuda_take_the_jit(monkeypatch, caplog
     monkeypatch.setattr(ops_prebuilt, "jit_launch", lambda name, *rest: jitted.append(name))
     monkeypatch.setattr(ops_prebuilt, "_views", {})
     monkeypatch.setattr(ops_prebuilt, "_bundles", {})
+    monkeypatch.setattr(ops_prebuilt, "_said", set())
     triton_ops.silu_mul(torch.randn(2, 2048, dtype=torch.bfloat16))     # a CPU tensor: never the bundle
     assert jitted == ["silu_mul_kernel"] and ops_prebuilt._bundles == {}
     if any(d.target.backend == "cuda" for d in probe_devices()):
         return
     with caplog.at_level(logging.WARNING, logger="warploop.llm"):     # asked for device 0 of a machine with none
         assert ops_prebuilt.shipped(0) is None
-    assert "no CUDA device 0" in caplog.text
+    assert "the CUDA driver shows no device 0" in caplog.text
 
 
 @pytest.mark.parametrize("target,chosen", [("cuda:86", ("cuda:80", "cubin")), ("cuda:100", ("cuda:80", "ptx"))])

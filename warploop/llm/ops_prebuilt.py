@@ -28,7 +28,7 @@ from warploop.bundle.args import LaunchError
 KERNELS = Path(__file__).with_name("ops_kernels.py")
 SHIPPED = Path(__file__).parent / "shipped" / "ops.wlb"
 TARGETS = ("cuda:90", "cuda:80")
-REBUILD = "python scripts/ops_bundle.py (with Triton 3.6.0, which the shipped cubins' drivers need)"
+REBUILD = "PYTHONPATH=. python scripts/ops_bundle.py in a checkout, with Triton 3.6.0"
 TYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 log = logging.getLogger("warploop.llm")
@@ -36,7 +36,7 @@ log = logging.getLogger("warploop.llm")
 _lock = threading.Lock()
 _bundles: dict[int, Any] = {}        # CUDA device index -> its loaded bundle, or None: that device JITs
 _views: dict[tuple, Any] = {}        # (kernel, device, thread, dtype, constexprs) -> bundle kernel or None
-_refused: set[str] = set()           # kernels a launch of which the bundle refused (logged once each)
+_said: set[str] = set()              # what was logged: each reason once a process
 _use_bundle = True
 
 
@@ -50,9 +50,8 @@ def launch(name: str, grid: tuple, args: tuple, constexprs: dict[str, Any], num_
             kernel[grid](*args)
             return
         except LaunchError as e:   # a promise the arguments break (alignment, a dtype): the JIT takes it
-            if name not in _refused:
-                _refused.add(name)
-                log.info("%s: the shipped bundle's kernel does not fit (%s); compiling it with Triton", name, e)
+            _say_once(logging.INFO, f"{name}: the shipped bundle's kernel does not fit these arguments ({e}); "
+                                    "compiling it with Triton", key=name)
     jit_launch(name, grid, args, constexprs, num_warps)
 
 
@@ -117,24 +116,31 @@ def shipped(index: int) -> Any:
 def _load(index: int) -> Any:
     why = stale()
     if why:
-        log.warning("%s; the per-op GPU kernels compile with Triton instead", why)
+        _say_once(logging.WARNING, f"{why}; the per-op GPU kernels compile with Triton instead")
         return None
     from warploop.bundle.load import load_bundle
-    from warploop.target import probe_devices
+    from warploop.target import probe_devices, probe_notes
 
     info = next((d for d in probe_devices() if d.target.backend == "cuda" and d.index == index), None)
-    if info is None:
-        log.warning("%s: no CUDA device %d through the driver; the per-op GPU kernels compile with Triton instead",
-                    SHIPPED.name, index)
+    if info is None:   # no cuda.bindings (the note says so), or a ROCm GPU, which torch also calls cuda
+        note = f" ({probe_notes()['cuda']})" if "cuda" in probe_notes() else ""
+        _say_once(logging.WARNING, f"{SHIPPED.name}: the CUDA driver shows no device {index}{note}; the per-op GPU "
+                                   "kernels compile with Triton instead")
         return None
     try:
         bundle = load_bundle(SHIPPED, info, allow_python=False)
     except (RuntimeError, ValueError, ImportError, OSError) as e:
-        log.warning("%s does not load on %s (%s): %s; the per-op GPU kernels compile with Triton instead",
-                    SHIPPED.name, info.name, info.target, e)
+        _say_once(logging.WARNING, f"{SHIPPED.name} does not load on {info.name} ({info.target}): {e}; the per-op "
+                                   "GPU kernels compile with Triton instead")
         return None
     log.debug("%s loaded on %s (%s)", SHIPPED.name, info.name, info.target)
     return bundle
+
+
+def _say_once(level: int, message: str, key: str | None = None) -> None:
+    if (key or message) not in _said:
+        _said.add(key or message)
+        log.log(level, "%s", message)
 
 
 @functools.lru_cache(maxsize=1)
