@@ -7,10 +7,13 @@
 #   hop       the runtime GPU tests, then `python -m warploop.bench.runtime_hop` -> $OUT/hop.json
 #   examples  every example at its GPU size, then the examples', runtime's and coexistence GPU tests
 #   tp        two GPUs: tensor parallelism and replicas (TP_PARTS, default below; scripts/bench_tp.py one part a
-#             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log
+#             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log;
+#             TP_PARTS=stream: the streaming kernel's tensor parallelism (tests/test_stream_tp_gpu.py, then
+#             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
-#   prefill   the chunked-prefill engine tests, then `warploop bench prefill --json` ($MODELS, default all three)
+#   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
+#             $PROFILE_MODELS), then `warploop bench prefill --json` ($MODELS, default all three)
 #             -> $OUT/prefill-<device>-<date>.json
 #   soak      scripts/soak.py for $SOAK_MINUTES (default 8) on the GPU, backend $SOAK_BACKEND (default: the
 #             device's) -> $OUT/soak.json
@@ -19,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,17p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,20p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -40,6 +43,11 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
             WARPLOOP_TP_ALLREDUCE=${run##*:} timeout -s ABRT -k 10 "$limit" python -m warploop.cli generate --model tiny \
               --device cuda --prompt "def add(a, b):" --max-tokens 64 --temperature 0 --tensor-parallel "${run%%:*}" --json
           done 2>&1 | tee "$OUT/user.log" ;;
+    stream) timeout -s ABRT -k 10 "$limit" python -m pytest -q -p no:cacheprovider -rf --tb=short --timeout=300 \
+              tests/test_stream_tp_gpu.py > "$OUT/pytest-stream-tp.log" 2>&1; echo "stream tp tests rc=$?"
+            tail -15 "$OUT/pytest-stream-tp.log"
+            timeout -s ABRT -k 10 "$limit" python scripts/stream_tp_time.py --worlds 1,2 > "$OUT/tp-stream.json"
+            echo "stream tp time rc=$?"; cat "$OUT/tp-stream.json" ;;
     *) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "$part" > "$OUT/tp-$part.json"
        echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
   esac
@@ -80,7 +88,8 @@ for part in "$@"; do
       START=$(date +%s); DEADLINE_S=${DEADLINE_S:-570}
       environment; python -c "import torch; print('nccl', torch.cuda.nccl.version())"
       for p in ${TP_PARTS:-tests tp tp_symm one user replicas compile}; do
-        case $p in tests) tp_part tests 200 ;; compile) tp_part compile 300 ;; *) tp_part "$p" 150 ;; esac
+        case $p in tests) tp_part tests 200 ;; compile) tp_part compile 300 ;; stream) tp_part stream 500 ;;
+                   *) tp_part "$p" 150 ;; esac
         if [ "$p" = tp ] && ! grep -q ms_per_token_bs1 "$OUT/tp-tp.json" 2>/dev/null; then tp_part tp_eager 120; fi
       done ;;
     mk) bash scripts/device_mk.sh ;;
@@ -91,6 +100,10 @@ for part in "$@"; do
         ${SOAK_BACKEND:+--backend "$SOAK_BACKEND"} > "$OUT/soak.json"; echo "soak rc=$?"; tail -c 2000 "$OUT/soak.json"; echo ;;
     prefill)
       environment; gpu_tests tests/test_chunked_prefill.py
+      for m in ${PROFILE_MODELS:-llama-3.2-1b qwen3-0.6b}; do   # where each system's prefill time goes
+        timeout 200 python scripts/prefill_profile.py --model "$m" > "$OUT/prefill-profile-$m.json"
+        echo "profile $m rc=$?"; head -c 2500 "$OUT/prefill-profile-$m.json"; echo
+      done
       timeout "${BENCH_S:-500}" python -m warploop.cli bench prefill --json ${MODELS:+--models "$MODELS"} \
         --save "$OUT/prefill-$(stamp).json" > /dev/null
       echo "bench prefill rc=$?"; head -c 3000 "$OUT/prefill-$(stamp).json"; echo ;;

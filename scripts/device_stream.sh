@@ -10,9 +10,10 @@
 #   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT
 #           -> $OUT/batch-MODEL-B.json (tokens_per_s; `bench decode`'s per-op and torch.compile are the peers)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
-#   prebuilt  the prebuilt-kernel GPU test, then `bench decode` of the stream with WARPLOOP_STREAM_PREBUILT and an
-#           empty Triton cache (build the folder here first: python scripts/stream_prebuild.py .carry/prebuilt;
-#           carry it) -> $OUT/decode-prebuilt.json (start_s: no stream kernel compiled)
+#   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
+#           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
+#           cache -> $OUT/decode-prebuilt.json (start_s: no stream kernel compiled)
+#   faults  faults injected into the kernel's words under `--backend stream` (tests/test_server_gpu_faults.py)
 #   bash scripts/device_stream.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
@@ -41,7 +42,8 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
               --skip megakernel --batches 8 --no-ttft --save "$OUT/decode.json" > /dev/null 2> "$OUT/decode.stderr"
             echo "decode: rc $?"; tail -n 5 "$OUT/decode.stderr"
             python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, 'floor', e['floor_ms'], \
-{s: e[s].get('ms_per_token_bs1') for s in ('stream', 'torch_compile')}, e['ratios']) for n, e in r['models'].items()]" \
+{s: (e[s].get('ms_per_token_bs1'), e[s].get('ms_per_token_sampled_bs1')) for s in ('stream', 'torch_compile')}, \
+e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
     batch) for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
              timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
@@ -49,13 +51,16 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
              python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], 'batch', d['batch'], \
 round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', round(d['floor_ms'], 4))" "$OUT/batch-$m-$bt.json"
            done; done ;;
-    prebuilt) (cd tests && timeout 200 python -m pytest -q --timeout=180 test_stream_gpu.py -k prebuilt) || echo "prebuilt test: rc $?"
-              TRITON_CACHE_DIR="$(mktemp -d)" WARPLOOP_STREAM_PREBUILT="$PWD/${PREBUILT:-.carry/prebuilt}" timeout 300 \
+    prebuilt) (cd tests && timeout 200 python -m pytest -q --timeout=180 test_stream_gpu.py -k "prebuilt or shipped") \
+                || echo "prebuilt test: rc $?"
+              TRITON_CACHE_DIR="$(mktemp -d)" WARPLOOP_STREAM_PREBUILT="${PREBUILT:-auto}" timeout 300 \
                 python -m warploop.cli bench decode --json --skip hf_eager --skip warploop --skip megakernel \
                 --skip torch_compile --batches 8 --no-ttft --save "$OUT/decode-prebuilt.json" > /dev/null 2> "$OUT/prebuilt.stderr"
               echo "decode prebuilt: rc $?"; tail -n 5 "$OUT/prebuilt.stderr"
               python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, e['stream'].get('start_s'), \
 e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/decode-prebuilt.json" ;;
+    faults) (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \
+              || echo "faults: rc $?" ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;

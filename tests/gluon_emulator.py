@@ -24,7 +24,7 @@ def bf16(a) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16).float().numpy()
 
 
-F32, BF16, I32, I64 = "float32", "bfloat16", "int32", "int64"
+F32, BF16, I32, I64, U64 = "float32", "bfloat16", "int32", "int64", "uint64"
 
 
 def _a(x):
@@ -75,23 +75,56 @@ class T:
         return types.SimpleNamespace(layout="emulated", shape=self.a.shape)
 
     def to(self, dt, bitcast=False):
+        if isinstance(dt, tuple) and dt[0] == "pointer":   # an address (address()) made a pointer again
+            return P(ADDRESSES[int(self.a)])
         if bitcast:
             return T(np.asarray(self.a, dtype=np.int32).view(np.float32))
         if dt == BF16:
             return T(bf16(self.a), BF16)
         if dt == F32:
             return T(self.a.astype(np.float32))
+        if dt == U64:
+            return T(self.a.astype(np.uint64), dt)
         return T(self.a.astype(np.int64), dt)
 
 
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": _div,
            "floordiv": operator.floordiv, "mod": operator.mod, "lt": operator.lt, "le": operator.le,
            "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne, "and": _logical("and"),
-           "or": _logical("or")}
+           "or": _logical("or"), "xor": _logical("xor"), "rshift": operator.rshift, "lshift": operator.lshift}
+def _pair(x, y):
+    """numpy operands; an unsigned side makes a non-negative signed one unsigned (Gluon's uint64
+    arithmetic with int constants: numpy refuses to mix them)."""
+    x, y = np.asarray(_a(x)), np.asarray(_a(y))
+    for a, b in ((x, y), (y, x)):
+        if a.dtype == np.uint64 and b.dtype.kind == "i":
+            assert (b >= 0).all(), "a negative int meets a uint64"
+    if x.dtype == np.uint64 and y.dtype.kind == "i":
+        y = y.astype(np.uint64)
+    elif y.dtype == np.uint64 and x.dtype.kind == "i":
+        x = x.astype(np.uint64)
+    return x, y
+
+
+def _typed(v):
+    return T(v, U64) if np.asarray(v).dtype == np.uint64 else T(v)
+
+
 for _name, _op in _BINARY.items():
-    setattr(T, f"__{_name}__", lambda s, o, op=_op: T(op(s.a, np.asarray(_a(o)))))
+    setattr(T, f"__{_name}__", lambda s, o, op=_op: _typed(op(*_pair(s.a, o))))
     if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
-        setattr(T, f"__r{_name}__", lambda s, o, op=_op: T(op(np.asarray(_a(o)), s.a)))
+        setattr(T, f"__r{_name}__", lambda s, o, op=_op: _typed(op(*_pair(o, s.a))))
+
+
+ADDRESSES: dict[int, np.ndarray] = {}
+
+
+def address(buf: np.ndarray) -> int:
+    """A made-up address for `buf` (a symmetric-memory peer's arena, say): an int64 word holding it,
+    loaded and cast to a pointer (.to(gl.pointer_type(...), bitcast=True)), points at `buf`."""
+    at = (len(ADDRESSES) + 1) << 40
+    ADDRESSES[at] = buf
+    return at
 
 
 class P:
@@ -115,7 +148,7 @@ def _masked(ptr: P, mask, *shapes):
     return off, m
 
 
-def load(ptr: P, mask=None, other=0.0, cache_modifier=None):
+def load(ptr: P, mask=None, other=0.0, cache_modifier=None, volatile=False):
     off, m = _masked(ptr, mask)
     v = ptr.buf[np.where(m, off, 0)]
     other = np.asarray(_a(other)).astype(ptr.buf.dtype)
@@ -187,7 +220,8 @@ def mma_v2(a: T, b: T, acc: T) -> T:
 
 
 gl = types.SimpleNamespace(
-    float32=F32, bfloat16=BF16, int32=I32, int64=I64,
+    float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint64=U64, pointer_type=lambda dt: ("pointer", dt),
+    log=lambda x: T(np.log(_a(x))),
     arange=lambda lo, hi, layout=None: T(np.arange(lo, hi)),
     zeros=_filled(0.0), full=_filled(None), zeros_like=lambda t: T(np.zeros_like(t.a), t.dt),
     load=load, store=store, atomic_add=_atomic(operator.add), atomic_xchg=_atomic(lambda old, new: new),

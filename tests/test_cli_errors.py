@@ -97,9 +97,12 @@ def test_info_prints_a_table_and_the_reason_for_its_choice(capsys):
 def test_info_json_keeps_its_contract(capsys):
     code, out, _ = run(capsys, "info", "--json")
     data = json.loads(out)
-    assert code == 0 and {"devices", "selected"} <= set(data)
+    assert code == 0 and {"devices", "selected", "prebuilt"} <= set(data)
     assert {"backend", "arch", "warp_size"} <= set(data["selected"])
     assert data["selected"]["backend"] in ("cpu", "cuda", "hip")
+    # the kernels the package ships compiled: each with its target, dtype and head size, and current
+    assert data["prebuilt"] and all({"kind", "target", "dtype", "head_dim", "current"} <= set(p) and p["current"]
+                                    for p in data["prebuilt"])
 
 
 def test_bad_variable_is_one_line_and_debug_shows_the_traceback(capsys, env):

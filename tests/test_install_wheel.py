@@ -40,6 +40,7 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     names = zipfile.ZipFile(wheel).namelist()
     assert "warploop/bench/kernels.py" in names and "warploop/llm/tiny/config.json" in names
     assert "warploop/llm/shipped/ops.wlb" in names      # the per-op GPU kernels, compiled (ops_prebuilt.py)
+    assert "warploop/runtime/stream/shipped/stream-kernels.json" in names
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root / "venv")], check=True,
                    timeout=120)
     bin_dir = root / "venv" / "bin"
@@ -71,6 +72,11 @@ def test_the_venv_imports_the_installed_wheel(installed):
 def test_info(installed):
     data = json.loads(warploop(installed, "info", "--json").stdout)
     assert data["selected"]["backend"] == "cpu"
+    # the prebuilt stream kernels ship inside the wheel, built from its own sources
+    from warploop.llm.stream_step import SHIPPED_KERNELS
+    stream = [p for p in data["prebuilt"] if p["kind"] == "stream"]
+    assert {(p["kmax"], p["head_dim"], p["attn_group"]) for p in stream} == set(SHIPPED_KERNELS)
+    assert all(p["current"] and p["target"] == "cuda:90" and p["dtype"] == "bf16" for p in stream)
 
 
 def test_generate_with_the_embedded_model(installed):

@@ -24,6 +24,7 @@ def test_bench_decode_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     check = entry["warploop"]["check"]
     assert check["rel_err_vs_fp32"] < 1e-4 and check["positions"] == 9    # float32 on the CPU: prefill + 8 steps
     assert entry["warploop"]["host_cpu_us_per_token_bs1"] > 0
+    assert entry["warploop"]["ms_per_token_sampled_bs1"] > 0      # a temperature request's, beside greedy
     split = entry["warploop"]["ttft_split_ms_1024"]            # TTFT's parts: queue + prefill, then a step
     assert split["queue"] >= 0 and split["prefill"] > 0 and split["first_step"] > 0
     assert split["queue"] + split["prefill"] <= 1.5 * entry["warploop"]["ttft_ms_1024"]

@@ -51,11 +51,13 @@ class FaultyBackend:
 class AppServer:
     """create_app over a fresh CPU tiny engine, served by uvicorn on a thread."""
 
-    def __init__(self, engine_timeout_s: float = 600.0) -> None:
+    def __init__(self, engine_timeout_s: float = 600.0, **engine_options) -> None:
+        """engine_options: Engine.from_model's (default: the CPU, the per-op backend)."""
         from warploop.llm.engine import Engine
         from warploop.llm.server import create_app
 
-        self.engine = Engine.from_model("tiny", device="cpu", num_kv_blocks=64, backend="torch")
+        self.engine = Engine.from_model("tiny", **({"device": "cpu", "num_kv_blocks": 64, "backend": "torch"}
+                                                   | engine_options))
         self.fault = FaultyBackend(self.engine.backend)
         self.fatal: list[str] = []
         app = create_app(self.engine, engine_timeout_s=engine_timeout_s, on_fatal=self.fatal.append)

@@ -73,8 +73,14 @@ def test_prefix_hits_and_preemption_keep_the_tokens():
     assert stats["preemptions"] > 0
 
 
-def test_sampled_requests_take_single_steps_on_the_stream():
+def test_temperature_requests_loop_on_the_stream_and_filtered_ones_take_single_steps():
+    """A request sampled at a temperature alone is drawn on the device (Gumbel-max), in decode loops;
+    one with top-p takes single steps, sampled on the host (test_stream_device_sampling.py checks the
+    draws)."""
     requests = [("def main(", SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True))]
+    got, stats = _run("stream", requests, max_num_seqs=1, num_kv_blocks=64)
+    assert len(got[0]) == 6 and stats["decode_loops"] >= 1
+    requests = [("def main(", SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True))]
     got, stats = _run("stream", requests, max_num_seqs=1, num_kv_blocks=64)
     assert len(got[0]) == 6 and stats["decode_loops"] == 0
 
@@ -158,8 +164,8 @@ def test_batches_run_decode_loops_on_the_stream_and_give_each_rows_own_tokens(st
     from warploop.llm.stream_step import StreamDecoder
     launches = []
     launch = StreamDecoder.launch_rows
-    monkeypatch.setattr(StreamDecoder, "launch_rows",
-                        lambda self, tokens, *a: (launches.append((self.batch, len(tokens))), launch(self, tokens, *a)))
+    monkeypatch.setattr(StreamDecoder, "launch_rows", lambda self, tokens, *a, **kw: (
+        launches.append((self.batch, len(tokens))), launch(self, tokens, *a, **kw)))
     plain = [("def main(", SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))]
     tokens = _run("torch", plain, max_num_seqs=1, num_kv_blocks=64)[0][0]
     budgets = (5, 17, 40, 33, 12)

@@ -117,6 +117,30 @@ def test_gpu_prebuilt_kernel_runs_with_no_triton(tmp_path):
         StreamExecutor(chain.program, prebuilt=tmp_path)
 
 
+def test_gpu_shipped_kernel_gives_the_compiled_kernels_logits():
+    """prebuilt="auto" (WARPLOOP_STREAM_PREBUILT=auto): a model of a shipped shape (the tiny model's:
+    widest input 1024, head_dim 64, group 2), with the engine's 16-token KV blocks, launches the
+    package's prebuilt kernel, and its steps and its decode loop give the compiled kernel's."""
+    from pathlib import Path
+
+    from test_stream_step import bf16_exact_weights
+
+    from warploop.llm import stream_step
+    from warploop.llm.config import ModelConfig
+    from warploop.llm.stream_step import StreamDecoder
+    cfg = ModelConfig.from_dir(str(Path(stream_step.__file__).with_name("tiny")))
+    w = bf16_exact_weights(cfg, "cuda")
+    decs = {s: StreamDecoder(cfg, w, device="cuda", max_context=64, block_size=16, prebuilt=s) for s in ("auto", "off")}
+    assert decs["auto"].compiles == "" and decs["auto"].executor.prebuilt is not None
+    assert decs["off"].executor.prebuilt is None
+    for pos, tok in enumerate([3, 17, 5, 60, 2, 41, 9, 11]):
+        got, want = decs["auto"].step(tok, pos).float(), decs["off"].step(tok, pos).float()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * want.abs().max().item())
+    loops = {s: StreamDecoder(cfg, w, device="cuda", max_context=64, block_size=16, prebuilt=s).generate(3, 0, 12)
+             for s in ("auto", "off")}
+    assert loops["auto"] == loops["off"]
+
+
 # the CPU tests' shapes (head_dim 16), and the bench models' head sizes
 ATTN_SHAPES = SHAPES | {"llama_hd64": small(head_dim=64), "qwen3_hd128": small(family="qwen3", head_dim=128)}
 
@@ -250,6 +274,28 @@ def test_gpu_stream_backend_loops_give_its_single_steps_tokens():
     assert outs["stream"] == outs["steps"] and len(outs["stream"]) == 40
     assert outs["stream"][0] == outs["torch"][0]
     assert stats["stream"]["decode_loops"] >= 2 and stats["steps"]["decode_loops"] == 0
+
+
+def test_gpu_stream_sampled_loops_draw_what_single_steps_draw():
+    """A request at a temperature alone, seeded: the kernel draws every token (Gumbel-max,
+    runtime/stream/sampling.py) in loops and in single steps alike, and a step's pick is the race
+    winner of its own logits under philox.py's noise."""
+    import numpy as np
+
+    from warploop.llm.engine import Engine, SamplingParams
+    from warploop.runtime.stream import philox
+    params = SamplingParams(max_tokens=40, temperature=0.9, seed=1234, ignore_eos=True)
+    outs = {}
+    for name, options in (("loops", {}), ("steps", dict(decode_loop=False))):
+        with Engine.from_model("tiny", device="cuda", dtype="bfloat16", backend="stream", max_num_seqs=1,
+                               progress=False, **options) as engine:
+            outs[name] = engine.generate("def main(", params).token_ids
+            assert (engine.stats()["decode_loops"] > 0) == (name == "loops")
+            dec = engine.backend.decoder
+            logits = dec.step(7, 3, [0], sampling=(0.9, 77)).float().cpu().numpy()
+            race = logits / np.float32(0.9) + philox.gumbel(77, 4, np.arange(logits.size))
+            assert dec.tokens(1)[0] == int(np.argmax(race))
+    assert outs["loops"] == outs["steps"] and len(set(outs["loops"])) > 5
 
 
 def test_gpu_stream_batches_give_each_requests_own_tokens(monkeypatch):

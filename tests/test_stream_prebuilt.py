@@ -25,9 +25,9 @@ def test_a_build_writes_the_cubin_and_a_manifest_entry_checked_against_the_ptx(b
     entry = json.loads((folder / pb.MANIFEST).read_text())["kernels"][key]
     assert (folder / entry["cubin"]).read_bytes()[:4] == b"\x7fELF"
     # five descriptors (four weight pools, the KV cache), each a map, 2 shape i32s, 2 stride i64s;
-    # eight pointers, epoch and steps, the trace pointer, two scratch pointers
+    # eight pointers, epoch and steps, the trace and peers pointers, two scratch pointers
     assert entry["params"] == (["tmap", "i32", "i32", "i64", "i64"] * 5 + ["ptr"] * 8 + ["i32", "i32"]
-                               + ["ptr"] * 3)
+                               + ["ptr"] * 4)
     assert entry["threads"] % 128 == 0 and entry["shared"] > 100_000
     assert [m["block_size"] for m in entry["tmaps"]] == [list(CFG.weight_box)] * 4 + [[CFG.kv_box(16), 64]]
     assert key.startswith("sm90:") and "HD=64" in key
@@ -107,7 +107,7 @@ def test_a_launch_packs_every_parameter_where_the_kernel_reads_it(built):
     cache = FakeTensor(0x90000, (4096, 128))
     descs = [pb.TensorArg(p, CFG.weight_box) for p in pools] + [pb.TensorArg(cache, (CFG.kv_box(16), 64))]
     ptrs = [0x1000 * (i + 1) for i in range(8)]
-    k.launch(132, 7, descs, [*ptrs, 5, 32, 0xABC000])
+    k.launch(132, 7, descs, [*ptrs, 5, 32, 0xABC000, 0xDEF000])
     (fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra), = driver.launches
     assert (fn, gx, gy, gz, bx, by, bz, shared, stream, extra) == ("function", 132, 1, 1, k.entry["threads"], 1, 1,
                                                                     k.entry["shared"], 7, 0)
@@ -122,7 +122,7 @@ def test_a_launch_packs_every_parameter_where_the_kernel_reads_it(built):
         t = (pools + [cache])[d]
         assert [i32(5 * d + 1), i32(5 * d + 2), i64(5 * d + 3), i64(5 * d + 4)] == [*t.shape, t.shape[1], 1]
     assert [i64(25 + j) for j in range(8)] == ptrs and [i32(33), i32(34)] == [5, 32]
-    assert [i64(35), i64(36), i64(37)] == [0xABC000, 0, 0]
+    assert [i64(35), i64(36), i64(37), i64(38)] == [0xABC000, 0xDEF000, 0, 0]     # trace, peers, scratch
     # the cache's map: bf16 rows of 128, boxes of [kv_box, 64], unswizzled
     dtype, rank, address, dims, strides, box = driver.cu.encoded[4][:6]
     assert (dtype, rank, address, dims, strides, box) == (9, 2, 0x90000, [128, 4096], [256], [64, CFG.kv_box(16)])
@@ -133,15 +133,53 @@ def test_a_launch_refuses_another_box_or_argument_count(built):
     k = pb.PrebuiltKernel.load(folder, CFG, FakeDriver())
     pools = [pb.TensorArg(FakeTensor(0x10000, (64, 512)), CFG.weight_box)] * 4
     with pytest.raises(pb.PrebuiltError, match="box"):
-        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (4, 64))], [0] * 11)
+        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (4, 64))], [0] * 12)
     with pytest.raises(pb.PrebuiltError, match="descriptors"):
-        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (CFG.kv_box(16), 64))], [0] * 10)
+        k.launch(1, 0, pools + [pb.TensorArg(FakeTensor(0x90000, (64, 128)), (CFG.kv_box(16), 64))], [0] * 11)
 
 
-def test_a_config_with_no_prebuilt_variant_loads_none(built, tmp_path):
+def test_a_config_with_no_prebuilt_variant_is_refused_with_the_reason(built, tmp_path):
     folder, _ = built
-    assert pb.PrebuiltKernel.load(folder, StreamConfig(kmax=1024, head_dim=64), FakeDriver()) is None
-    assert pb.PrebuiltKernel.load(tmp_path, CFG, FakeDriver()) is None
+    with pytest.raises(pb.PrebuiltError, match="no kernel for sm_90 and .*KMAX=1024"):
+        pb.PrebuiltKernel.load(folder, StreamConfig(kmax=1024, head_dim=64), FakeDriver())
+    with pytest.raises(pb.PrebuiltError, match="holds no stream-kernels.json"):
+        pb.PrebuiltKernel.load(tmp_path, CFG, FakeDriver())
+
+
+def test_kernels_built_from_other_sources_are_never_loaded_and_a_new_build_replaces_them(built, tmp_path,
+                                                                                        monkeypatch):
+    import shutil
+    folder = tmp_path / "copy"
+    shutil.copytree(built[0], folder)
+    assert pb.find(folder, CFG.constexprs(), 90)[0] is not None
+    monkeypatch.setattr(pb, "source_hash", lambda: "0" * 64)        # the kernel's sources changed since
+    entry, why = pb.find(folder, CFG.constexprs(), 90)
+    assert entry is None and "other sources" in why
+    assert pb.listing(folder)[0]["current"] is False
+    with pytest.raises(pb.PrebuiltError, match="other sources"):
+        pb.PrebuiltKernel.load(folder, CFG, FakeDriver())
+    old = {f.name for f in folder.glob("*.cubin")}
+    other = StreamConfig(kmax=1024, head_dim=64)
+    pb.write_variant(other, folder, arch=90)                         # a build from the new sources
+    manifest = json.loads((folder / pb.MANIFEST).read_text())
+    assert manifest["sources"] == "0" * 64 and list(manifest["kernels"]) == [pb.key(other.constexprs(), 90)]
+    assert {f.name for f in folder.glob("*.cubin")} == {manifest["kernels"][pb.key(other.constexprs(), 90)]["cubin"]}
+    assert old and not old & {f.name for f in folder.glob("*.cubin")}
+
+
+def test_a_malformed_manifest_is_refused_by_name(tmp_path):
+    (tmp_path / pb.MANIFEST).write_text("{not json")
+    with pytest.raises(pb.PrebuiltError, match="not a readable manifest.*stream_prebuild"):
+        pb.find(tmp_path, CFG.constexprs(), 90)
+    (tmp_path / pb.MANIFEST).write_text('["a list"]')
+    with pytest.raises(pb.PrebuiltError, match="no \"kernels\" table"):
+        pb.listing(tmp_path)
+
+
+def test_listing_names_each_variant(built):
+    folder, _ = built
+    assert pb.listing(folder) == [{"kind": "stream", "target": "cuda:90", "dtype": "bf16", "head_dim": 64,
+                                   "attn_group": 4, "kmax": 512, "batch_rows": 0, "current": True}]
 
 
 def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
@@ -149,8 +187,13 @@ def test_the_prebuilt_folder_setting_is_checked_by_name(monkeypatch, tmp_path):
     monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
     config.get.cache_clear()
     try:
-        with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json"):
+        with pytest.raises(ValueError, match="WARPLOOP_STREAM_PREBUILT=.*stream-kernels.json.*'auto'.*'off'"):
             config.get()
+        for raw, word in (("auto", "auto"), ("off", "off"), (" AUTO ", "auto"), ("Off", "off"), ("", "off")):
+            monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", raw)
+            config.get.cache_clear()
+            assert config.get().stream_prebuilt == word
+        monkeypatch.setenv("WARPLOOP_STREAM_PREBUILT", str(tmp_path))
         (tmp_path / pb.MANIFEST).write_text('{"kernels": {}}')
         config.get.cache_clear()
         assert config.get().stream_prebuilt == str(tmp_path)

@@ -18,6 +18,9 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
 
 
+PREBUILT_WORDS = ("auto", "off")     # WARPLOOP_STREAM_PREBUILT's values other than a folder
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     device: str | None        # WARPLOOP_DEVICE: cpu | cuda | hip (None: probe)
@@ -27,7 +30,10 @@ class Config:
     debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
     mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
     stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
-    stream_prebuilt: str | None = None   # WARPLOOP_STREAM_PREBUILT: a folder of prebuilt stream kernels
+    # WARPLOOP_STREAM_PREBUILT: where the stream kernel comes from: "auto" (the package's shipped
+    # kernels when they hold the model's shape, else compiled), "off" (compiled), or a folder of
+    # prebuilt kernels (scripts/stream_prebuild.py). "off" until the shipped kernels' GPU test has run
+    stream_prebuilt: str = "off"
 
     def __post_init__(self) -> None:
         if self.device not in (None, "auto", "cpu", "cuda", "hip"):
@@ -37,10 +43,11 @@ class Config:
         if self.stream_rows != 0 and not 2 <= self.stream_rows <= 32:
             raise ValueError(f"WARPLOOP_STREAM_ROWS={self.stream_rows}: use 0 (batches of 2 or more run per op) or "
                              "2 to 32 (decode batches up to that many run on the streaming kernel)")
-        if self.stream_prebuilt is not None and not os.path.isfile(
+        if self.stream_prebuilt not in PREBUILT_WORDS and not os.path.isfile(
                 os.path.join(self.stream_prebuilt, "stream-kernels.json")):
-            raise ValueError(f"WARPLOOP_STREAM_PREBUILT={self.stream_prebuilt}: no stream-kernels.json there; point it "
-                             "at a folder scripts/stream_prebuild.py wrote, or unset it to compile the kernel")
+            raise ValueError(f"WARPLOOP_STREAM_PREBUILT={self.stream_prebuilt}: no stream-kernels.json there; use "
+                             "'auto' (the kernels the package ships, where they hold the model's shape), 'off' "
+                             "(compile the kernel), or a folder scripts/stream_prebuild.py wrote")
         if not isinstance(self.mk_plan, dict):
             raise ValueError(f"WARPLOOP_MK_PLAN={self.mk_plan!r}: use a JSON object, e.g. '{{\"tile_kb\": 64}}'")
 
@@ -63,8 +70,13 @@ def get() -> Config:
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
         stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
-        stream_prebuilt=os.environ.get("WARPLOOP_STREAM_PREBUILT") or None,
+        stream_prebuilt=_prebuilt(os.environ.get("WARPLOOP_STREAM_PREBUILT", "").strip()),
     )
+
+
+def _prebuilt(raw: str) -> str:
+    """WARPLOOP_STREAM_PREBUILT: auto or off in any case (unset: off), else a folder as given."""
+    return raw.lower() if raw.lower() in PREBUILT_WORDS else raw or "off"
 
 
 def _int(name: str, default: int) -> int:

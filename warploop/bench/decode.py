@@ -247,6 +247,11 @@ def _measure_engine(engine, prompts, repeats: int, steps: int, batches=BATCHES[1
     cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     out["host_cpu_us_per_token_bs1"] = round(cpu_s / (repeats * (steps + 1)) * 1e6, 1)
     out["host_cpu_fraction_bs1"] = round(cpu_s / (wall1 - wall0), 3)
+    # sampled at a temperature alone (an OpenAI request's defaults): on the device where the backend
+    # draws it there (the stream's and the megakernel's loops), else sampled on the host each step
+    sampled = SamplingParams(max_tokens=steps + 1, temperature=1.0, seed=0, ignore_eos=True)
+    out["ms_per_token_sampled_bs1"] = _median(repeats, lambda: engine.generate(prompts(1)[0].tolist(),
+                                                                               sampled).ms_per_token)
     for batch in batches:
         out[f"tok_s_bs{batch}"] = _median(repeats, lambda b=batch: _engine_tok_s(engine, prompts(b), params, steps))
     if ttft:

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 
+from warploop.runtime.stream import prebuilt as stream_prebuilt
 from warploop.target import DeviceNotFoundError, probe_devices, probe_notes, select_device
 
 
@@ -16,7 +17,7 @@ def info() -> dict:
     """The `info --json` object. `selected` is null (and `error` says why) when WARPLOOP_DEVICE asks
     for a backend with no device here: info is the command that explains that, so it must not fail."""
     devices = probe_devices()
-    data: dict = {"devices": [d.to_dict() for d in devices], "notes": probe_notes()}
+    data: dict = {"devices": [d.to_dict() for d in devices], "notes": probe_notes(), "prebuilt": prebuilt()}
     try:
         selected = select_device()
     except DeviceNotFoundError as e:
@@ -24,6 +25,22 @@ def info() -> dict:
     data["selected"] = selected.target.to_dict() | {"name": selected.name, "target": str(selected.target),
                                                     "reason": _reason(selected.target.backend, devices)}
     return data
+
+
+def prebuilt() -> list[dict]:
+    """The kernels the package ships compiled (each with "kind", "target", "dtype", "head_dim" and
+    "current": built from this warploop's sources). A shipped folder that cannot be read is listed
+    as one entry with its "error": info must not fail."""
+    from warploop.llm.ops_prebuilt import listing as ops_listing
+    try:
+        stream = stream_prebuilt.listing()
+    except stream_prebuilt.PrebuiltError as e:
+        stream = [{"kind": "stream", "error": str(e)}]
+    try:
+        ops = ops_listing()
+    except Exception as e:          # a bundle that cannot be read: said, and info goes on
+        ops = [{"kind": "ops", "error": f"{type(e).__name__}: {e}"}]
+    return stream + ops
 
 
 def _reason(backend: str, devices) -> str:
@@ -64,6 +81,17 @@ def main(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     for backend, note in data["notes"].items():
         print(f"{backend}: {note}")
+    shipped = [p for p in data["prebuilt"] if "error" not in p and p["kind"] == "stream"]
+    if shipped:
+        shapes = "head_dim " + " and ".join(str(d) for d in sorted({p["head_dim"] for p in shipped}))
+        stale = "" if all(p["current"] for p in shipped) else " (STALE: built from other sources, not used)"
+        print(f"prebuilt: {len(shipped)} stream kernels ({', '.join(sorted({p['target'] for p in shipped}))}, "
+              f"{shapes}){stale}; WARPLOOP_STREAM_PREBUILT=auto launches them")
+    ops = [p for p in data["prebuilt"] if "error" not in p and p["kind"] == "ops"]
+    if ops:
+        stale = "" if all(p["current"] for p in ops) else " (STALE: built from other sources, not used)"
+        print(f"prebuilt: {len({p['kernel'] for p in ops})} per-op kernels in {len(ops)} variants "
+              f"({', '.join(sorted({p['target'] for p in ops}))}){stale}")
     if data["selected"] is None:
         print(f"selected: none. {data['error']}")
         return 1

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the model's own")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
-                        help="split the model over N GPUs (N processes on the CPU); default 1")
+                        help="split the model over N GPUs (N processes on the CPU); default 1. Runs per op, or with "
+                             "--backend stream decodes on each rank's streaming kernel (docs/parallel.md)")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "token_ids", "ttft_ms", "ms_per_token", "backend"} instead of streaming')
 

@@ -56,9 +56,9 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r} ({self.FLAGS['device']}): use cpu, cuda, cuda:N or hip")
         if self.backend is not None:
             check_backend(self.backend)
-            if self.tensor_parallel != 1 and self.backend != "torch":
+            if self.tensor_parallel != 1 and self.backend not in ("torch", "stream"):
                 raise ValueError(f"--backend {self.backend} does not run under --tensor-parallel yet: use "
-                                 "--backend torch")
+                                 "--backend torch or stream")
 
     def _positive(self, name: str, value) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

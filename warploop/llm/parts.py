@@ -49,7 +49,7 @@ def load_parts(model: str, config: EngineConfig) -> ModelParts:
     if tensor_parallel != 1:
         max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         job = RankJob(cfg, str(path), str(torch_type).removeprefix("torch."), block_size, num_kv_blocks, max_num_seqs,
-                      max_len, use_cuda_graphs)
+                      max_len, use_cuda_graphs, backend=backend or "torch")
         made, max_context = build_tp_backend(cfg, tensor_parallel, dev, job)
     else:
         weights = (gguf.load_weights(dev, torch_type, progress=progress) if gguf is not None

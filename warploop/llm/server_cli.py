@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     engine.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
-                        help="split the model over N GPUs (N processes on the CPU); default 1")
+                        help="split the model over N GPUs (N processes on the CPU); default 1. Runs per op, or with "
+                             "--backend stream decodes on each rank's streaming kernel (docs/parallel.md)")
     engine.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                         help="run N engines, each in its own process on its own GPU(s), behind this endpoint; "
                              "requests go to the least busy (default 1; docs/parallel.md)")

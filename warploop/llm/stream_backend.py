@@ -7,7 +7,10 @@ second program of that many rows (its GEMVs on tensor cores, rows past the batch
 for every other batch, the per-op TorchBackend runs it. Greedy sequences run decode loops on the
 device (`start_loop`): up to MAX_STEPS steps in one launch, each step's tokens picked on the GPU and
 fed to the next step's embeddings, the host writing only the first tokens, the positions and the
-block tables (each sequence's blocks and the ones it takes from the loan for the steps ahead).
+block tables (each sequence's blocks and the ones it takes from the loan for the steps ahead). A
+single sequence sampled at a temperature alone (no top-k, top-p, min-p or penalty) is drawn on the
+GPU too, by Gumbel-max (runtime/stream/philox.py: its seed and position give its token), in loops
+and single steps alike; other sampled sequences take single steps, sampled on the host.
 
 The kernel runs every step of a launch for every row; a launch runs at most the smallest budget
 of its rows, and the host applies each row's stop ids to the tokens it reads back (a token after the
@@ -16,6 +19,9 @@ row stopped is dropped, and so is the block it would have taken: the engine give
 On the CPU the program runs on the streaming executor's CPU reference: a check, not a speed.
 """
 from __future__ import annotations
+
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -29,12 +35,22 @@ from warploop.llm.stream_step import StreamDecoder, pack_pools, unsupported
 from warploop.llm.weights import ModelWeights
 
 MAX_STEPS = 32            # a loop's most steps: an arrival waits at most this many for its turn
+COMPILE_NOTICE_S = 5.0
+COMPILE_NOTICE = ("warploop: compiling the streaming kernel for this model shape (the first start of a shape takes "
+                  "up to a minute on a GPU; later starts read Triton's cache)")
 
 
 def greedy(seq) -> bool:
     """Whether the device's pick (the argmax) is this sequence's: greedy, nothing that reshapes logits."""
     p = seq.params
     return p.temperature == 0 and p.repetition_penalty == 1.0
+
+
+def device_sampled(seq) -> bool:
+    """Whether the kernel draws this sequence's token (one row): temperature alone, by Gumbel-max
+    (runtime/stream/philox.py); top-k, top-p, min-p and repetition penalties sample on the host."""
+    p = seq.params
+    return p.temperature > 0 and p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0.0 and p.repetition_penalty == 1.0
 
 
 def _tokens(batch: ModelBatch) -> list[int]:
@@ -48,12 +64,16 @@ class StreamBackend(Backend):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layout: KVCacheLayout, device, max_context: int,
                  splits: int | None = None, timeout: float = 60.0, use_cuda_graphs: bool = True,
-                 pools=None, rows: int = 0, prebuilt=None) -> None:
+                 pools=None, rows: int = 0, prebuilt=None, per_op: Backend | None = None,
+                 decoder: StreamDecoder | None = None) -> None:
         """use_cuda_graphs: the per-op path's decode batches replay CUDA graphs (captured in warmup), as
         on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
         weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
-        prebuilt: a folder of prebuilt stream kernels to launch with no compiler (WARPLOOP_STREAM_PREBUILT)."""
+        prebuilt: where the stream kernels come from (WARPLOOP_STREAM_PREBUILT: "auto", "off" or a folder
+        of prebuilt kernels launched with no compiler; stream_step.prebuilt_folder).
+        per_op and decoder: built by the caller (tensor parallelism: tp/build.py gives the ranks'
+        per-op backend and a decoder that has every rank run each launch; `weights` is then unused)."""
         super().__init__(config, layout, torch.device(device))
         why = unsupported(config, layout.dtype)
         if why:
@@ -63,11 +83,15 @@ class StreamBackend(Backend):
             raise ValueError("the streaming backend runs on Hopper GPUs (H100, H200) and the CPU: use --backend torch")
         if rows == 1 or rows < 0:
             raise ValueError(f"rows={rows}: use 0 (batches per op) or 2 to 32")
-        self.per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
-        pools = pools or pack_pools(weights, self.device)
-        self.decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
-                                     block_size=layout.block_size, splits=splits, kv=self.per_op.kv,
-                                     pools=pools, prebuilt=prebuilt)
+        if (per_op is None) != (decoder is None) or (decoder is not None and rows):
+            raise ValueError("per_op and decoder come together, and with them no batched decoder (rows=0)")
+        if per_op is None:
+            per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
+            pools = pools or pack_pools(weights, self.device)
+            decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
+                                    block_size=layout.block_size, splits=splits, kv=per_op.kv,
+                                    pools=pools, prebuilt=prebuilt)
+        self.per_op, self.decoder = per_op, decoder
         self.rows = None             # the decoder of batches, over the same pools and cache
         if rows:
             self.rows = StreamDecoder(config, weights, device=self.device, max_context=max_context,
@@ -75,6 +99,7 @@ class StreamBackend(Backend):
                                       prebuilt=prebuilt)
         self.max_context, self.timeout = max_context, timeout
         self.last = self.decoder         # the decoder of the latest loop
+        self.seeds = np.random.default_rng()     # a fresh seed a launch for sampled rows that ask for none
 
     def on_stream(self, batch: ModelBatch) -> bool:
         return (batch.is_decode and batch.logits_indices is None
@@ -94,7 +119,24 @@ class StreamBackend(Backend):
 
     # -- the decode loop on the device ------------------------------------------------------------
     def loop_ready(self, batch: ModelBatch, seqs: list) -> bool:
-        return self.on_stream(batch) and all(greedy(seq) for seq in seqs)
+        return self.on_stream(batch) and (all(greedy(seq) for seq in seqs)
+                                          or (batch.num_seqs == 1 and device_sampled(seqs[0])))
+
+    def _sampling(self, seq) -> tuple | None:
+        """The kernel's sampling of a one-row step: (temperature, seed), the request's seed or a fresh
+        one (a seeded request's token at a position is a function of its seed: loops and single steps
+        draw alike); None for greedy rows."""
+        if not device_sampled(seq):
+            return None
+        p = seq.params
+        return p.temperature, p.seed if p.seed is not None else int(self.seeds.integers(0, 2 ** 63))
+
+    def forward_sample(self, batch: ModelBatch, seqs: list):
+        if self.on_stream(batch) and batch.num_seqs == 1 and device_sampled(seqs[0]):
+            self.decoder.step(_tokens(batch)[0], batch.positions[0], batch.block_tables[0],
+                              sampling=self._sampling(seqs[0]))
+            return torch.tensor(self.decoder.tokens(1), dtype=torch.int64, device=self.device)
+        return super().forward_sample(batch, seqs)
 
     def start_loop(self, batch: ModelBatch, seqs: list, steps: int, remaining: list[int], stops: list[list[int]],
                    free: list[int]) -> StreamLoopRun:
@@ -124,20 +166,34 @@ class StreamBackend(Backend):
         tokens = _tokens(batch)
         kernel_tables = [t[:cdiv(p + steps, bs)] for t, p in zip(tables, batch.positions, strict=True)]
         self.last = self._decoder(batch)
-        self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables)
+        sampling = self._sampling(seqs[0]) if n == 1 else None
+        self.last.launch_rows(tokens, list(batch.positions), steps, kernel_tables, sampling=sampling)
         return StreamLoopRun(self.last, steps, takes, remaining, [set(s) for s in stops], self.timeout)
 
     def loop_logits(self, rows: list[int]) -> torch.Tensor:
         return self.last.logits()[rows].clone()
 
+    def close(self) -> None:
+        self.per_op.close()
+
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)
         if self.device.type == "cuda":
-            # the kernels compile on their first launch (seconds): here, not in a request. They write
-            # k and v rows into block 0, which no sequence holds yet
-            self.decoder.step(0, 0, [0])
-            if self.rows is not None:
-                self.rows.step_rows([0, 0], [0, 0], [[0], [0]])
+            # the kernels compile on their first launch (up to a minute): here, not in a request, and
+            # a start that compiles says so and why (one served from Triton's cache or from prebuilt
+            # kernels returns before the notice is due). They write k and v rows into block 0, which
+            # no sequence holds yet
+            why = "; ".join(sorted({d.compiles for d in (self.decoder, self.rows) if d is not None and d.compiles}))
+            notice = threading.Timer(COMPILE_NOTICE_S, lambda: print(
+                COMPILE_NOTICE + (f" ({why})" if why else ""), file=sys.stderr, flush=True))
+            notice.daemon = True
+            notice.start()
+            try:
+                self.decoder.step(0, 0, [0])
+                if self.rows is not None:
+                    self.rows.step_rows([0, 0], [0, 0], [[0], [0]])
+            finally:
+                notice.cancel()
 
 
 class StreamLoopRun:

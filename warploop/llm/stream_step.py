@@ -17,6 +17,7 @@ first token, the position and the block table (covering every step) before it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from warploop import config as settings
@@ -25,7 +26,10 @@ from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.kinds import SAMP_WORDS
 from warploop.runtime.stream.program import Region, StreamProgram
+
+log = logging.getLogger("warploop.stream")
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
@@ -40,6 +44,41 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
 
 
 BATCH_ROWS = (16, 32)                              # the rows a batched kernel is compiled for
+
+# The kernels the package ships prebuilt (runtime/stream/shipped, scripts/stream_prebuild.py
+# --shipped): batch 1, sm_90, one a (widest input, head size, group) and the models it serves
+SHIPPED_KERNELS = {
+    (1024, 64, 2): "the embedded tiny model",
+    (2048, 64, 4): "SmolLM2-135M",
+    (4096, 64, 4): "SmolLM2-360M",
+    (8192, 64, 1): "SmolLM2-1.7B",
+    (8192, 64, 4): "Llama-3.2-1B",
+    (4096, 128, 2): "Qwen3-0.6B",
+    (8192, 128, 2): "Qwen3-1.7B",
+    (8192, 128, 4): "Llama-3.2-3B",
+    (16384, 128, 4): "Llama-3.1-8B, Qwen3-4B, Qwen3-8B",
+}
+SHIPPED_ARCH = 90
+
+
+def shipped_configs() -> list[StreamConfig]:
+    return [StreamConfig(kmax=k, head_dim=hd, attn_group=g) for k, hd, g in SHIPPED_KERNELS]
+
+
+def prebuilt_folder(setting: str | None, config: StreamConfig, arch: int,
+                    block_size: int = 16) -> tuple[str | None, str]:
+    """Where a decoder's kernel launches from for WARPLOOP_STREAM_PREBUILT's `setting` (None or
+    "off": compiled; "auto": the shipped kernels when they hold `config` for sm_`arch` and a KV
+    cache of `block_size`-token blocks; else that folder), and why it compiles when it does ("" when
+    it does not, or when asked to)."""
+    from warploop.runtime.stream import prebuilt
+    if setting in (None, "off"):
+        return None, ""
+    if setting != "auto":
+        return setting, ""
+    kv_box = config.kv_box(block_size) if config.head_dim else None
+    entry, why = prebuilt.find(prebuilt.SHIPPED, config.constexprs(), arch, kv_box)
+    return (str(prebuilt.SHIPPED), "") if entry is not None else (None, why)
 
 
 def batch_rows(batch: int) -> int:
@@ -126,12 +165,68 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     return Packed(pools, at, copied)
 
 
+def first_executor(make, prebuilt: str | None, auto: bool):
+    """make(prebuilt) -> the decoder's first executor, and the folder it launches from, and why it
+    compiles ("" if not). With auto (WARPLOOP_STREAM_PREBUILT=auto), a shipped kernel that does not
+    load (a driver too old for its cubin, say) is compiled instead, saying why: auto never fails a
+    start the compiler can serve."""
+    try:
+        return make(prebuilt), prebuilt, ""
+    except (ValueError, RuntimeError) as e:
+        if not (auto and prebuilt is not None):
+            raise
+        why = f"the shipped kernel did not load ({type(e).__name__}: {e})"
+        log.warning("warploop: %s; compiling the streaming kernel", why)
+        return make(None), None, why
+
+
+class GroupRank:
+    """A tensor-parallel rank in a process of its own (StreamDecoder's tp): the ranks'
+    torch.distributed group. On a GPU (NCCL) the executors set up their arenas and counters in
+    symmetric memory over it; on the CPU (gloo) the reference's all-reduce nodes gather the ranks'
+    partials through it; on both, the logits' vocabulary shards are gathered through it."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+        self.group = group or dist.group.WORLD
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+
+    def gather(self, tensor) -> list:
+        """Every rank's `tensor`, in rank order (a collective: every rank calls it)."""
+        import torch.distributed as dist
+        parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        return parts
+
+
+def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelConfig:
+    """The model as one tensor-parallel rank's streaming program sees it (tp.shard.local_config's
+    heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
+    import dataclasses
+
+    from warploop.llm.tp.shard import local_config, vocab_shard
+    local = dataclasses.replace(local_config(cfg, world), vocab_size=cfg.vocab_size)
+    lw = weights.layers[0]
+    want = {"qkv": (local.q_size + 2 * local.kv_size, cfg.hidden_size), "o": (cfg.hidden_size, local.q_size),
+            "gate_up": (2 * local.intermediate_size, cfg.hidden_size),
+            "down": (cfg.hidden_size, local.intermediate_size)}
+    for name, shape in want.items():
+        if tuple(getattr(lw, name).shape) != shape:
+            raise ValueError(f"a rank of {world} holds {name} of {shape}, not {tuple(getattr(lw, name).shape)}: "
+                             "pass the rank's share (tp.shard.shard_weights)")
+    v = vocab_shard(cfg, world)
+    if weights.embed.shape[0] != v or weights.lm_head.shape[0] != v:
+        raise ValueError(f"a rank of {world} holds {v} rows of the embedding and of lm_head (its vocabulary shard, "
+                         f"tp.shard.shard_weights), not {weights.embed.shape[0]} and {weights.lm_head.shape[0]}")
+    return local
+
+
 class StreamDecoder:
     MAX_STEPS = 256                               # the most steps one launch (generate) runs
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, pools=None, batch: int = 1, prebuilt=None) -> None:
+                 kv=None, pools=None, batch: int = 1, prebuilt=None, tp=None) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
         pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here).
@@ -139,17 +234,36 @@ class StreamDecoder:
         level, each launch running the one its context needs.
         batch: rows a step decodes, each at its own position over its own block table (the CPU
         reference and the streaming kernel, the kernel's GEMVs then on tensor cores).
-        prebuilt: a folder of prebuilt kernels (runtime/stream/prebuilt.py) to launch from, with no
-        compiler (on a GPU; default: the kernel is compiled)."""
+        prebuilt: where the kernel comes from on a GPU (prebuilt_folder): "auto" (the shipped kernels
+        where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
+        launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
+        when "auto" found none.
+        tp: tensor parallelism: a GroupRank (a process a rank; on GPUs written, not yet run), or on
+        the CPU this rank's side of an exchange (reference.Exchange(world).rank(r), each rank's
+        decoder in its own thread). `cfg` is then the
+        whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns
+        and its vocabulary shard of the embedding and lm_head); all-reduce nodes sum the ranks' embedding
+        rows and o_proj and down_proj partial sums into the residual, the same bits on every rank, and
+        gather the lm_head shards' amax pairs, so every rank samples the same tokens. The KV cache holds
+        the rank's KV heads; logits() and step() gather the vocabulary (a collective: every rank calls
+        them). One row."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
         if max_context < 1 or block_size < 1 or batch < 1 or (splits is not None and splits < 1):
             raise ValueError("max_context, block_size, batch and splits must be positive")
+        self.tp, self.world = tp, 1 if tp is None else tp.world
+        if tp is not None:
+            cfg = _rank_config(cfg, self.world, weights)
+            if batch != 1:
+                raise ValueError(f"batch {batch}: a tensor-parallel decoder decodes one row (batches run per op)")
+            if not hasattr(tp, "group" if torch.device(device).type != "cpu" else "gather"):
+                raise ValueError("tp: a stream_step.GroupRank (the ranks' torch.distributed group, a process a rank), "
+                                 "or on the CPU the rank's side of a reference.Exchange (ranks in threads)")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
-        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch))
+        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch), tensor_parallel=tp is not None)
         if self.device.type == "cuda" and batch > max(1, self.config.batch_rows):
             raise ValueError(f"batch {batch}: the kernel's StreamConfig.batch_rows is {self.config.batch_rows}; "
                              f"use {batch_rows(batch)} (or leave config out)")
@@ -174,16 +288,24 @@ class StreamDecoder:
         self.arena = self.program.arena(self.device)
         self.ints = self.program.int_arena(self.device)
         self.executors = {}
+        self.compiles = ""
         if self.device.type == "cuda":
             from warploop.runtime.stream.executor import StreamExecutor
+            major, minor = torch.cuda.get_device_capability(self.device)
+            auto = prebuilt == "auto"
+            prebuilt, self.compiles = prebuilt_folder(prebuilt, self.config, major * 10 + minor, block_size)
             # placed programs are cached (not a traced one: its scripts read the build's instructions)
             cache = None if self.config.trace else os.path.join(settings.get().cache_dir, "stream-builds")
-            first = StreamExecutor(self.program, self.device, prebuilt=prebuilt, build_cache=cache)
+            group = None if tp is None else tp.group
+            first, prebuilt, why = first_executor(
+                lambda folder: StreamExecutor(self.program, self.device, prebuilt=folder, build_cache=cache,
+                                              tp_group=group), prebuilt, auto)
+            self.compiles = why or self.compiles
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
                                                                                 check=False, prebuilt=prebuilt,
-                                                                                build_cache=cache)
+                                                                                build_cache=cache, tp_group=group)
                               for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)
@@ -199,23 +321,47 @@ class StreamDecoder:
         at = [(index[k], row) for k, row in packed.at]
         hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
         p.kv_cache(self.kv)
+        world = self.world
+        vocab = cfg.vocab_size if world == 1 else weights.lm_head.shape[0]     # this rank's logits
+        per = cdiv(vocab, self.config.block_rows)                             # the lm_head tiles' amax pairs
         width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
-                 "act": cfg.intermediate_size, "logits": cfg.vocab_size,
-                 "pairs": 2 * cdiv(cfg.vocab_size, self.config.block_rows), "step": self.step_words,
+                 "act": cfg.intermediate_size, "logits": vocab, "pairs": 2 * per * world, "step": self.step_words,
                  "token": 1, "tokens": self.MAX_STEPS, "part": kvh * self.splits * (h // kvh) * (hd + 2)}
         r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
+        if world > 1:             # each rank's partial sums, one region an all-reduce a layer (two
+            # regions, so a rank overwrites one only after a later all-reduce, whose signals the
+            # peers send once they are done reading it: on a GPU they read it in place); the
+            # embedding row (the token's rank's, zeros elsewhere) and the ranks' gathered amax pairs
+            r |= {name: p.buffer(name, rows * cfg.hidden_size) for name in ("red_attn", "red_mlp", "red_emb")}
+            r["pairs_all"] = p.buffer("pairs_all", width["pairs"])
         cos, sin = rope
         r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
         r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
-        r["pairs"] = p.buffer("pairs", rows * width["pairs"])
+        if rows == 1:             # the row's sampling words (kinds.SAMP_WORDS): the host writes the first
+            # four a launch; the last is the token id of this rank's first logit less their offset
+            first = 0 if world == 1 else self.tp.rank * vocab
+            r["samp"] = p.ints("samp", len(SAMP_WORDS), init=[0] * (len(SAMP_WORDS) - 1) + [first - r["logits"].offset])
+        if world == 1:
+            r["pairs"] = p.buffer("pairs", rows * width["pairs"])
+        else:                     # this rank's tiles fill its run of pairs; a run's pairs past the tiles
+            # hold -inf (the last shard's fewer rows), other ranks' runs zeros: the all-reduce's sum is
+            # then every rank's pairs, exactly
+            rank, tiles = self.tp.rank, cdiv(min(vocab, cfg.vocab_size - self.tp.rank * vocab), self.config.block_rows)
+            init = torch.zeros(width["pairs"])
+            init[2 * (rank * per + tiles):2 * (rank + 1) * per:2] = float("-inf")
+            r["pairs"] = p.buffer("pairs", width["pairs"], init=init)
         p.embedding(embed)
         if self.splits > 1:
             r["part"] = p.buffer("part", rows * width["part"])
         row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
         vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
         eps = cfg.rms_norm_eps
-        firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
-        prev: list[int] = firsts
+        if world == 1:
+            firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
+            prev: list[int] = firsts
+        else:                     # the token's rank has its row, the others zeros: their sum is the row
+            firsts = [p.embed(row("token", 0), r["red_emb"], cfg.hidden_size, first=self.tp.rank * vocab)]
+            prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=self.tp.rank, after=firsts)
         for i, lw in enumerate(weights.layers):
             (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
             a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
@@ -225,16 +371,37 @@ class StreamDecoder:
             a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
                              layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
                              part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
-            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"], epi="add", bias=vec(f"bo{i}", lw.o_bias),
+            # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
+            # all-reduce nodes add every rank's into the residual
+            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"] if world == 1 else r["red_attn"],
+                       epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
                        narrow=narrow(cfg.hidden_size, self.config), batch=rows, after=a)
+            if world > 1:
+                b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
+                                epi="add", after=b)
             c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
                        eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
-            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"], epi="add", after=c, batch=rows,
+            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"] if world == 1 else r["red_mlp"],
+                          epi="add" if world == 1 else "store", after=c, batch=rows,
                           narrow=narrow(cfg.hidden_size, self.config))
-        head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                      amax=r["pairs"], batch=rows, after=prev)
-        samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
-                            after=head) for b in range(rows)]
+            if world > 1:
+                prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
+                                   epi="add", after=prev)
+        if world == 1:
+            head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
+                          amax=r["pairs"], batch=rows, after=prev, samp=r.get("samp"))
+            samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
+                                after=head) for b in range(rows)]
+        else:                     # this rank's shard of the vocabulary (the last shard's real rows), its
+            # pairs gathered from every rank, then every rank samples the same token
+            rank = self.tp.rank
+            real = min(vocab, cfg.vocab_size - rank * vocab)
+            mine = Region(r["pairs"].offset + 2 * rank * per, 2 * per)
+            head = p.gemv(*at[-1], real, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
+                          amax=mine, after=prev, samp=r["samp"])
+            gathered = p.allreduce(r["pairs"], r["pairs_all"], width["pairs"], world=world, rank=rank, after=head)
+            samples = [p.sample(r["pairs_all"], world * per, r["logits"], row("token", 0), row("tokens", 0),
+                                after=gathered, per=per, shard=vocab)]
         p.decode_loop(samples, firsts)
         return p
 
@@ -249,16 +416,22 @@ class StreamDecoder:
         return self.arena[reg.offset:reg.offset + reg.size]
 
     def logits(self):
-        """The latest step's float32 logits, [batch, vocab] (a view, valid until the next step)."""
+        """The latest step's float32 logits, [batch, vocab] (a view, valid until the next step; with
+        tensor parallelism a copy, every rank's shard gathered: every rank calls it)."""
+        if self.tp is not None:
+            import torch
+            return torch.cat(self.tp.gather(self.view("logits")))[:self.cfg.vocab_size][None]
         return self.view("logits").view(self.batch, self.cfg.vocab_size)
 
-    def step(self, token: int, pos: int, table: list[int] | None = None):
+    def step(self, token: int, pos: int, table: list[int] | None = None, sampling: tuple | None = None):
         """Run one token at `pos` (its KV goes to the cache; the context is tokens 0..pos) through
         blocks `table` (default 0, 1, 2, ...); returns the float32 logits (a view, valid until the
-        next step). Batch 1; step_rows for a batch."""
+        next step; gathered with tensor parallelism, as logits()). The kernel's pick is tokens(1)[0]:
+        the argmax, or with sampling = (temperature, seed) a draw from softmax(logits / temperature)
+        by Gumbel-max (philox.py: a seed and position give one token). Batch 1; step_rows for a batch."""
         self._check_one()
-        self._run([token], [pos], 1, [table])
-        return self.view("logits")
+        self._run([token], [pos], 1, [table], sampling=sampling)
+        return self.view("logits") if self.tp is None else self.logits()[0]
 
     def step_rows(self, tokens: list[int], positions: list[int], tables: list[list[int]]):
         """One step of every row: row b's token at positions[b] through blocks tables[b] (each row
@@ -266,12 +439,13 @@ class StreamDecoder:
         self._run(tokens, positions, 1, tables)
         return self.logits()
 
-    def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> list[int]:
-        """Greedy decoding in one launch: `token` at `pos`, then each step's pick at the next
-        position, `steps` steps; returns the picked tokens. `table` must cover pos + steps - 1.
-        The logits view holds the last step's. Batch 1; generate_rows for a batch."""
+    def generate(self, token: int, pos: int, steps: int, table: list[int] | None = None,
+                 sampling: tuple | None = None) -> list[int]:
+        """Decoding in one launch: `token` at `pos`, then each step's pick (greedy, or sampling as in
+        step) at the next position, `steps` steps; returns the picked tokens. `table` must cover
+        pos + steps - 1. The logits view holds the last step's. Batch 1; generate_rows for a batch."""
         self._check_one()
-        self._run([token], [pos], steps, [table])
+        self._run([token], [pos], steps, [table], sampling=sampling)
         return self.tokens(steps)
 
     def generate_rows(self, tokens: list[int], positions: list[int], steps: int,
@@ -281,15 +455,17 @@ class StreamDecoder:
         self._run(tokens, positions, steps, tables)
         return self.row_tokens(steps)
 
-    def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None) -> None:
+    def launch(self, token: int, pos: int, steps: int, table: list[int] | None = None,
+               sampling: tuple | None = None) -> None:
         """generate's launch, without the wait (on the CPU it runs here): wait(), then tokens()."""
         self._check_one()
-        self._run([token], [pos], steps, [table], wait=False)
+        self._run([token], [pos], steps, [table], wait=False, sampling=sampling)
 
-    def launch_rows(self, tokens: list[int], positions: list[int], steps: int, tables: list[list[int]]) -> None:
+    def launch_rows(self, tokens: list[int], positions: list[int], steps: int, tables: list[list[int]],
+                    sampling: tuple | None = None) -> None:
         """generate_rows's launch, without the wait (on the CPU it runs here): wait(), then row_tokens().
-        1 to `batch` rows; the rest idle."""
-        self._run(tokens, positions, steps, tables, wait=False)
+        1 to `batch` rows; the rest idle. sampling: as in step, for a decoder of one row."""
+        self._run(tokens, positions, steps, tables, wait=False, sampling=sampling)
 
     def wait(self, timeout: float = 60.0) -> None:
         if self.executor is not None:
@@ -312,12 +488,25 @@ class StreamDecoder:
         if self.batch != 1:
             raise ValueError(f"this decoder runs batches of {self.batch}: use step_rows / generate_rows")
 
-    def _run(self, tokens: list[int], positions: list[int], steps: int, tables: list, wait: bool = True) -> None:
+    def _run(self, tokens: list[int], positions: list[int], steps: int, tables: list, wait: bool = True,
+             sampling: tuple | None = None) -> None:
+        import numpy as np
         import torch
 
         from warploop.runtime.stream.reference import reference
         if not 1 <= steps <= self.MAX_STEPS:
             raise ValueError(f"steps must be 1 to {self.MAX_STEPS}, not {steps}")
+        if "samp" in self.program.int_regions:        # temperature 0: the argmax
+            temperature, seed = sampling if sampling is not None else (0.0, 0)
+            if not temperature >= 0 or temperature == float("inf"):
+                raise ValueError(f"sampling: the temperature must be finite and >= 0, not {temperature}")
+            seed &= (1 << 64) - 1
+            words = [int(np.float32(temperature).view(np.int32)), *(int(np.uint32(v).view(np.int32)) for v in
+                                                                     (seed & 0xFFFFFFFF, seed >> 32)), positions[0] + 1]
+            r = self.program.int_regions["samp"]
+            self.ints[r.offset:r.offset + len(words)] = torch.tensor(words, dtype=torch.int32, device=self.ints.device)
+        elif sampling is not None:
+            raise ValueError("sampling on the kernel takes a decoder of one row (batches sample on the host)")
         if not 1 <= len(tokens) == len(positions) == len(tables) <= self.batch:
             raise ValueError(f"a step takes 1 to {self.batch} row(s): tokens, positions and tables, one each; got "
                              f"{len(tokens)}, {len(positions)}, {len(tables)}")
@@ -353,4 +542,4 @@ class StreamDecoder:
             if wait:
                 self.executor.wait()
         else:
-            self.arena = reference(self.programs[level], self.arena, self.ints, self.kv, steps=steps)
+            self.arena = reference(self.programs[level], self.arena, self.ints, self.kv, steps=steps, exchange=self.tp)

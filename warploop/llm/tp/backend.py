@@ -78,6 +78,29 @@ def receive_batch(message: tuple[ModelBatch, int | None], device) -> ModelBatch:
     return dataclasses.replace(batch, token_ids=ids)
 
 
+class BroadcastDecoder:
+    """Rank 0's streaming decoder under tensor parallelism (stream_step.StreamDecoder with tp): each
+    launch, and each gathering of the logits, is sent to the other ranks first, whose decoders do the
+    same, so the ranks' all-reduce nodes and gathers pair up (over symmetric memory and NCCL on GPUs,
+    gloo on the CPU); everything else is rank 0's decoder's own (its tokens are every rank's)."""
+
+    LAUNCHES = ("step", "step_rows", "launch", "launch_rows", "generate", "generate_rows", "logits")
+
+    def __init__(self, decoder, ranks: Ranks) -> None:
+        self._decoder, self._ranks = decoder, ranks
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._decoder, name)
+        if name not in self.LAUNCHES:
+            return attr
+
+        def launch(*args, **kwargs):
+            self._ranks.check_alive()
+            self._ranks.send(("stream", (name, args, kwargs)))
+            return attr(*args, **kwargs)
+        return launch
+
+
 class TensorParallelBackend(Backend):
     """Rank 0: runs its shard, and has the other ranks run theirs on the same batch."""
 

@@ -29,8 +29,11 @@ class RankJob:
     max_num_seqs: int
     max_len: int
     use_cuda_graphs: bool
+    backend: str = "torch"      # torch: per op; stream: decode on the streaming decoder, prefill per op
 
     def __post_init__(self) -> None:
+        if self.backend not in ("torch", "stream"):
+            raise ValueError(f"--backend {self.backend} does not run under --tensor-parallel: use torch or stream")
         for name in ("block_size", "max_num_seqs", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -44,17 +47,21 @@ class _Rank:
     def __init__(self, spec: group.GroupSpec, rank: int, job: RankJob) -> None:
         import torch
 
-        from warploop.llm.tp.load import load_shard, random_shard
+        from warploop.llm.tp.load import load_shard, random_shard, stream_shard
 
         self.spec, self.rank, self.job = spec, rank, job
         self.device = group.rank_device(spec, rank)
         dtype = getattr(torch, job.dtype)
-        if job.model_dir is None:
+        self.stream_weights = None        # the streaming decoder's: the per-op backend's own
+        if job.backend == "stream":
+            self.weights = self.stream_weights = stream_shard(job.model_dir, job.cfg, spec.world, rank, self.device,
+                                                              dtype)
+        elif job.model_dir is None:
             self.weights = random_shard(job.cfg, spec.world, rank, self.device, dtype)
         else:
             self.weights = load_shard(job.model_dir, job.cfg, spec.world, rank, self.device, dtype)
         self.local = local_config(job.cfg, spec.world)
-        self.backend = None
+        self.backend = self.decoder = None
 
     def layout(self, blocks: int) -> KVCacheLayout:
         c = self.local
@@ -68,8 +75,19 @@ class _Rank:
         from warploop.llm.tp.backend import ShardedBackend
 
         max_context = min(self.job.max_len, blocks * self.job.block_size)
+        packed = None
+        if self.stream_weights is not None:   # the layers become views of the pools, shared by both paths
+            from warploop.llm.stream_step import pack_pools
+            packed = pack_pools(self.stream_weights, self.device, share=True)
         self.backend = ShardedBackend(self.job.cfg, self.spec.world, self.rank, self.weights, self.layout(blocks),
                                       self.device, max_context, use_cuda_graphs=self.job.use_cuda_graphs)
+        if packed is not None:
+            from warploop import config
+            from warploop.llm.stream_step import GroupRank, StreamDecoder
+            self.decoder = StreamDecoder(self.job.cfg, self.stream_weights, device=self.device,
+                                         max_context=max_context, block_size=self.job.block_size,
+                                         kv=self.backend.kv, pools=packed, prebuilt=config.get().stream_prebuilt,
+                                         tp=GroupRank())
         return self.backend, max_context
 
 
@@ -96,6 +114,10 @@ def worker_main(spec: group.GroupSpec, rank: int, conn, job: RankJob) -> None:
         if kind == "warmup":
             state.backend.warmup(value)
             return "warm"
+        if kind == "stream":              # rank 0's decoder launched this: the same launch here
+            method, args, kwargs = value
+            getattr(state.decoder, method)(*args, **kwargs)
+            return None
         raise ValueError(f"unknown message {kind!r}")
 
     try:
@@ -107,12 +129,19 @@ def worker_main(spec: group.GroupSpec, rank: int, conn, job: RankJob) -> None:
 
 
 def build_tp_backend(cfg: ModelConfig, world: int, device, job: RankJob):
-    """(TensorParallelBackend, max_context) over `world` ranks; rank 0 is this process, on `device`."""
+    """(TensorParallelBackend, max_context) over `world` ranks; rank 0 is this process, on `device`.
+    With job.backend "stream", a StreamBackend over it: decode on every rank's streaming decoder
+    (BroadcastDecoder has the other ranks run each of rank 0's launches), prefill per op."""
     import torch
 
-    from warploop.llm.tp.backend import TensorParallelBackend
+    from warploop.llm.tp.backend import BroadcastDecoder, TensorParallelBackend
 
     check(cfg, world)
+    if job.backend == "stream":           # refused here, before any rank starts
+        from warploop.llm.stream_step import unsupported
+        why = unsupported(cfg, job.dtype)
+        if why:
+            raise ValueError(f"the streaming backend cannot run this model: {why}; use --backend torch")
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"--tensor-parallel {world} needs {world} GPUs but {torch.cuda.device_count()} are visible; "
                          "lower it or set CUDA_VISIBLE_DEVICES")
@@ -127,7 +156,12 @@ def build_tp_backend(cfg: ModelConfig, world: int, device, job: RankJob):
         ranks.send(("build", blocks))
         backend, max_context = state.build(blocks)
         ranks.replies()
-        return TensorParallelBackend(cfg, backend, ranks), max_context
+        made = TensorParallelBackend(cfg, backend, ranks)
+        if job.backend == "stream":
+            from warploop.llm.stream_backend import StreamBackend
+            made = StreamBackend(cfg, None, backend.layout, device, max_context, per_op=made,
+                                 decoder=BroadcastDecoder(state.decoder, ranks))
+        return made, max_context
     except BaseException:
         ranks.close()
         raise

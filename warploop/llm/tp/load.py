@@ -66,3 +66,13 @@ def _drop_row_biases(weights: ModelWeights, rank: int) -> ModelWeights:
         for layer in weights.layers:
             layer.o_bias = layer.down_bias = None
     return weights
+
+
+def stream_shard(path: str | Path | None, cfg: ModelConfig, n: int, rank: int, device, dtype):
+    """Rank `rank`'s weights for the streaming decoder's tensor parallelism, which the per-op backend
+    shares (its layers and vocabulary shards): load_shard's from the checkpoint at `path`, or, random,
+    one full model on every rank (the same seed) sharded, so every rank holds a share of one model."""
+    from warploop.llm.tp.shard import shard_weights
+    if path is None:
+        return shard_weights(random_weights(cfg, device, dtype, seed=0), cfg, n, rank)
+    return load_shard(path, cfg, n, rank, device, dtype)

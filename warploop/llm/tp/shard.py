@@ -105,3 +105,45 @@ def slices(cfg: ModelConfig, n: int, rank: int) -> dict[str, Slice | None]:
         else:   # norms, and the row-parallel biases (whole; rank 0 alone adds them, load.py)
             plan[name] = None
     return plan
+
+
+def shard_weights(weights, cfg: ModelConfig, n: int, rank: int):
+    """Rank `rank`'s share of fused ModelWeights (weights.fuse's layout) already in memory: its q, k
+    and v heads and its gate/up rows (column-parallel), its columns of o_proj and down_proj
+    (row-parallel; their biases on rank 0 alone), norms whole, and its vocabulary shard of the
+    embedding and lm_head (vocab_shard rows, the last shard padded with zero rows). Shapes:
+    local_config's, as load_shard reads them."""
+    import torch
+
+    from warploop.llm.weights import LayerWeights, ModelWeights
+
+    check(cfg, n)
+    if not 0 <= rank < n:
+        raise ValueError(f"rank {rank} is outside [0, {n})")
+    d, h = cfg.head_dim, cfg.num_heads
+    q, kv, f = h // n * d, kv_heads_of(cfg, n, rank), cfg.intermediate_size // n
+    ks, vs = cfg.q_size + kv.start * d, cfg.q_size + cfg.kv_size + kv.start * d
+    qkv_rows = [(rank * q, (rank + 1) * q), (ks, ks + len(kv) * d), (vs, vs + len(kv) * d)]
+    gu_rows = [(rank * f, (rank + 1) * f), (cfg.intermediate_size + rank * f, cfg.intermediate_size + (rank + 1) * f)]
+
+    def rows(t, spans):
+        return None if t is None else torch.cat([t[a:b] for a, b in spans]).contiguous()
+
+    def cols(t, a, b):
+        return t[:, a:b].contiguous()
+
+    layers = [LayerWeights(
+        input_norm=lw.input_norm, qkv=rows(lw.qkv, qkv_rows), qkv_bias=rows(lw.qkv_bias, qkv_rows),
+        o=cols(lw.o, rank * q, (rank + 1) * q), o_bias=lw.o_bias if rank == 0 else None, post_norm=lw.post_norm,
+        gate_up=rows(lw.gate_up, gu_rows), gate_up_bias=rows(lw.gate_up_bias, gu_rows),
+        down=cols(lw.down, rank * f, (rank + 1) * f), down_bias=lw.down_bias if rank == 0 else None,
+        q_norm=lw.q_norm, k_norm=lw.k_norm) for lw in weights.layers]
+    v = vocab_shard(cfg, n)
+
+    def vocab(t):
+        part = t[rank * v:min((rank + 1) * v, cfg.vocab_size)]
+        return (part if part.shape[0] == v else torch.cat([part, part.new_zeros(v - part.shape[0], part.shape[1])])
+                ).contiguous()
+    embed = vocab(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else vocab(weights.lm_head)
+    return ModelWeights(embed=embed, layers=layers, norm=weights.norm, lm_head=lm_head)

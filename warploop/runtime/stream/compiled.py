@@ -36,6 +36,7 @@ class StreamConfig:
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
+    tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -102,7 +103,7 @@ class StreamConfig:
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows)
+                    XR=self.x_rows, TP=self.tensor_parallel)
 
 
 def smem_layout(swizzled: bool = False):
@@ -139,7 +140,8 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     kw = dict(cfg.constexprs(), num_warps=CW.value)
     i64 = torch.zeros(64, dtype=torch.int64)
     bf16 = torch.zeros(64, dtype=torch.bfloat16)
-    bound, spec, opts = binder(d, d, d, d, dkv, i32, i32, torch.zeros(64), i32, bf16, bf16, i32, i32, 0, 1, i64, **kw)
+    bound, spec, opts = binder(d, d, d, d, dkv, i32, i32, torch.zeros(64), i32, bf16, bf16, i32, i32, 0, 1, i64, i64,
+                               **kw)
     opts, sig, constexprs, attrs = stream_kernel._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(GluonASTSource(stream_kernel, sig, constexprs, attrs), target=target,
                           options=opts.__dict__)

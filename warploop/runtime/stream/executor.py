@@ -49,16 +49,51 @@ def _check_shareable(program: StreamProgram, other: StreamProgram) -> None:
                          "embedding, pools and StreamConfig (a variant of the same graph)")
 
 
+def _check_tensor_parallel(program: StreamProgram, group) -> None:
+    """A program's all-reduce nodes, its kernel's all-reduce body and the ranks' group agree."""
+    reduces = [n for n in program.nodes if n.kind.name == "allreduce"]
+    if bool(reduces) != program.config.tensor_parallel:
+        raise ValueError("a program with all-reduce nodes needs StreamConfig(tensor_parallel=True), and only it"
+                         if reduces else "StreamConfig.tensor_parallel is for a program with all-reduce nodes")
+    if reduces and group is None:
+        raise ValueError(f"node {reduces[0].index} all-reduces over {reduces[0].fields['world']} ranks: pass the "
+                         "ranks' torch.distributed group (tp_group)")
+    if reduces:
+        import torch.distributed as dist
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        f = reduces[0].fields
+        if (f["world"], f["rank"]) != (world, rank):
+            raise ValueError(f"the program is rank {f['rank']} of {f['world']}, the group's process rank {rank} of "
+                             f"{world}")
+
+
+def _symmetric(tensor, group):
+    """A copy of `tensor` in symmetric memory every rank of `group` maps, and every rank's address
+    of its copy, in rank order (a collective: every rank calls it in the same order)."""
+    import torch.distributed._symmetric_memory as symm_mem
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None and getattr(enable, "__deprecated__", None) is None:
+        enable(group.group_name)        # older torch needs it; newer ones deprecate it
+    out = symm_mem.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    out.copy_(tensor.reshape(-1))
+    handle = symm_mem.rendezvous(out, group)
+    return out.view(tensor.shape), [int(p) for p in handle.buffer_ptrs]
+
+
 class StreamExecutor:
     def __init__(self, program: StreamProgram, device="cuda", ctas: int | None = None,
                  share: StreamExecutor | None = None, check: bool = True, prebuilt=None,
-                 build_cache=None) -> None:
+                 build_cache=None, tp_group=None) -> None:
         """share: an executor whose arena, int arena, KV cache, embedding and pools this one runs
         over (its program declares the same regions, the same cache and pools). check: the
         program's hazard check (StreamProgram.build). prebuilt: a folder of prebuilt kernels
         (prebuilt.py); its variant of the program's StreamConfig launches through the CUDA driver
         with no Triton, and a folder without one is an error. build_cache: a folder of placed
-        programs (StreamProgram.build's cache), so a later start skips placement."""
+        programs (StreamProgram.build's cache), so a later start skips placement.
+        tp_group: a tensor-parallel rank's program (all-reduce nodes, StreamConfig.tensor_parallel):
+        the torch.distributed group of the ranks (one process and GPU each, NVLink between them),
+        every rank building its executors in the same order, as setting up their symmetric memory
+        is a collective."""
         import torch
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
@@ -66,6 +101,7 @@ class StreamExecutor:
         if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
             raise RuntimeError("the streaming executor needs a Hopper GPU (compute capability 9.x); "
                                "elsewhere run the program with reference.reference()")
+        _check_tensor_parallel(program, tp_group)
         most = max(program.config.batch_rows, 1)
         batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > most]
         if batched:
@@ -86,7 +122,12 @@ class StreamExecutor:
         self.reset_every = reset_interval(self.built.counter_sizes)
         self.words = torch.from_numpy(self.built.words).to(dev)
         self.table = torch.from_numpy(self.built.table).to(dev)
+        self.tp_group, self.broken = tp_group, None
         self.arena = program.arena(dev) if share is None else share.arena
+        if tp_group is not None and share is None:
+            self.arena, self._arena_ptrs = _symmetric(self.arena, tp_group)
+        elif tp_group is not None:
+            self._arena_ptrs = share._arena_ptrs
         self.ints = program.int_arena(dev) if share is None else share.ints
         self.kv = program.kv if program.kv is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
         self.emb = program.emb if program.emb is not None else torch.zeros(8, dtype=torch.bfloat16, device=dev)
@@ -98,6 +139,10 @@ class StreamExecutor:
             raise ValueError(f"the program's KV cache is on {self.kv.device}, the executor on {dev}")
         self.counters = torch.zeros(max(1, self.built.counters), dtype=torch.int32, device=dev)
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
+        self.peers = self.err                       # a one-rank kernel never reads it
+        if tp_group is not None:                    # every rank's arena, then every rank's counters
+            self.counters, counter_ptrs = _symmetric(self.counters, tp_group)
+            self.peers = torch.tensor(self._arena_ptrs + counter_ptrs, dtype=torch.int64, device=dev)
         # with StreamConfig.trace: int64 words [instruction, kinds.TRACE_STAMPS]
         self.trace = torch.zeros((self.built.instruction_count if program.config.trace else 1, len(TRACE_STAMPS)),
                                  dtype=torch.int64, device=dev)
@@ -116,17 +161,17 @@ class StreamExecutor:
         self.prebuilt = None
         if prebuilt is not None:
             from warploop.driver.select import get_driver
-            from warploop.runtime.stream.prebuilt import PrebuiltKernel, TensorArg
+            from warploop.runtime.stream.prebuilt import PrebuiltError, PrebuiltKernel, TensorArg
             from warploop.target import probe_devices
             info = next((i for i in probe_devices() if i.target.backend == "cuda" and i.index == dev.index), None)
             if info is None:
                 raise RuntimeError(f"the CUDA driver sees no device {dev.index} (is cuda-bindings installed? "
                                    "pip install 'warploop[cuda]')")
             driver = get_driver(info)
-            self.prebuilt = PrebuiltKernel.load(prebuilt, cfg, driver)
-            if self.prebuilt is None:
-                raise ValueError(f"{prebuilt} holds no prebuilt kernel for this StreamConfig on this GPU; "
-                                 "leave prebuilt out to compile it")
+            try:
+                self.prebuilt = PrebuiltKernel.load(prebuilt, cfg, driver)
+            except PrebuiltError as e:
+                raise ValueError(f"no prebuilt kernel for this program: {e}; leave prebuilt out to compile it") from e
             self._targs = ([TensorArg(t, tuple(cfg.weight_box)) for t in self._desc_tensors]
                            + [TensorArg(self._kv_rows, tuple(kv_box))])
         else:
@@ -147,20 +192,37 @@ class StreamExecutor:
                              "without one, nothing orders a step after the one before")
         if self.prebuilt is None:
             from warploop.runtime.stream.kernel import CW, stream_kernel
+        if self.broken:
+            raise StreamError(self.broken)
         if self.epoch + steps > self.reset_every:
-            self.counters.zero_()
-            self.epoch = 0
+            self._reset_counters()
         if self.prebuilt is not None:
             import torch
             self.prebuilt.launch(self.ctas, torch.cuda.current_stream(self.device).cuda_stream, self._targs,
                                  [self.words, self.table, self.arena, self.ints, self.kv, self.emb, self.counters,
-                                  self.err, self.epoch, steps, self.trace])
+                                  self.err, self.epoch, steps, self.trace, self.peers])
             self.epoch += steps
             return
         stream_kernel[(self.ctas,)](*self.descs, self.kv_desc, self.words, self.table, self.arena, self.ints, self.kv,
-                                    self.emb, self.counters, self.err, self.epoch, steps, self.trace,
+                                    self.emb, self.counters, self.err, self.epoch, steps, self.trace, self.peers,
                                     **self.program.config.constexprs(), num_warps=CW.value)
         self.epoch += steps
+
+    def _reset_counters(self) -> None:
+        """Zero the counters (each run's needs grow with the epoch). A tensor-parallel rank's peers
+        bump its meet counters, so the ranks reset together: every rank's kernels done, then the
+        zeroing, then no rank launches before every rank has zeroed."""
+        if self.tp_group is not None:
+            import torch
+            import torch.distributed as dist
+            torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.tp_group)
+            self.counters.zero_()
+            torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.tp_group)
+        else:
+            self.counters.zero_()
+        self.epoch = 0
 
     def run(self, timeout: float = 60.0, steps: int = 1) -> None:
         self.launch(steps)
@@ -185,6 +247,12 @@ class StreamExecutor:
                                    "a ring wait that never completes); restart the process")
             time.sleep(1e-4)
         err = self.err.tolist()
+        if err[0] and self.tp_group is not None:
+            # the peers' kernels met this one's counters part-way: no rank can start afresh alone
+            self.broken = (f"CTA {err[2]} instruction {err[3]}: the wait on counter {err[1]} gave up after "
+                           f"{self.program.config.spin} polls in a tensor-parallel rank, whose peers' counters are "
+                           "now out of step: restart the ranks")
+            raise StreamError(self.broken)
         if err[0]:
             # the runs after a wait gave up left counters (and merge tickets) part-way: start afresh
             self.err.zero_()

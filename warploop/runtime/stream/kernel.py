@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
 from warploop.runtime.stream.gemv_rows import SB, gemv_rows
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
@@ -58,6 +59,7 @@ G_EPS = gl.constexpr(GEMV.word("eps"))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_BATCH = gl.constexpr(GEMV.word("batch"))
+G_SAMP = gl.constexpr(GEMV.word("samp"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
@@ -164,10 +166,10 @@ def _words(base):
 
 @gluon.jit
 def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
-              BR: gl.constexpr,
+              peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -289,6 +291,16 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             if amx >= 0:              # the tile's largest output and its offset (the first of equal ones)
                 va = gl.where(ma, acc_a, float("-inf"))
                 vb = gl.where(mb, acc_b, float("-inf"))
+                smp = gl.load(instr + i * W + G_SAMP)
+                if smp >= 0:          # a sampled row: the race values y / T + G (kinds.GEMV, sampling.py)
+                    temp = gl.load(ints + smp).to(gl.float32, bitcast=True)
+                    if temp > 0:
+                        lo = gl.load(ints + smp + 1)
+                        hi = gl.load(ints + smp + 2)
+                        ctx = gl.load(ints + smp + 3) + s
+                        tb = gl.load(ints + smp + 4)
+                        va = gl.where(ma, acc_a / temp + gumbel(lo, hi, ctx, out + rows + tb), float("-inf"))
+                        vb = gl.where(mb, acc_b / temp + gumbel(lo, hi, ctx, out + HALF + rows + tb), float("-inf"))
                 top = gl.maximum(gl.max(va, axis=0), gl.max(vb, axis=0))
                 at = gl.minimum(gl.min(gl.where(va == top, out + rows, 2 ** 30), axis=0),
                                 gl.min(gl.where(vb == top, out + HALF + rows, 2 ** 30), axis=0))
@@ -303,10 +315,10 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                                       failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
-                                    epoch, failed, cta, i, trace, SPIN, TRACE, CW)
+                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP)
             else:
                 failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
-                                failed, cta, i, trace, SPIN, TRACE, CW)
+                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             # every thread's stores precede one thread's CTA-scope release to the publisher, whose
@@ -349,11 +361,11 @@ def _publisher(instr, n, steps, counters, pub_full, pub_empty):
 
 
 @gluon.jit(do_not_specialize=["epoch", "steps"])
-def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, counters, err, epoch, steps, trace,
+def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, counters, err, epoch, steps, trace, peers,
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -376,8 +388,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
-                     trace + first * TRACE_WORDS, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     pub_full, pub_empty)),
+                     trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
+                     TP, pub_full, pub_empty)),
         (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),

@@ -31,6 +31,7 @@ WORDS = 32                                       # int32 words an instruction
 HEADER = ("op", "wait0", "need0", "wait1", "need1", "signal", "signals")
 MAX_WAITS = 2
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.fields "epi")
+SAMP_WORDS = ("temperature", "seed_lo", "seed_hi", "context", "token_base")   # GEMV "samp": int-arena words
 # StreamConfig.trace: int64 words an instruction, in this order: the consumer's ns stamps (start,
 # waits met, first chunk in hand, handed to the publisher), then the loader's (its first chunk's slot
 # free, and the ns it spent waiting for free slots: its SM's copies idle, the ring full)
@@ -180,11 +181,16 @@ NOP = NodeKind("nop", 0, ())
 # A batch of `batch` rows: x holds them one after another (row b at x + b * k), each normalised on
 # its own; row b's outputs go to out + b * ostride and its amax pair to amax + b * astride. (The
 # CPU reference and the Gluon kernel run batches; the kernel, up to StreamConfig.batch_rows.)
+# Sampling (batch 1, with amax): the int-arena words at samp >= 0 are the row's temperature (float
+# bits), its seed's low and high words, the launch's first context length, and the token id of the
+# logits' first row (a rank's first token) less their arena offset; at a temperature T > 0 the amax
+# pair's value is the largest y / T + G(seed, context length of step s, token id) (philox.py): SAMPLE's
+# argmax over the tiles then draws the token from softmax(y / T).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
-            Field("batch"), Field("ostride"), Field("astride")),
+            Field("batch"), Field("ostride"), Field("astride"), Field("samp")),
     streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -225,21 +231,41 @@ ATTN = NodeKind(
             Field("split"), Field("splits"), Field("part"), Field("ticket")),
     streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
-# The token's embedding row: out[:k] = float(emb[ints[token], :k]), emb the kernel's bf16 [rows, k]
-# table (StreamProgram.embedding); a token outside [0, rows) reads row 0 or rows - 1, never outside
-# the table (NaN logits leave SAMPLE no largest value). The first node of a decode step.
+# The token's embedding row: out[:k] = float(emb[ints[token] - first, :k]), emb the kernel's bf16
+# [rows, k] table (StreamProgram.embedding); a token outside [first, first + rows) reads row 0 or
+# rows - 1, never outside the table (NaN logits leave SAMPLE no largest value), or, with shard = 1
+# (tensor parallelism: the table is this rank's share of the vocabulary, from token `first`), zeros:
+# an all-reduce then sums the one rank's row with the others' zeros. The first node of a decode step.
 EMBED = NodeKind(
-    "embed", 4, fields=(Field("token"), Field("out"), Field("k"), Field("rows")),
+    "embed", 4, fields=(Field("token"), Field("out"), Field("k"), Field("rows"), Field("first"), Field("shard")),
     cost=lambda f, br: float(2 * f["k"]), footprint=lambda f, br: ([], [(f["out"], f["k"])]))
 # Greedy sampling: of the `count` (value, arena offset) pairs at arena `pairs` (GEMV amax), the
-# offset of the largest value (the first of equal ones), less `base` (the logits' offset), is the
-# token: written to ints[token] (the next step's EMBED reads it) and ints[tokens + s], s the step of
-# the launch.
+# offset of the largest value, less `base` (the logits' offset), is the token (of equal values, the
+# lowest token): written to ints[token] (the next step's EMBED reads it) and ints[tokens + s], s the
+# step of the launch. With per > 0 (tensor parallelism) the pairs are the ranks' in turn, `per` a
+# rank, each rank's offsets into its own logits, which hold its `shard` tokens of the vocabulary:
+# pair i's token is its offset - base + (i // per) * shard.
 SAMPLE = NodeKind(
-    "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens")),
+    "sample", 5, fields=(Field("pairs"), Field("count"), Field("base"), Field("token"), Field("tokens"),
+                         Field("per"), Field("shard")),
     cost=lambda f, br: float(8 * f["count"]), footprint=lambda f, br: ([(f["pairs"], 2 * f["count"])], []))
 
-KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE)      # opcode 3 was COMBINE (merged into ATTN by ticket)
+# Tensor parallelism: one slice of an all-reduce across the `world` ranks, each running its own
+# program of the same shape over its shard of the weights (this one is rank `rank`). Every rank's
+# arena holds its partial sum at `src` (n floats: a row-parallel GEMV's output); out[:n] gets their
+# sum, taken in rank order so every rank holds the same bits ("store"), or that sum added to out
+# ("add": the residual). On a GPU (StreamConfig.tensor_parallel) the ranks' arenas and counters are
+# in symmetric memory: each rank bumps counter `meet` (the build gives each slice its own) in every
+# peer's counters, waits for the peers' bumps in its own, then reads their partials; the CPU
+# reference exchanges them (reference.Exchange).
+ALLREDUCE = NodeKind(
+    "allreduce", 6, fields=(Field("src"), Field("out"), Field("n"), Field("epi"), Field("world"), Field("rank"),
+                            Field("meet")),
+    cost=lambda f, br: float(4 * f["n"] * (f["world"] + 1)),
+    footprint=lambda f, br: ([(f["src"], f["n"])] + ([(f["out"], f["n"])] if f["epi"] == EPILOGUES["add"] else []),
+                             [(f["out"], f["n"])]))
+
+KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE, ALLREDUCE)      # opcode 3 was COMBINE (merged into ATTN by ticket)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

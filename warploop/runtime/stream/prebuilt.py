@@ -10,6 +10,10 @@ maps itself (cuTensorMapEncodeTiled), as Triton's launcher would, so starting ne
     write_variant(config, folder, arch=90)                  # build machine: needs Triton
     kernel = PrebuiltKernel.load(folder, config, driver)    # no Triton import; None if not prebuilt
     kernel.launch(ctas, stream, [TensorArg(tensor, box), ...], [instr, table, ...])
+
+A manifest records the hash of the kernel's sources (SOURCES) it was built from; a variant built
+from other sources is never launched. The package ships a folder of variants (SHIPPED, written by
+`scripts/stream_prebuild.py --shipped`), which a test keeps current.
 """
 from __future__ import annotations
 
@@ -22,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "stream-kernels.json"
+SHIPPED = Path(__file__).with_name("shipped")            # the variants the package ships
+# the modules whose code the kernel is compiled from (its constexprs are in each variant's key)
+SOURCES = ("kernel.py", "attention.py", "gemv_rows.py", "small.py", "sync.py", "kinds.py", "compiled.py",
+           "allreduce.py", "sampling.py", "philox.py")
 SLOT = {"tmap": 128, "i32": 4, "i64": 8, "ptr": 8}       # bytes a parameter takes
 ALIGN = {"tmap": 64, "i32": 4, "i64": 8, "ptr": 8}
 PTX_TYPE = {"tmap": ".b8", "i32": ".u32", "i64": ".u64", "ptr": ".u64"}
@@ -32,6 +40,66 @@ L2_PROMOTION_128B = 2                                    # CU_TENSOR_MAP_L2_PROM
 
 class PrebuiltError(RuntimeError):
     pass
+
+
+def source_hash() -> str:
+    """The SHA-256 of the kernel's source files (SOURCES, each name then its bytes)."""
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in SOURCES:
+        h.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def read_manifest(folder: str | Path) -> dict | None:
+    """A folder's manifest ({"sources": hash, "kernels": {key: entry}}), or None without one."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PrebuiltError(f"{path}: not a readable manifest ({e}); rebuild it with scripts/stream_prebuild.py") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("kernels"), dict):
+        raise PrebuiltError(f"{path}: no \"kernels\" table; rebuild it with scripts/stream_prebuild.py")
+    return manifest
+
+
+def find(folder: str | Path, constexprs: dict, arch: int, kv_box: int | None = None) -> tuple[dict | None, str]:
+    """A folder's entry for one variant, or None and why there is none (no manifest, other
+    sources, not built for this shape or GPU, or, given the KV box a launch copies
+    (StreamConfig.kv_box of its cache's block size), built for another)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None, f"{folder} holds no {MANIFEST}"
+    if manifest.get("sources") != source_hash():
+        return None, (f"the kernels in {folder} were built from other sources than this warploop's "
+                      "(rebuild them with scripts/stream_prebuild.py)")
+    entry = manifest["kernels"].get(key(constexprs, arch))
+    if entry is None:
+        return None, f"{folder} holds no kernel for sm_{arch} and {key(constexprs, arch).partition(':')[2]}"
+    built = entry["tmaps"][-1]["block_size"][0] if constexprs.get("HD") else None
+    if kv_box is not None and built is not None and built != kv_box:
+        return None, (f"{folder} holds this shape's kernel for KV boxes of {built} tokens, not {kv_box} "
+                      "(another block size)")
+    return entry, ""
+
+
+def listing(folder: str | Path = SHIPPED) -> list[dict]:
+    """The variants a folder holds, for `warploop info`: target, dtype, head size, group, widest
+    input, batch rows, and whether they were built from this warploop's kernel sources."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return []
+    current = manifest.get("sources") == source_hash()
+    out = []
+    for k in sorted(manifest["kernels"]):
+        arch, _, rest = k.partition(":")
+        c = dict(item.split("=", 1) for item in rest.split(","))
+        out.append({"kind": "stream", "target": f"cuda:{arch.removeprefix('sm')}", "dtype": "bf16",
+                    "head_dim": int(c["HD"]), "attn_group": int(c["GP"]), "kmax": int(c["KMAX"]),
+                    "batch_rows": int(c["NB"]), "current": current})
+    return out
 
 
 def key(constexprs: dict, arch: int) -> str:
@@ -112,7 +180,13 @@ def write_variant(config, folder: str | Path, arch: int = 90, block_size: int = 
     entry["cubin"] = name
     k = key(config.constexprs(), arch)
     path = folder / MANIFEST
-    manifest = json.loads(path.read_text()) if path.exists() else {"kernels": {}}
+    manifest = read_manifest(folder) or {"kernels": {}}
+    sources = source_hash()
+    if manifest.get("sources") != sources:          # variants of other sources never mix with these
+        for old in manifest["kernels"].values():
+            if old["cubin"] != name:
+                (folder / old["cubin"]).unlink(missing_ok=True)
+        manifest = {"sources": sources, "kernels": {}}
     manifest["kernels"][k] = entry
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return k
@@ -166,17 +240,13 @@ class PrebuiltKernel:
         self._maps: list = []                      # the encoded maps, kept while their bytes are in use
 
     @classmethod
-    def load(cls, folder: str | Path, config, driver) -> PrebuiltKernel | None:
-        """The prebuilt variant of `config` for the driver's device, or None if there is none."""
-        folder = Path(folder)
-        path = folder / MANIFEST
-        if not path.exists():
-            return None
-        arch = driver.info.target.arch
-        entry = json.loads(path.read_text())["kernels"].get(key(config.constexprs(), arch))
+    def load(cls, folder: str | Path, config, driver) -> PrebuiltKernel:
+        """The prebuilt variant of `config` for the driver's device; a PrebuiltError says why there
+        is none (find())."""
+        entry, why = find(folder, config.constexprs(), driver.info.target.arch)
         if entry is None:
-            return None
-        function = driver.load((folder / entry["cubin"]).read_bytes(), "cubin", entry["entry"], entry["shared"])
+            raise PrebuiltError(why)
+        function = driver.load((Path(folder) / entry["cubin"]).read_bytes(), "cubin", entry["entry"], entry["shared"])
         return cls(entry, function, driver)
 
     def pack(self, descs: list, args: list) -> None:

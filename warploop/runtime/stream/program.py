@@ -27,12 +27,14 @@ from warploop.runtime.stream.builds import Built, build_key, read_built, write_b
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.hazards import check_hazards
 from warploop.runtime.stream.kinds import (
+    ALLREDUCE,
     ATTN,
     EMBED,
     EPILOGUES,
     GEMV,
     HEADER,
     NOP,
+    SAMP_WORDS,
     SAMPLE,
     WORDS,
     Instruction,
@@ -40,6 +42,7 @@ from warploop.runtime.stream.kinds import (
 )
 
 MAX_POOLS = 4
+ALLREDUCE_SLICE = 1024          # floats an all-reduce node sums (a hidden row of 2,048: two nodes)
 ALIGN = 16                      # arena regions start at a multiple of 16 floats (64 B)
 
 
@@ -103,6 +106,7 @@ class StreamProgram:
         self.nodes: list[Node] = []
         self.loop: list[tuple[int, int]] | None = None   # (SAMPLE, EMBED) a row: the decode loop's back edges
         self.tickets: list[int] = []             # an attention merge ticket's shares (build gives each a counter)
+        self.meets: list[int] = []               # an all-reduce slice's ranks (build gives each a counter)
 
     # -- memory ----------------------------------------------------------------------------------
     def buffer(self, name: str, size: int, init=None) -> Region:
@@ -173,13 +177,15 @@ class StreamProgram:
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
-             worker: int | None = None) -> list[int]:
+             worker: int | None = None, samp: Region | None = None) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
         each a tile. amax: a region of two floats a tile where each tile leaves its largest output
         and that output's offset (a SAMPLE node's pairs). batch: x holds that many rows of the
-        pool's width one after another, out that many rows of n, amax that many rows of pairs."""
+        pool's width one after another, out that many rows of n, amax that many rows of pairs.
+        samp: an int region of kinds.SAMP_WORDS: the amax pairs of a sampled row (batch 1) race
+        y / T + Gumbel noise (kinds.GEMV)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -190,6 +196,8 @@ class StreamProgram:
         tiles_n = -(-n // (br // 2 if epi == "silu_mul" or narrow else br))
         if amax is not None and (epi == "silu_mul" or amax.size < batch * 2 * tiles_n):
             raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles, each row")
+        if samp is not None and (amax is None or batch != 1 or samp.size < len(SAMP_WORDS)):
+            raise ValueError(f"samp takes a GEMV with amax, of one row, and {len(SAMP_WORDS)} int words")
         if narrow and epi == "silu_mul":
             raise ValueError("a silu_mul tile cannot be narrow (its gate and up rows fill one tile)")
         if (epi == "silu_mul") != (up is not None):
@@ -217,7 +225,7 @@ class StreamProgram:
                           out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
                           bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                           narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
-                          batch=batch, ostride=n, astride=2 * tiles_n)
+                          batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset)
             if template is None or t == count - 1:     # encoded and checked: the first and the last tile
                 tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                 template = template or list(self.nodes[-1].body)
@@ -276,22 +284,50 @@ class StreamProgram:
             done += nodes
         return done
 
-    def embed(self, token: Region, out: Region, k: int, after=()) -> int:
-        """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED)."""
+    def embed(self, token: Region, out: Region, k: int, after=(), first: int | None = None) -> int:
+        """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED). first: the
+        table is a vocabulary shard from token `first` (tensor parallelism), other tokens give zeros."""
         if self.emb is None:
             raise ValueError("embed needs the embedding table: call embedding() first")
         if k != self.emb.shape[1] or out.size < k or token.size < 1:
             raise ValueError(f"k must be the table's width {self.emb.shape[1]} and out hold it")
-        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k, rows=self.emb.shape[0])
+        return self.add(EMBED, after=after, token=token.offset, out=out.offset, k=k, rows=self.emb.shape[0],
+                        first=first or 0, shard=int(first is not None))
 
-    def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=()) -> int:
-        """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE)."""
+    def sample(self, pairs: Region, count: int, logits: Region, token: Region, tokens: Region, after=(),
+               per: int = 0, shard: int = 0) -> int:
+        """The greedy token from `count` GEMV amax pairs into ints token and tokens[s] (kinds.SAMPLE).
+        per and shard: the pairs are the tensor-parallel ranks' in turn, `per` a rank, each rank's
+        logits `shard` tokens of the vocabulary."""
         if pairs.size < 2 * count or token.size < 1 or tokens.size < 1:
             raise ValueError("sample needs two floats a pair, a token word and a tokens list")
+        if per and (count % per or shard < 1):
+            raise ValueError(f"the ranks' pairs come {per} a rank ({count} pairs) over shards of {shard} tokens")
         if self.floats.size >= 2 ** 24:
             raise ValueError("an amax pair holds an arena offset as a float: the arena must stay under 2^24 floats")
         return self.add(SAMPLE, after=after, pairs=pairs.offset, count=count, base=logits.offset, token=token.offset,
-                        tokens=tokens.offset)
+                        tokens=tokens.offset, per=per, shard=shard)
+
+    def allreduce(self, src: Region, out: Region, n: int, *, world: int, rank: int, epi: str = "store", after=(),
+                  slice_floats: int = ALLREDUCE_SLICE) -> list[int]:
+        """Tensor parallelism: out[:n] = (or +=, epi "add") the sum over the `world` ranks of each
+        rank's src[:n] (kinds.ALLREDUCE), this program being rank `rank`'s, as slices of at most
+        `slice_floats` floats, one node each (the ranks' CTAs then share the work); returns the nodes."""
+        if world < 2 or not 0 <= rank < world:
+            raise ValueError(f"an all-reduce needs at least two ranks and a rank among them, not rank {rank} "
+                             f"of {world}")
+        if n < 1 or src.size < n or out.size < n:
+            raise ValueError(f"an all-reduce of {n} floats needs src and out to hold them")
+        if epi not in ("store", "add"):
+            raise ValueError(f"an all-reduce's epi is 'store' or 'add', not {epi!r}")
+        deps = _Deps(self._deps(after))
+        nodes = []
+        for lo in range(0, n, slice_floats):
+            self.meets.append(world)
+            nodes.append(self.add(ALLREDUCE, after=deps, src=src.offset + lo, out=out.offset + lo,
+                                  n=min(slice_floats, n - lo), epi=EPILOGUES[epi], world=world, rank=rank,
+                                  meet=len(self.meets) - 1))
+        return nodes
 
     def decode_loop(self, sample, embed) -> None:
         """Run after run, `embed` waits for the run before's `sample` (its token): a launch of
@@ -354,6 +390,11 @@ class StreamProgram:
             sizes = sizes + tuple(self.tickets)
             insts = [dataclasses.replace(i, fields={**i.fields, "ticket": base + i.fields["ticket"]})
                      if i.kind is ATTN and i.fields["ticket"] >= 0 else i for i in insts]
+        if self.meets:                            # each all-reduce slice: a counter its peers signal
+            base = len(sizes)
+            sizes = sizes + tuple(w - 1 for w in self.meets)
+            insts = [dataclasses.replace(i, fields={**i.fields, "meet": base + i.fields["meet"]})
+                     if i.kind is ALLREDUCE else i for i in insts]
         # one NOP's words past the last instruction: a CTA with no instructions reads its first
         # (unused) words there, inside the array. A node's fields were encoded when it was added
         # (Node.body); an instruction whose fields build replaced (a ticket) is encoded here

@@ -6,7 +6,90 @@ fields the Gluon kernel reads.
 """
 from __future__ import annotations
 
-from warploop.runtime.stream.kinds import ATTN, EMBED, EPILOGUES, GEMV, NOP, SAMPLE, tile_pool_rows, tile_rows
+import threading
+import time
+
+from warploop.runtime.stream import philox
+from warploop.runtime.stream.kinds import (
+    ALLREDUCE,
+    ATTN,
+    EMBED,
+    EPILOGUES,
+    GEMV,
+    NOP,
+    SAMP_WORDS,
+    SAMPLE,
+    tile_pool_rows,
+    tile_rows,
+)
+
+
+class ExchangeTimeout(RuntimeError):
+    """A rank waited longer than the exchange's timeout for the others' partials."""
+
+
+class Exchange:
+    """The CPU reference's all-reduce among `world` ranks run in threads of one process: each
+    rank's n-th call hands in its tensor and gets every rank's n-th, in rank order (ranks make the
+    same calls in the same order, as their programs have one shape). A rank that waits longer than
+    `timeout` seconds gets ExchangeTimeout, and so does every later call of the exchange: one rank
+    failing must not leave the others waiting.
+
+        ex = Exchange(2)
+        ex.rank(0).gather(t0)  # in rank 0's thread -> [t0, t1]; rank(1).gather(t1) in rank 1's
+    """
+
+    def __init__(self, world: int, timeout: float = 60.0) -> None:
+        if world < 1:
+            raise ValueError(f"an exchange needs at least one rank, not {world}")
+        self.world, self.timeout = world, timeout
+        self._cv = threading.Condition()
+        self._calls = [0] * world
+        self._posted: dict[int, dict[int, object]] = {}     # call number -> rank -> its tensor
+        self._taken: dict[int, int] = {}
+        self.failed: str | None = None
+
+    def rank(self, r: int) -> RankExchange:
+        if not 0 <= r < self.world:
+            raise ValueError(f"rank {r} is outside [0, {self.world})")
+        return RankExchange(self, r)
+
+    def _gather(self, r: int, tensor) -> list:
+        deadline = time.monotonic() + self.timeout
+        with self._cv:
+            n = self._calls[r]
+            self._calls[r] += 1
+            self._posted.setdefault(n, {})[r] = tensor.clone()
+            self._cv.notify_all()
+            while len(self._posted[n]) < self.world and self.failed is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.failed = (f"rank {r} waited {self.timeout:.0f} s at all-reduce {n} for ranks "
+                                   f"{sorted(set(range(self.world)) - set(self._posted[n]))}")
+                    self._cv.notify_all()
+                    break
+                self._cv.wait(left)
+            if self.failed is not None:
+                raise ExchangeTimeout(self.failed)
+            parts = [self._posted[n][q] for q in range(self.world)]
+            self._taken[n] = self._taken.get(n, 0) + 1
+            if self._taken[n] == self.world:        # every rank has its copy: the call's slot goes
+                del self._posted[n], self._taken[n]
+            return parts
+
+
+class RankExchange:
+    """One rank's side of an Exchange (what reference() and run_node take)."""
+
+    def __init__(self, exchange: Exchange, rank: int) -> None:
+        self.exchange, self.rank = exchange, rank
+
+    @property
+    def world(self) -> int:
+        return self.exchange.world
+
+    def gather(self, tensor) -> list:
+        return self.exchange._gather(self.rank, tensor)
 
 
 def _rope(x, c, s, w, eps):
@@ -84,22 +167,41 @@ def merge_shares(arena, f, splits: int) -> None:
     arena[out:out + grp * hd] = ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1)
 
 
-def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
-    """Node `node` of step s of a launch (a decode loop's step; 0 for a single run)."""
+def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: RankExchange | None = None) -> None:
+    """Node `node` of step s of a launch (a decode loop's step; 0 for a single run). exchange: this
+    rank's side of the ranks' Exchange, for a tensor-parallel program's all-reduce nodes."""
     if node.kind is NOP:
+        return
+    if node.kind is ALLREDUCE:
+        f = node.fields
+        if exchange is None or exchange.world != f["world"]:
+            raise ValueError(f"node {node.index} all-reduces over {f['world']} ranks: run it with their exchange "
+                             f"(reference(..., exchange=Exchange({f['world']}).rank(r)))")
+        parts = exchange.gather(arena[f["src"]:f["src"] + f["n"]])
+        total = parts[0].clone()
+        for part in parts[1:]:                  # rank order: every rank adds the same way
+            total += part
+        if f["epi"] == EPILOGUES["add"]:
+            total += arena[f["out"]:f["out"] + f["n"]]
+        arena[f["out"]:f["out"] + f["n"]] = total
         return
     if node.kind is ATTN:
         run_attention(program, arena, ints, kv, node.fields, s)
         return
     f = node.fields
     if node.kind is EMBED:
-        row = min(max(int(ints[f["token"]]), 0), f["rows"] - 1)
+        local = int(ints[f["token"]]) - f["first"]
+        if f["shard"] and not 0 <= local < f["rows"]:   # another rank's token: its row comes from there
+            arena[f["out"]:f["out"] + f["k"]] = 0.0
+            return
+        row = min(max(local, 0), f["rows"] - 1)
         arena[f["out"]:f["out"] + f["k"]] = program.emb[row].float().to(arena.device)
         return
     if node.kind is SAMPLE:
         pairs = arena[f["pairs"]:f["pairs"] + 2 * f["count"]].view(-1, 2)
-        best = int(pairs[:, 0].argmax())                     # the first of equal maxima, as the kernel
-        ints[f["token"]] = ints[f["tokens"] + s] = int(pairs[best, 1]) - f["base"]
+        best = int(pairs[:, 0].argmax())    # the first of equal maxima: the lowest token, as the kernel
+        rank = best // f["per"] if f["per"] else 0
+        ints[f["token"]] = ints[f["tokens"] + s] = int(pairs[best, 1]) - f["base"] + rank * f["shard"]
         return
     if node.kind is not GEMV:
         raise NotImplementedError(f"the reference has no body for kind {node.kind.name}")
@@ -129,17 +231,35 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0) -> None:
         if f["epi"] == EPILOGUES["add"]:
             y = y + arena[out:out + n]
         arena[out:out + n] = y
-        if f["amax"] >= 0:                      # the largest output and its arena offset
+        if f["amax"] >= 0:                      # the largest output (or race value) and its arena offset
+            y = _raced(y, f, out, ints, s)
             best, at = int(y.argmax()), f["amax"] + b * f["astride"]
             arena[at] = y[best]
             arena[at + 1] = float(out + best)
 
 
-def reference(program, arena=None, ints=None, kv=None, steps: int = 1):
+def _raced(y, f, out: int, ints, s: int):
+    """A sampled row's race values y / T + G (kinds.GEMV "samp"); y itself for greedy rows."""
+    if f["samp"] < 0:
+        return y
+    import numpy as np
+    import torch
+    w = [int(v) for v in ints[f["samp"]:f["samp"] + len(SAMP_WORDS)]]
+    temperature = float(np.int32(w[0]).view(np.float32))
+    if temperature <= 0:
+        return y
+    seed = (w[1] & 0xFFFFFFFF) | (w[2] & 0xFFFFFFFF) << 32
+    tokens = np.arange(out, out + y.shape[0]) + w[4]
+    noise = torch.from_numpy(philox.gumbel(seed, w[3] + s, tokens)).to(y.device)
+    return y / temperature + noise
+
+
+def reference(program, arena=None, ints=None, kv=None, steps: int = 1, exchange: RankExchange | None = None):
     """Run every node of `program`, `steps` times (a decode loop's steps), on a copy of `arena`
     (default: program.arena() on the CPU), on the arena's device; return the copy. Attention and
     sampling read and write `ints` (default: program.int_arena()) and attention writes `kv`, in
-    place (default: a copy of program.kv)."""
+    place (default: a copy of program.kv). exchange: this rank's side of the ranks' Exchange (a
+    tensor-parallel program, each rank's reference in its own thread)."""
     arena = program.arena() if arena is None else arena.detach().clone()
     given = program.int_arena() if ints is None else ints
     ints = given.cpu()
@@ -147,7 +267,7 @@ def reference(program, arena=None, ints=None, kv=None, steps: int = 1):
         kv = program.kv.detach().clone()
     for s in range(steps):
         for node in program.nodes:
-            run_node(program, arena, node, ints, kv, s)
+            run_node(program, arena, node, ints, kv, s, exchange)
     if ints is not given:
         given.copy_(ints)
     return arena

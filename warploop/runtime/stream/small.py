@@ -1,41 +1,52 @@
-"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP): their waits,
-then their bodies, run by the consumer (kernel.py)."""
+"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP, and ALLREDUCE in
+a tensor-parallel kernel: allreduce.py): their waits, then their bodies, run by the consumer
+(kernel.py)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from warploop.runtime.stream.allreduce import OP_ALLREDUCE, allreduce
 from warploop.runtime.stream.kinds import EMBED, SAMPLE
 from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 
 OP_EMBED = gl.constexpr(EMBED.opcode)
 E_TOKEN, E_OUT, E_K = gl.constexpr(EMBED.word("token")), gl.constexpr(EMBED.word("out")), gl.constexpr(EMBED.word("k"))
-E_ROWS = gl.constexpr(EMBED.word("rows"))
+E_ROWS, E_FIRST, E_SHARD = gl.constexpr(EMBED.word("rows")), gl.constexpr(EMBED.word("first")), \
+    gl.constexpr(EMBED.word("shard"))
 OP_SAMPLE = gl.constexpr(SAMPLE.opcode)
 S_PAIRS, S_COUNT, S_BASE = gl.constexpr(SAMPLE.word("pairs")), gl.constexpr(SAMPLE.word("count")), \
     gl.constexpr(SAMPLE.word("base"))
 S_TOKEN, S_TOKENS = gl.constexpr(SAMPLE.word("token")), gl.constexpr(SAMPLE.word("tokens"))
+S_PER, S_SHARD = gl.constexpr(SAMPLE.word("per")), gl.constexpr(SAMPLE.word("shard"))
 SBLK = gl.constexpr(4096)       # amax pairs a SAMPLE reduces per round
 
 
 @gluon.jit
 def _embed(arena, ints, emb, base, xidx):
-    """The EMBED kind's body: out[:k] = float(emb[ints[token], :k])."""
+    """The EMBED kind's body: out[:k] = float(emb[ints[token] - first, :k]); with shard, zeros for a
+    token outside the table's rows."""
     k = gl.load(base + E_K)
+    rows = gl.load(base + E_ROWS)
     # the token is the step before's SAMPLE's (another SM's store, ordered by the wait): from L2
-    tok = gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg")
-    row = emb + gl.minimum(gl.maximum(tok, 0), gl.load(base + E_ROWS) - 1).to(gl.int64) * k
-    gl.store(arena + gl.load(base + E_OUT) + xidx, gl.load(row + xidx, mask=xidx < k, other=0.0).to(gl.float32),
-             mask=xidx < k)
+    local = gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg") - gl.load(base + E_FIRST)
+    mine = (gl.load(base + E_SHARD) == 0) | ((local >= 0) & (local < rows))
+    row = emb + gl.minimum(gl.maximum(local, 0), rows - 1).to(gl.int64) * k
+    gl.store(arena + gl.load(base + E_OUT) + xidx,
+             gl.load(row + xidx, mask=(xidx < k) & mine, other=0.0).to(gl.float32), mask=xidx < k)
 
 
 @gluon.jit
 def _sample(arena, ints, base, s, CW: gl.constexpr):
-    """The SAMPLE kind's body: the offset of the largest of the amax pairs (the first of equal ones),
-    less the logits' base, into ints[token] and ints[tokens + s]."""
+    """The SAMPLE kind's body: the token of the largest of the amax pairs (its offset less the
+    logits' base, plus its rank's first token with per; of equal ones the lowest) into ints[token]
+    and ints[tokens + s]."""
     PL: gl.constexpr = gl.BlockedLayout([SBLK // (32 * CW)], [32], [CW], [0])
     pairs = gl.load(base + S_PAIRS)
     count = gl.load(base + S_COUNT)
+    first_of = gl.load(base + S_BASE)
+    per = gl.load(base + S_PER)
+    shard = gl.load(base + S_SHARD)
     c = gl.arange(0, SBLK, layout=PL)
     best = float("-inf")
     at = 2 ** 30
@@ -44,20 +55,21 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
         live = c0 + c < count
         v = gl.load(arena + pairs + 2 * (c0 + c), mask=live, other=float("-inf"), cache_modifier=".cg")
         o = gl.load(arena + pairs + 2 * (c0 + c) + 1, mask=live, other=2.0 ** 30, cache_modifier=".cg").to(gl.int32)
+        t = gl.where(live, o - first_of + gl.where(per > 0, (c0 + c) // gl.maximum(per, 1) * shard, 0), 2 ** 30)
         top = gl.max(v, axis=0)
-        first = gl.min(gl.where(v == top, o, 2 ** 30), axis=0)
+        first = gl.min(gl.where(v == top, t, 2 ** 30), axis=0)
         at = gl.where(top > best, first, gl.where(top == best, gl.minimum(at, first), at))
         best = gl.maximum(best, top)
         c0 += SBLK
-    token = at - gl.load(base + S_BASE)
-    gl.store(ints + gl.load(base + S_TOKEN), token)
-    gl.store(ints + gl.load(base + S_TOKENS) + s, token)
+    gl.store(ints + gl.load(base + S_TOKEN), at)
+    gl.store(ints + gl.load(base + S_TOKENS) + s, at)
 
 
 @gluon.jit
-def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr):
-    """A node with no streamed operand (EMBED, SAMPLE, NOP): its waits, then its body."""
+def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr):
+    """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP): its waits, then its
+    body."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
@@ -65,4 +77,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
         _sample(arena, ints, base, s, CW)
+    if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
+        if op == OP_ALLREDUCE:
+            failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
     return failed

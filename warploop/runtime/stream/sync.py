@@ -24,15 +24,15 @@ def now():
 
 
 @gluon.jit
-def wait_counter(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr):
-    """Poll counter c until it reaches target (at most SPIN polls; none once a wait has failed).
-    Returns `failed`."""
+def wait_counter(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr, SCOPE: gl.constexpr):
+    """Poll counter c until it reaches target (at most SPIN polls; none once a wait has failed),
+    acquiring at SCOPE ("sys" where other GPUs' kernels bump it: allreduce.py). Returns `failed`."""
     cptr = counters + c
     limit = SPIN * (1 - failed)
     polls = 0
-    cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
+    cnt = gl.atomic_add(cptr, 0, sem="acquire", scope=SCOPE)
     while (cnt < target) & (polls < limit):
-        cnt = gl.atomic_add(cptr, 0, sem="acquire", scope="gpu")
+        cnt = gl.atomic_add(cptr, 0, sem="acquire", scope=SCOPE)
         polls += 1
     if cnt < target:
         failed = 1
@@ -50,9 +50,9 @@ def waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN: gl.
     if TRACE:
         gl.store(trace + i * TRACE_WORDS, now())
     if w0 >= 0:
-        failed = wait_counter(counters, err, w0, gl.abs(n0) * epoch + gl.maximum(n0, 0), failed, cta, i, SPIN)
+        failed = wait_counter(counters, err, w0, gl.abs(n0) * epoch + gl.maximum(n0, 0), failed, cta, i, SPIN, "gpu")
     if w1 >= 0:
-        failed = wait_counter(counters, err, w1, gl.abs(n1) * epoch + gl.maximum(n1, 0), failed, cta, i, SPIN)
+        failed = wait_counter(counters, err, w1, gl.abs(n1) * epoch + gl.maximum(n1, 0), failed, cta, i, SPIN, "gpu")
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 1, now())
     return failed
