@@ -7,7 +7,7 @@ kernel always; with --rows N, the batched kernel of WARPLOOP_STREAM_ROWS=N's dec
     PYTHONPATH=. python scripts/stream_prebuild.py FOLDER --models llama-3.2-1b,qwen3-0.6b,smollm2-135m
 
 --shipped rewrites the package's own folder (runtime/stream/shipped) with every kernel of
-stream_step.SHIPPED_KERNELS. Run it after any change to the kernel's sources, with the Triton the
+stream_shipped.SHIPPED_KERNELS. Run it after any change to the kernel's sources, with the Triton the
 GPU machines run (3.6.0: the cubins then need no newer driver than theirs); a test fails until then.
 
     PYTHONPATH=. /path/to/triton-3.6-venv/bin/python scripts/stream_prebuild.py --shipped
@@ -18,14 +18,8 @@ import sys
 import time
 
 from warploop.llm.shapes import GPU_MODELS
-from warploop.llm.stream_step import (
-    BATCH_ROWS,
-    SHIPPED_ARCH,
-    SHIPPED_KERNELS,
-    batch_rows,
-    shipped_configs,
-    stream_config,
-)
+from warploop.llm.stream_shipped import SHIPPED_ARCH, SHIPPED_KERNELS, shipped_configs
+from warploop.llm.stream_step import BATCH_ROWS, batch_rows, stream_config
 from warploop.runtime.stream.prebuilt import SHIPPED, write_variant
 
 
@@ -33,7 +27,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", nargs="?", help="where to write the kernels (not with --shipped)")
     ap.add_argument("--shipped", action="store_true",
-                    help=f"rewrite the package's shipped kernels ({SHIPPED}) from stream_step.SHIPPED_KERNELS")
+                    help=f"rewrite the package's shipped kernels ({SHIPPED}) from stream_shipped.SHIPPED_KERNELS")
     ap.add_argument("--models", default="llama-3.2-1b,qwen3-0.6b,smollm2-135m",
                     help=f"comma-separated model shapes, of: {', '.join(sorted(GPU_MODELS))}")
     ap.add_argument("--rows", type=int, default=0, help="also the batched kernel for WARPLOOP_STREAM_ROWS=N")

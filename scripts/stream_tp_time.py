@@ -31,7 +31,8 @@ def rank_main(args) -> None:
     from scripts.bench_tp import SHAPES
     from warploop.bench.decode import _copy_gbps
     from warploop.bench.timing import seconds
-    from warploop.llm.stream_step import GroupRank, StreamDecoder
+    from warploop.llm.stream_step import StreamDecoder
+    from warploop.llm.stream_tp import GroupRank
     from warploop.llm.tp.shard import shard_weights
     from warploop.llm.weights import random_weights
 

@@ -7,12 +7,14 @@ the bench kernels and every module the commands import must ship inside it.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import queue
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -32,8 +34,12 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     """(the venv's bin directory, a working directory outside the repository, the environment to run in)."""
     require_setuptools_for_spdx()
     root = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                            str(root / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    # one build at a time: setuptools builds in the repository's build/ folder, and two pytest-xdist
+    # workers that both run tests of this module would collide there ("File exists")
+    with open(Path(tempfile.gettempdir()) / "warploop-wheel-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                                str(root / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     assert "project.license" not in build.stdout + build.stderr  # the SPDX string, not the deprecated table
     wheel = next((root / "dist").glob("warploop-*.whl"))
@@ -73,7 +79,7 @@ def test_info(installed):
     data = json.loads(warploop(installed, "info", "--json").stdout)
     assert data["selected"]["backend"] == "cpu"
     # the prebuilt stream kernels ship inside the wheel, built from its own sources
-    from warploop.llm.stream_step import SHIPPED_KERNELS
+    from warploop.llm.stream_shipped import SHIPPED_KERNELS
     stream = [p for p in data["prebuilt"] if p["kind"] == "stream"]
     assert {(p["kmax"], p["head_dim"], p["attn_group"]) for p in stream} == set(SHIPPED_KERNELS)
     assert all(p["current"] and p["target"] == "cuda:90" and p["dtype"] == "bf16" for p in stream)

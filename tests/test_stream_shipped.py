@@ -1,14 +1,15 @@
 """The stream kernels the package ships prebuilt (runtime/stream/shipped): built from this tree's
-kernel sources, one for every shape stream_step.SHIPPED_KERNELS names, and found for the models
+kernel sources, one for every shape stream_shipped.SHIPPED_KERNELS names, and found for the models
 they serve. Reads files only: no Triton, no GPU."""
 import json
 
 import pytest
 
-from warploop.llm import stream_step
+from warploop.llm import stream_shipped, stream_step
 from warploop.llm.config import ModelConfig
 from warploop.llm.shapes import GPU_MODELS
-from warploop.llm.stream_step import SHIPPED_ARCH, prebuilt_folder, shipped_configs, stream_config
+from warploop.llm.stream_shipped import SHIPPED_ARCH, prebuilt_folder, shipped_configs
+from warploop.llm.stream_step import stream_config
 from warploop.runtime.stream import prebuilt as pb
 
 REBUILD = "rebuild them: PYTHONPATH=. python scripts/stream_prebuild.py --shipped (with Triton 3.6.0)"
@@ -54,14 +55,14 @@ def test_the_setting_picks_the_source_and_auto_says_why_it_compiles():
 
 def test_listing_reports_every_shipped_kernel_as_current():
     rows = pb.listing()
-    assert len(rows) == len(stream_step.SHIPPED_KERNELS) and all(r["current"] for r in rows)
-    assert {(r["kmax"], r["head_dim"], r["attn_group"]) for r in rows} == set(stream_step.SHIPPED_KERNELS)
+    assert len(rows) == len(stream_shipped.SHIPPED_KERNELS) and all(r["current"] for r in rows)
+    assert {(r["kmax"], r["head_dim"], r["attn_group"]) for r in rows} == set(stream_shipped.SHIPPED_KERNELS)
     assert {r["target"] for r in rows} == {"cuda:90"} and {r["dtype"] for r in rows} == {"bf16"}
 
 
 def test_auto_compiles_when_a_shipped_kernel_does_not_load_and_says_why(caplog):
     from warploop.driver.base import DriverError
-    from warploop.llm.stream_step import first_executor
+    from warploop.llm.stream_shipped import first_executor
     calls = []
 
     def make(folder):

@@ -125,7 +125,7 @@ def test_bad_shards_and_devices_are_refused_by_name():
     w = bf16_exact_weights(cfg)
     with pytest.raises(ValueError, match="pass the rank's share"):
         StreamDecoder(cfg, w, max_context=32, block_size=4, tp=Exchange(2).rank(0))
-    with pytest.raises(ValueError, match="tp: a stream_step.GroupRank"):
+    with pytest.raises(ValueError, match="tp: a stream_tp.GroupRank"):
         StreamDecoder(cfg, shard_weights(w, cfg, 2, 0), device="cuda", max_context=32, block_size=4,
                       tp=Exchange(2).rank(0))
     with pytest.raises(ValueError, match="rank 2 is outside"):

@@ -21,7 +21,8 @@ RANK = """
 import os, sys, torch, torch.distributed as dist
 sys.path[:0] = [{root!r}, {tests!r}]
 from test_stream_step import CONFIGS, bf16_exact_weights
-from warploop.llm.stream_step import GroupRank, StreamDecoder
+from warploop.llm.stream_step import StreamDecoder
+from warploop.llm.stream_tp import GroupRank
 from warploop.llm.tp.shard import shard_weights
 rank, world, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 torch.cuda.set_device(rank)

@@ -71,7 +71,7 @@ class StreamBackend(Backend):
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
         weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
         prebuilt: where the stream kernels come from (WARPLOOP_STREAM_PREBUILT: "auto", "off" or a folder
-        of prebuilt kernels launched with no compiler; stream_step.prebuilt_folder).
+        of prebuilt kernels launched with no compiler; stream_shipped.prebuilt_folder).
         per_op and decoder: built by the caller (tensor parallelism: tp/build.py gives the ranks'
         per-op backend and a decoder that has every rank run each launch; `weights` is then unused)."""
         super().__init__(config, layout, torch.device(device))

@@ -17,19 +17,18 @@ first token, the position and the block table (covering every step) before it.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 
 from warploop import config as settings
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
+from warploop.llm.stream_shipped import first_executor, prebuilt_folder
+from warploop.llm.stream_tp import rank_config
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.kinds import SAMP_WORDS
 from warploop.runtime.stream.program import Region, StreamProgram
-
-log = logging.getLogger("warploop.stream")
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
@@ -44,42 +43,6 @@ def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
 
 
 BATCH_ROWS = (16, 32)                              # the rows a batched kernel is compiled for
-
-# The kernels the package ships prebuilt (runtime/stream/shipped, scripts/stream_prebuild.py
-# --shipped): batch 1, sm_90, one a (widest input, head size, group) and the models it serves
-SHIPPED_KERNELS = {
-    (1024, 64, 2): "the embedded tiny model",
-    (2048, 64, 4): "SmolLM2-135M",
-    (4096, 64, 4): "SmolLM2-360M",
-    (8192, 64, 1): "SmolLM2-1.7B",
-    (8192, 64, 4): "Llama-3.2-1B",
-    (4096, 128, 2): "Qwen3-0.6B",
-    (8192, 128, 2): "Qwen3-1.7B",
-    (8192, 128, 4): "Llama-3.2-3B",
-    (16384, 128, 4): "Llama-3.1-8B, Qwen3-4B, Qwen3-8B",
-}
-SHIPPED_ARCH = 90
-
-
-def shipped_configs() -> list[StreamConfig]:
-    return [StreamConfig(kmax=k, head_dim=hd, attn_group=g) for k, hd, g in SHIPPED_KERNELS]
-
-
-def prebuilt_folder(setting: str | None, config: StreamConfig, arch: int,
-                    block_size: int = 16) -> tuple[str | None, str]:
-    """Where a decoder's kernel launches from for WARPLOOP_STREAM_PREBUILT's `setting` (None or
-    "off": compiled; "auto": the shipped kernels when they hold `config` for sm_`arch` and a KV
-    cache of `block_size`-token blocks; else that folder), and why it compiles when it does ("" when
-    it does not, or when asked to)."""
-    from warploop.runtime.stream import prebuilt
-    if setting in (None, "off"):
-        return None, ""
-    if setting != "auto":
-        return setting, ""
-    kv_box = config.kv_box(block_size) if config.head_dim else None
-    entry, why = prebuilt.find(prebuilt.SHIPPED, config.constexprs(), arch, kv_box)
-    return (str(prebuilt.SHIPPED), "") if entry is not None else (None, why)
-
 
 def batch_rows(batch: int) -> int:
     """StreamConfig.batch_rows for a decoder of `batch` rows: 0 for one row, else the fewest of
@@ -165,62 +128,6 @@ def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
     return Packed(pools, at, copied)
 
 
-def first_executor(make, prebuilt: str | None, auto: bool):
-    """make(prebuilt) -> the decoder's first executor, and the folder it launches from, and why it
-    compiles ("" if not). With auto (WARPLOOP_STREAM_PREBUILT=auto), a shipped kernel that does not
-    load (a driver too old for its cubin, say) is compiled instead, saying why: auto never fails a
-    start the compiler can serve."""
-    try:
-        return make(prebuilt), prebuilt, ""
-    except (ValueError, RuntimeError) as e:
-        if not (auto and prebuilt is not None):
-            raise
-        why = f"the shipped kernel did not load ({type(e).__name__}: {e})"
-        log.warning("warploop: %s; compiling the streaming kernel", why)
-        return make(None), None, why
-
-
-class GroupRank:
-    """A tensor-parallel rank in a process of its own (StreamDecoder's tp): the ranks'
-    torch.distributed group. On a GPU (NCCL) the executors set up their arenas and counters in
-    symmetric memory over it; on the CPU (gloo) the reference's all-reduce nodes gather the ranks'
-    partials through it; on both, the logits' vocabulary shards are gathered through it."""
-
-    def __init__(self, group=None) -> None:
-        import torch.distributed as dist
-        self.group = group or dist.group.WORLD
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
-
-    def gather(self, tensor) -> list:
-        """Every rank's `tensor`, in rank order (a collective: every rank calls it)."""
-        import torch.distributed as dist
-        parts = [tensor.new_empty(tensor.shape) for _ in range(self.world)]
-        dist.all_gather(parts, tensor.contiguous(), group=self.group)
-        return parts
-
-
-def _rank_config(cfg: ModelConfig, world: int, weights: ModelWeights) -> ModelConfig:
-    """The model as one tensor-parallel rank's streaming program sees it (tp.shard.local_config's
-    heads and MLP columns, the whole vocabulary), its share of the weights checked against it."""
-    import dataclasses
-
-    from warploop.llm.tp.shard import local_config, vocab_shard
-    local = dataclasses.replace(local_config(cfg, world), vocab_size=cfg.vocab_size)
-    lw = weights.layers[0]
-    want = {"qkv": (local.q_size + 2 * local.kv_size, cfg.hidden_size), "o": (cfg.hidden_size, local.q_size),
-            "gate_up": (2 * local.intermediate_size, cfg.hidden_size),
-            "down": (cfg.hidden_size, local.intermediate_size)}
-    for name, shape in want.items():
-        if tuple(getattr(lw, name).shape) != shape:
-            raise ValueError(f"a rank of {world} holds {name} of {shape}, not {tuple(getattr(lw, name).shape)}: "
-                             "pass the rank's share (tp.shard.shard_weights)")
-    v = vocab_shard(cfg, world)
-    if weights.embed.shape[0] != v or weights.lm_head.shape[0] != v:
-        raise ValueError(f"a rank of {world} holds {v} rows of the embedding and of lm_head (its vocabulary shard, "
-                         f"tp.shard.shard_weights), not {weights.embed.shape[0]} and {weights.lm_head.shape[0]}")
-    return local
-
-
 class StreamDecoder:
     MAX_STEPS = 256                               # the most steps one launch (generate) runs
 
@@ -234,11 +141,11 @@ class StreamDecoder:
         level, each launch running the one its context needs.
         batch: rows a step decodes, each at its own position over its own block table (the CPU
         reference and the streaming kernel, the kernel's GEMVs then on tensor cores).
-        prebuilt: where the kernel comes from on a GPU (prebuilt_folder): "auto" (the shipped kernels
+        prebuilt: where the kernel comes from on a GPU (stream_shipped.prebuilt_folder): "auto" (the shipped kernels
         where they hold this shape), a folder of prebuilt kernels (runtime/stream/prebuilt.py),
         launched with no compiler, or None / "off" (compiled). `compiles` says why it is compiled
         when "auto" found none.
-        tp: tensor parallelism: a GroupRank (a process a rank; on GPUs written, not yet run), or on
+        tp: tensor parallelism: a stream_tp.GroupRank (a process a rank; on GPUs written, not yet run), or on
         the CPU this rank's side of an exchange (reference.Exchange(world).rank(r), each rank's
         decoder in its own thread). `cfg` is then the
         whole model and `weights` the rank's share (tp.shard.shard_weights: its heads and MLP columns
@@ -254,11 +161,11 @@ class StreamDecoder:
             raise ValueError("max_context, block_size, batch and splits must be positive")
         self.tp, self.world = tp, 1 if tp is None else tp.world
         if tp is not None:
-            cfg = _rank_config(cfg, self.world, weights)
+            cfg = rank_config(cfg, self.world, weights)
             if batch != 1:
                 raise ValueError(f"batch {batch}: a tensor-parallel decoder decodes one row (batches run per op)")
             if not hasattr(tp, "group" if torch.device(device).type != "cpu" else "gather"):
-                raise ValueError("tp: a stream_step.GroupRank (the ranks' torch.distributed group, a process a rank), "
+                raise ValueError("tp: a stream_tp.GroupRank (the ranks' torch.distributed group, a process a rank), "
                                  "or on the CPU the rank's side of a reference.Exchange (ranks in threads)")
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:

@@ -83,7 +83,8 @@ class _Rank:
                                       self.device, max_context, use_cuda_graphs=self.job.use_cuda_graphs)
         if packed is not None:
             from warploop import config
-            from warploop.llm.stream_step import GroupRank, StreamDecoder
+            from warploop.llm.stream_step import StreamDecoder
+            from warploop.llm.stream_tp import GroupRank
             self.decoder = StreamDecoder(self.job.cfg, self.stream_weights, device=self.device,
                                          max_context=max_context, block_size=self.job.block_size,
                                          kv=self.backend.kv, pools=packed, prebuilt=config.get().stream_prebuilt,
