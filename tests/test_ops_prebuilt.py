@@ -39,6 +39,12 @@ SHAPES = {
 # a child process in which importing Triton fails
 BLOCK_TRITON = """
 import sys
+import torch
+# torch 2.11's lazy CUDA start imports Triton itself (its own kernels): let it, then take Triton away
+if torch.cuda.is_available():
+    torch.cuda.init()
+for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+    del sys.modules[name]
 class BlockTriton:
     def find_spec(self, name, path=None, target=None):
         if name == "triton" or name.startswith("triton."):
