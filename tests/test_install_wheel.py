@@ -45,6 +45,7 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     wheel = next((root / "dist").glob("warploop-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "warploop/bench/kernels.py" in names and "warploop/llm/tiny/config.json" in names
+    assert "warploop/llm/shipped/ops.wlb" in names      # the per-op GPU kernels, compiled (ops_prebuilt.py)
     assert "warploop/runtime/stream/shipped/stream-kernels.json" in names
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root / "venv")], check=True,
                    timeout=120)

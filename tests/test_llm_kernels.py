@@ -12,6 +12,16 @@ import torch
 
 
 def check_kernels(device: str) -> None:
+    from warploop.llm import paged_attention
+
+    tiles = paged_attention.PARTITION, paged_attention.PREFILL_BM, paged_attention.PREFILL_BN
+    try:
+        check_kernels_at_test_tiles(device)
+    finally:  # the shipped bundle's tiles again, for the tests after this one (on a GPU, in this process)
+        paged_attention.PARTITION, paged_attention.PREFILL_BM, paged_attention.PREFILL_BN = tiles
+
+
+def check_kernels_at_test_tiles(device: str) -> None:
     from warploop.llm import layers, paged_attention, triton_ops
     from warploop.llm.rope import RopeConfig, cos_sin_table
 
@@ -31,6 +41,13 @@ def check_kernels(device: str) -> None:
             got, got_res = triton_ops.rms_norm(x, w, 1e-6, None if residual is None else residual.clone())
             close(got, want, tol, f"rms_norm {dtype} residual={residual is not None}")
             close(got_res, want_res, tol, "rms_norm residual out")
+        # rows wider than rms_norm's widest block (8192) take its loop over column blocks
+        x, res, w = randn(2, 8192 + 48, dtype=dtype), randn(2, 8192 + 48, dtype=dtype), randn(8192 + 48, dtype=dtype)
+        for residual in (None, res):
+            want, want_res = layers.rms_norm(x, w, 1e-6, residual)
+            got, got_res = triton_ops.rms_norm(x, w, 1e-6, None if residual is None else residual.clone())
+            close(got, want, tol, f"rms_norm, 8240 columns, {dtype} residual={residual is not None}")
+            close(got_res, want_res, tol, "rms_norm residual out, 8240 columns")
         gu = randn(3, 2 * 200, dtype=dtype)
         close(triton_ops.silu_mul(gu), layers.silu_mul(gu), tol, f"silu_mul {dtype}")
 
@@ -68,6 +85,22 @@ def check_kernels(device: str) -> None:
             got = paged_attention.decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5, ws)
             want = layers.decode_attention(q[:3], k_cache, v_cache, tables[:3], ctx[:3], d ** -0.5)
             close(got[:3], want, tol, f"decode_attention bs={bs} heads={heads}/{kv_heads} {dtype}")
+
+    # a GQA group wider than a decode program's 16 heads (two programs a KV head), and more splits
+    # (19 at PARTITION 16) than the merge reads at a time
+    paged_attention.PARTITION = 16
+    for dtype, tol in ((torch.float32, 1e-5), *((h, 2e-2) for h in halves)):
+        bs, heads, kv_heads, d, nblocks = 16, 40, 2, 32, 40
+        k_cache = randn(nblocks, bs, kv_heads, d, dtype=dtype)
+        v_cache = randn(nblocks, bs, kv_heads, d, dtype=dtype)
+        ctx = torch.tensor([1, 130, 300, 0], dtype=torch.int32, device=device)
+        width = 300 // bs + 1
+        tables = torch.randint(0, nblocks, (4, width), generator=gen).to(device=device, dtype=torch.int32)
+        q = randn(4, heads, d, dtype=dtype)
+        ws = paged_attention.DecodeWorkspace(4, heads, d, width * bs, device)
+        got = paged_attention.decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5, ws)
+        want = layers.decode_attention(q[:3], k_cache, v_cache, tables[:3], ctx[:3], d ** -0.5)
+        close(got[:3], want, tol, f"decode_attention group 20, 19 splits, {dtype}")
 
     # prefill from the pages: fresh prompts and cached prefixes, several sequences in one launch
     paged_attention.PREFILL_BM = paged_attention.PREFILL_BN = 16    # several query blocks and key steps

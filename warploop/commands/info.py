@@ -31,10 +31,16 @@ def prebuilt() -> list[dict]:
     """The kernels the package ships compiled (each with "kind", "target", "dtype", "head_dim" and
     "current": built from this warploop's sources). A shipped folder that cannot be read is listed
     as one entry with its "error": info must not fail."""
+    from warploop.llm.ops_prebuilt import listing as ops_listing
     try:
-        return stream_prebuilt.listing()
+        stream = stream_prebuilt.listing()
     except stream_prebuilt.PrebuiltError as e:
-        return [{"kind": "stream", "error": str(e)}]
+        stream = [{"kind": "stream", "error": str(e)}]
+    try:
+        ops = ops_listing()
+    except Exception as e:          # a bundle that cannot be read: said, and info goes on
+        ops = [{"kind": "ops", "error": f"{type(e).__name__}: {e}"}]
+    return stream + ops
 
 
 def _reason(backend: str, devices) -> str:
@@ -75,12 +81,17 @@ def main(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     for backend, note in data["notes"].items():
         print(f"{backend}: {note}")
-    shipped = [p for p in data["prebuilt"] if "error" not in p]
+    shipped = [p for p in data["prebuilt"] if "error" not in p and p["kind"] == "stream"]
     if shipped:
         shapes = "head_dim " + " and ".join(str(d) for d in sorted({p["head_dim"] for p in shipped}))
         stale = "" if all(p["current"] for p in shipped) else " (STALE: built from other sources, not used)"
-        print(f"prebuilt: {len(shipped)} kernels ({', '.join(sorted({p['target'] for p in shipped}))}, {shapes})"
-              f"{stale}; WARPLOOP_STREAM_PREBUILT=auto launches them")
+        print(f"prebuilt: {len(shipped)} stream kernels ({', '.join(sorted({p['target'] for p in shipped}))}, "
+              f"{shapes}){stale}; WARPLOOP_STREAM_PREBUILT=auto launches them")
+    ops = [p for p in data["prebuilt"] if "error" not in p and p["kind"] == "ops"]
+    if ops:
+        stale = "" if all(p["current"] for p in ops) else " (STALE: built from other sources, not used)"
+        print(f"prebuilt: {len({p['kernel'] for p in ops})} per-op kernels in {len(ops)} variants "
+              f"({', '.join(sorted({p['target'] for p in ops}))}){stale}")
     if data["selected"] is None:
         print(f"selected: none. {data['error']}")
         return 1

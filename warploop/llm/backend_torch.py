@@ -1,9 +1,10 @@
 """The per-op backend: the model as a sequence of PyTorch ops (CPU and GPU) over the paged KV cache.
 
 On a GPU the elementwise work and decode attention run as the Triton kernels of triton_ops.py and
-paged_attention.py, and decode steps replay CUDA graphs captured per batch-size bucket
-(cuda_graphs.py); prefill attention goes through torch's scaled_dot_product_attention. On the CPU
-every op is the plain PyTorch version from layers.py.
+paged_attention.py (their kernels in ops_kernels.py, launched from the bundle the package ships where
+it fits, so no compiler runs: ops_prebuilt.py), and decode steps replay CUDA graphs captured per
+batch-size bucket (cuda_graphs.py); prefill attention goes through torch's
+scaled_dot_product_attention. On the CPU every op is the plain PyTorch version from layers.py.
 """
 from __future__ import annotations
 

@@ -1,99 +1,38 @@
-"""Decode attention straight from the paged KV cache, in Triton (flash-decoding with split-K).
+"""Decode and prefill attention straight from the paged KV cache (kernels in ops_kernels.py,
+launched by ops_prebuilt from the shipped bundle or through Triton's JIT; importing this module
+imports no Triton).
 
-Grid (sequence, kv head, split): each program takes the query heads that share one KV head (GQA
-group, padded to 16 rows for tl.dot) over one PARTITION of the context, walking it in TILE-token
-steps through the block table, so any block size works. A second kernel merges the splits by their
-log-sum-exp. Both grids are fixed by the batch size and the longest context, so the pair can be
-captured in a CUDA graph and replayed for any mix of context lengths. Dots use input_precision
-"ieee": float32 models stay exact (no tf32), and bf16/fp16 operands use the tensor cores anyway.
+Decode is flash-decoding with split-K. Grid (sequence, kv head, split): each program takes the query
+heads that share one KV head (a GQA group, or 16 of a larger one; padded to 16 rows for tl.dot) over
+one PARTITION of the context, walking it in TILE-token steps through the block table, so any block
+size works. A second kernel merges the splits by their log-sum-exp. Both grids are fixed by the
+batch size and the longest context, so the pair can be captured in a CUDA graph and replayed for any
+mix of context lengths. Dots use input_precision "ieee": float32 models stay exact (no tf32), and
+bf16/fp16 operands use the tensor cores anyway.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from warploop.llm.ops_prebuilt import launch
+
+# as ops_kernels.py exports them (tests/test_ops_prebuilt.py checks it); the tests shrink PARTITION
+# and PREFILL_BM/BN to reach several splits and blocks at small sizes (the JIT then compiles those)
 TILE = 64
 PARTITION = 512
+GROUP_ROWS = 16          # query heads a decode program takes (tl.dot's smallest M)
+MERGE_SPLITS = 16        # splits the merge reads at a time
 
 
-@triton.jit
-def _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head, d, toks, valid, see,
-                 scale, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """One step of online softmax: the keys and values of context tokens `toks` (`valid` ones read
-    through the block table), the scores q k^T where `see` ([rows, tokens]) lets a row see a token,
-    folded into the running max m, sum l and output acc. Returns (m, l, acc)."""
-    block = tl.load(tables_ptr + seq * table_stride + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    slot = block * BLOCK_SIZE + toks % BLOCK_SIZE
-    offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
-    k = tl.load(k_cache_ptr + offs, mask=valid[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = tl.where(see, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m - m_new)
-    v = tl.load(v_cache_ptr + offs, mask=valid[:, None], other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    l = l * alpha + tl.sum(p, axis=1)
-    return m_new, l, acc
-
-
-@triton.jit
-def _decode_split_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_ptr, table_stride, ctx_ptr,
-                         part_out_ptr, part_lse_ptr, scale, max_splits,
-                         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                         PARTITION: tl.constexpr):
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + seq)
-    start = split * PARTITION
-    if start < ctx:
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
-        heads = kv_head * GROUP + g
-        q = tl.load(q_ptr + seq * q_row_stride + heads[:, None] * HEAD_DIM + d[None, :],
-                    mask=(g < GROUP)[:, None], other=0.0)
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        end = tl.minimum(start + PARTITION, ctx)
-        t0 = start
-        while t0 < end:  # a while loop: the Triton interpreter cannot run range() over tensor bounds
-            toks = t0 + tl.arange(0, TILE)
-            valid = toks < end
-            m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head,
-                                     d, toks, valid, valid[None, :], scale, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
-            t0 += TILE
-        row = (seq * NUM_KV_HEADS * GROUP + heads) * max_splits + split
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], acc / l[:, None], mask=(g < GROUP)[:, None])
-        tl.store(part_lse_ptr + row, m + tl.log(l), mask=g < GROUP)
-
-
-@triton.jit
-def _decode_merge_kernel(part_out_ptr, part_lse_ptr, ctx_ptr, out_ptr, max_splits, NUM_HEADS: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    ctx = tl.load(ctx_ptr + seq)
-    d = tl.arange(0, HEAD_DIM)
-    if ctx > 0:
-        n = (ctx + PARTITION - 1) // PARTITION
-        sp = tl.arange(0, SPLITS_PAD)
-        row = (seq * NUM_HEADS + head) * max_splits + sp
-        lse = tl.load(part_lse_ptr + row, mask=sp < n, other=float("-inf"))
-        weight = tl.exp(lse - tl.max(lse, axis=0))
-        parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=(sp < n)[:, None], other=0.0)
-        out = tl.sum(parts * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-        tl.store(out_ptr + (seq * NUM_HEADS + head) * HEAD_DIM + d, out)
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
 
 
 class DecodeWorkspace:
     """Scratch for the split results, sized once for the batch and the longest context."""
 
     def __init__(self, max_batch: int, num_heads: int, head_dim: int, max_context: int, device) -> None:
-        self.max_splits = triton.cdiv(max_context, PARTITION)
+        self.max_splits = cdiv(max_context, PARTITION)
         self.out = torch.empty((max_batch, num_heads, self.max_splits, head_dim), dtype=torch.float32, device=device)
         self.lse = torch.empty((max_batch, num_heads, self.max_splits), dtype=torch.float32, device=device)
 
@@ -111,56 +50,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert b <= workspace.out.shape[0] and block_tables.shape[1] * block_size <= workspace.max_splits * PARTITION
     group = h // kv_heads
     out = torch.empty((b, h * d), dtype=q.dtype, device=q.device)
-    _decode_split_kernel[(b, kv_heads, workspace.max_splits)](
-        q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0), context_lens,
-        workspace.out, workspace.lse, scale, workspace.max_splits,
-        NUM_KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
-        BLOCK_SIZE=block_size, TILE=TILE, PARTITION=PARTITION)
-    _decode_merge_kernel[(b, h)](workspace.out, workspace.lse, context_lens, out, workspace.max_splits,
-                                 NUM_HEADS=h, HEAD_DIM=d, PARTITION=PARTITION,
-                                 SPLITS_PAD=max(2, triton.next_power_of_2(workspace.max_splits)))
+    launch("decode_split_kernel", (b, kv_heads * cdiv(group, GROUP_ROWS), workspace.max_splits),
+           (q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0), context_lens, workspace.out,
+            workspace.lse, scale, workspace.max_splits, kv_heads, group, block_size),
+           {"GROUP_PAD": GROUP_ROWS, "HEAD_DIM": d, "TILE": TILE, "PARTITION": PARTITION})
+    launch("decode_merge_kernel", (b, h), (workspace.out, workspace.lse, context_lens, out, workspace.max_splits, h),
+           {"HEAD_DIM": d, "PARTITION": PARTITION, "SPLITS": MERGE_SPLITS})
     return out
 
 
 PREFILL_BM = 64          # new tokens a program takes (its query rows)
 PREFILL_BN = 64          # context tokens a step
-
-
-@triton.jit
-def _prefill_kernel(q_ptr, q_row_stride, k_cache_ptr, v_cache_ptr, tables_ptr, table_stride, blk_seq_ptr,
-                    blk_row_ptr, q_start_ptr, q_len_ptr, ctx_ptr, out_ptr, scale, NUM_HEADS: tl.constexpr,
-                    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    pid = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(blk_seq_ptr + pid).to(tl.int64)
-    r0 = tl.load(blk_row_ptr + pid)
-    q0 = tl.load(q_start_ptr + seq)
-    qlen = tl.load(q_len_ptr + seq)
-    ctx = tl.load(ctx_ptr + seq)
-    kv_head = head // GROUP
-    i = r0 + tl.arange(0, BM)
-    rows = i < qlen
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + (q0 + i)[:, None].to(tl.int64) * q_row_stride + head * HEAD_DIM + d[None, :],
-                mask=rows[:, None], other=0.0)
-    pos = ctx - qlen + i                   # each query's position: it sees the context up to it
-    m = tl.full([BM], float("-inf"), tl.float32)
-    l = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, HEAD_DIM], tl.float32)
-    end = tl.minimum(ctx, ctx - qlen + r0 + BM)  # past the block's last query's position
-    t0 = 0
-    while t0 < end:  # a while loop: the Triton interpreter cannot run range() over tensor bounds
-        toks = t0 + tl.arange(0, BN)
-        valid = toks < end
-        # causal: every row sees token 0 in the first step, so m is finite from there on
-        m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, tables_ptr, seq, table_stride, kv_head, d,
-                                 toks, valid, valid[None, :] & (toks[None, :] <= pos[:, None]), scale, NUM_KV_HEADS,
-                                 HEAD_DIM, BLOCK_SIZE)
-        t0 += BN
-    out = acc / l[:, None]
-    tl.store(out_ptr + (q0 + i)[:, None].to(tl.int64) * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=rows[:, None])
 
 
 class PrefillPlan:
@@ -198,8 +98,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _, block_size, kv_heads, dk = k_cache.shape
     assert dk == d and h % kv_heads == 0 and q.stride(2) == 1 and q.stride(1) == d and t == plan.tokens
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
-    _prefill_kernel[(plan.blocks, h)](q, q.stride(0), k_cache, v_cache, plan.tables, plan.tables.stride(0),
-                                      plan.blk_seq, plan.blk_row, plan.q_start, plan.q_len, plan.ctx, out, scale,
-                                      NUM_HEADS=h, NUM_KV_HEADS=kv_heads, GROUP=h // kv_heads, HEAD_DIM=d,
-                                      BLOCK_SIZE=block_size, BM=PREFILL_BM, BN=PREFILL_BN)
+    launch("prefill_kernel", (plan.blocks, h),
+           (q, q.stride(0), k_cache, v_cache, plan.tables, plan.tables.stride(0), plan.blk_seq, plan.blk_row,
+            plan.q_start, plan.q_len, plan.ctx, out, scale, h, kv_heads, h // kv_heads, block_size),
+           {"HEAD_DIM": d, "BM": PREFILL_BM, "BN": PREFILL_BN})
     return out
