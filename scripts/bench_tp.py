@@ -23,6 +23,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests.llm_helpers: the tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))         # checkpoint.py
+
+from checkpoint import write_checkpoint  # noqa: E402
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.rope import RopeConfig
@@ -39,40 +42,6 @@ SMALL = ModelConfig(
     rope=LLAMA_3_1_8B.rope, dtype="bfloat16", eos_token_ids=(257,), bos_token_id=256)
 SHAPES = {"llama-3.1-8b": LLAMA_3_1_8B, "small": SMALL}
 MAX_LEN, BATCH = 1024, 32
-
-
-def write_checkpoint(path: Path, cfg: ModelConfig, device: str) -> None:
-    """config.json, a byte-level tokenizer and random bf16 weights, one safetensors file per 4 layers."""
-    import torch
-    from safetensors.torch import save_file
-
-    from tests.llm_helpers import save_tokenizer
-    from warploop.llm.weights import checkpoint_shapes
-
-    path.mkdir(parents=True, exist_ok=True)
-    rope = cfg.rope
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings, "tie_word_embeddings": False, "dtype": "bfloat16",
-        "rope_theta": rope.theta, "rope_scaling": {"rope_type": "llama3", "factor": rope.factor,
-                                                   "low_freq_factor": rope.low_freq_factor,
-                                                   "high_freq_factor": rope.high_freq_factor,
-                                                   "original_max_position_embeddings": 8192},
-        "eos_token_id": cfg.eos_token_ids[0], "bos_token_id": cfg.bos_token_id}))
-    save_tokenizer(path)
-    gen = torch.Generator(device=device).manual_seed(0)
-    groups: dict[str, dict] = {}
-    for name, shape in checkpoint_shapes(cfg).items():
-        layer = name.split(".")[2] if name.startswith("model.layers.") else "head"
-        key = "head" if layer == "head" else f"{int(layer) // 4:02d}"
-        t = torch.ones(shape, device=device, dtype=torch.bfloat16) if name.endswith("norm.weight") else \
-            torch.randn(shape, device=device, generator=gen).mul_(0.02).to(torch.bfloat16)
-        groups.setdefault(key, {})[name] = t.cpu()
-    for key, tensors in groups.items():
-        save_file(tensors, str(path / f"model-{key}.safetensors"))
 
 
 def measure(engine, cfg: ModelConfig, steps: int, repeats: int, batch: int = BATCH) -> dict:

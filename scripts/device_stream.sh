@@ -13,6 +13,8 @@
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
 #           cache -> $OUT/decode-prebuilt.json (start_s: no stream kernel compiled)
+#   cold    `warploop serve --model DIR`'s seconds to the first request's first token, empty Triton and warploop
+#           caches, Triton blocked (scripts/serve_cold.py; the wheels from .carry/whl) -> $OUT/cold.json
 #   faults  faults injected into the kernel's words under `--backend stream` (tests/test_server_gpu_faults.py;
 #           the wheels from .carry/whl, as the server part)
 #   bash scripts/device_stream.sh
@@ -66,6 +68,11 @@ round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', roun
               echo "decode prebuilt: rc $?"; tail -n 5 "$OUT/prebuilt.stderr"
               python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, e['stream'].get('start_s'), \
 e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/decode-prebuilt.json" ;;
+    cold)   wheels      # `warploop serve`'s first token with empty caches, Triton blocked, then allowed if that fails
+            timeout "${COLD_S:-400}" env -u CUDA_MODULE_LOADING python scripts/serve_cold.py --block-triton > "$OUT/cold.json" 2> "$OUT/cold.stderr" \
+              || { echo "cold (Triton blocked): rc $?"; tail -n 40 "$OUT/cold.stderr"
+                   timeout 300 env -u CUDA_MODULE_LOADING python scripts/serve_cold.py > "$OUT/cold-triton.json" 2>> "$OUT/cold.stderr"; }
+            grep -v "^ " "$OUT/cold.stderr" | tail -n 8 ;;
     faults) wheels
             (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \
               || echo "faults: rc $?" ;;

@@ -77,3 +77,47 @@ def test_auto_compiles_when_a_shipped_kernel_does_not_load_and_says_why(caplog):
     with pytest.raises(DriverError):            # a folder the user named: its failure is theirs to see
         first_executor(make, "/mine", auto=False)
     assert first_executor(make, None, auto=True) == ("compiled", None, "")
+
+
+def test_the_serving_path_of_a_shipped_kernel_imports_no_triton():
+    """What `warploop serve --backend stream` imports before it launches a shipped kernel imports no
+    Triton (a GPU machine's cold start measured it: mk/loop.py's ring words pulled Triton in)."""
+    import subprocess
+    import sys
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import warploop.llm.stream_backend, warploop.llm.stream_step, warploop.llm.engine, warploop.llm.server
+import warploop.runtime.stream.executor, warploop.runtime.stream.prebuilt, warploop.llm.loop_step
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_stream_backend_decodes_in_loops_with_no_triton():
+    """`warploop generate --backend stream` on the CPU in a process where importing Triton fails: the
+    tokens come, and from decode loops (a loop that fails to start falls back to single steps with
+    a warning; the loop's planner had imported mk/loop.py, and Triton with it)."""
+    import subprocess
+    import sys
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from warploop.cli import main
+sys.exit(main(["generate", "--model", "tiny", "--backend", "stream", "--max-tokens", "12", "--json",
+               "--prompt", "Hello there"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["backend"] == "stream" and len(got["token_ids"]) == 12
+    assert "failed" not in out.stderr and "triton" not in out.stderr.lower(), out.stderr[-2000:]

@@ -16,6 +16,11 @@ from warploop.llm.backend import ModelBatch
 from warploop.llm.kv_cache import cdiv
 
 MIN_STEPS = 2          # a loop of one step is a single step: leave it to the single-step path
+MAX_STEPS = 64         # the most steps one loop request runs (mk/loop.py's mailbox ring's rows)
+STOP_WIDTH = 16        # stop ids a row may have (eos and stop_token_ids) to run in the loop
+# the ring's words beside a real token (mk/loop.py's kernel and the stream backend write them),
+# declared here, where no Triton is imported, so the prebuilt paths read them with no compiler
+NO_TOKEN, HOST_SAMPLE = -2, -1      # the row had stopped; the host must sample the row
 
 
 @dataclasses.dataclass
@@ -34,7 +39,6 @@ class LoopStep:
 def plan(seqs: list, eos_ids: set, max_context: int, block_size: int, free_blocks: int):
     """(steps, remaining, stops, blocks to lend) for a loop over `seqs`, or None when one cannot
     run: a row with more stop ids than the device holds, or no row with two tokens to make."""
-    from warploop.llm.mk.loop import MAX_STEPS, STOP_WIDTH
     remaining, stops, need = [], [], 0
     for seq in seqs:
         p = seq.params
@@ -77,7 +81,6 @@ def rows(loop: LoopStep, wait_s: float):
     """Yield (row, token, block) for each row that made a token in each step published since the
     last call, waiting up to `wait_s` for one; token -1: the host samples it (the loop's last
     step); block -1: none taken (a row that had stopped takes none and is left out)."""
-    from warploop.llm.mk.loop import NO_TOKEN
     tokens, taken = loop.run.take(wait_s)
     for s in range(len(tokens)):
         for i in range(len(loop.seqs)):

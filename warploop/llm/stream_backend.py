@@ -30,7 +30,7 @@ from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
-from warploop.llm.mk.loop import NO_TOKEN
+from warploop.llm.loop_step import NO_TOKEN
 from warploop.llm.stream_step import StreamDecoder, pack_pools, unsupported
 from warploop.llm.weights import ModelWeights
 

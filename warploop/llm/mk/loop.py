@@ -45,17 +45,16 @@ import numpy as np
 import triton
 import triton.language as tl
 
+# the loop's limits and the ring's token words are declared in loop_step.py, where no Triton is imported
+from warploop.llm.loop_step import HOST_SAMPLE, MAX_STEPS, NO_TOKEN, STOP_WIDTH  # noqa: F401
 from warploop.llm.mk.layout import D_BATCH, D_HEADER, step_field, step_rows, step_table
 
-MAX_STEPS = 64           # the most steps one loop request runs (the mailbox ring's rows)
-STOP_WIDTH = 16          # stop ids a row may have (eos and stop_token_ids) to run in the loop
 LOOP_HEADER = 8
 L_ON, L_FREE, L_NEXT, L_STEP, L_STEPS = range(5)
 MAIL_HEADER = 4
 M_PUBLISHED, M_STATUS, M_HALT = range(3)
 # why a loop request ended (Mailbox status)
 LOOP_RUNNING, LOOP_ALL_STOPPED, LOOP_STEPS, LOOP_NO_BLOCK, LOOP_HOST_SAMPLE, LOOP_HALTED = range(6)
-NO_TOKEN, HOST_SAMPLE = -2, -1
 
 
 @dataclasses.dataclass(frozen=True)
