@@ -72,6 +72,10 @@ e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/dec
             timeout "${COLD_S:-400}" env -u CUDA_MODULE_LOADING python scripts/serve_cold.py --block-triton > "$OUT/cold.json" 2> "$OUT/cold.stderr" \
               || { echo "cold (Triton blocked): rc $?"; tail -n 40 "$OUT/cold.stderr"
                    timeout 300 env -u CUDA_MODULE_LOADING python scripts/serve_cold.py > "$OUT/cold-triton.json" 2>> "$OUT/cold.stderr"; }
+            # again, each start with the placed programs the first left in warploop's cache (Triton's still empty)
+            timeout 300 env -u CUDA_MODULE_LOADING python scripts/serve_cold.py --block-triton --warploop-cache /tmp/wl-cache \
+              > /dev/null 2>&1; timeout 300 env -u CUDA_MODULE_LOADING python scripts/serve_cold.py --block-triton \
+              --warploop-cache /tmp/wl-cache > "$OUT/cold-placed.json" 2>> "$OUT/cold.stderr"
             grep -v "^ " "$OUT/cold.stderr" | tail -n 8 ;;
     faults) wheels
             (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \

@@ -75,8 +75,10 @@ def completions(url: str, t0: float, timeout_s: float) -> dict:
             "chunks": chunks, "finish_reason": reason}
 
 
-def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], timeout_s: float) -> dict:
-    with tempfile.TemporaryDirectory() as triton, tempfile.TemporaryDirectory() as cache:
+def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], timeout_s: float,
+               warploop_cache: str | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as triton, tempfile.TemporaryDirectory() as empty:
+        cache = warploop_cache or empty
         env = dict(os.environ, TRITON_CACHE_DIR=triton, WARPLOOP_CACHE_DIR=cache, WARPLOOP_DEVICE=device,
                    PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         argv = ["serve", "--model", str(model_dir), "--port", "0", *extra]
@@ -125,18 +127,22 @@ def main() -> int:
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "cold-models"),
                     help="where the checkpoints are written (kept: a second run reuses them)")
     ap.add_argument("--block-triton", action="store_true", help="serve in a process where importing Triton fails")
+    ap.add_argument("--warploop-cache", metavar="DIR",
+                    help="warploop's cache (placed stream programs) to start with and keep (default: an empty one)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a start may take before it counts failed")
     ap.add_argument("serve_args", nargs="*", help="after --: more `warploop serve` arguments")
     args = ap.parse_args()
     shapes = {**GPU_MODELS, **CPU_MODELS}
-    out = {"device": args.device, "block_triton": args.block_triton, "models": {}}
+    out = {"device": args.device, "block_triton": args.block_triton, "warploop_cache": args.warploop_cache,
+           "models": {}}
     for name in args.models.split(","):
         if name not in shapes:
             ap.error(f"--models: {name!r} is not one of {', '.join(shapes)}")
         path = Path(args.dir) / name
         if not (path / "config.json").exists():
             write_checkpoint(path, shapes[name][1], "cuda" if args.device == "cuda" else "cpu")
-        out["models"][name] = cold_start(path, args.device, args.block_triton, args.serve_args, args.timeout)
+        out["models"][name] = cold_start(path, args.device, args.block_triton, args.serve_args, args.timeout,
+                                           args.warploop_cache)
         print(name, {k: v for k, v in out["models"][name].items() if k != "log"}, file=sys.stderr)
     print(json.dumps(out, indent=1))
     return 0 if all("error" not in r for r in out["models"].values()) else 1

@@ -189,11 +189,13 @@ def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
     assert err < 2e-2
 
 
-def test_gpu_stream_step_levels_give_the_one_program_logits():
+@pytest.mark.parametrize("defer", [False, True])
+def test_gpu_stream_step_levels_give_the_one_program_logits(defer):
     """The decoder's split-level programs, run by executors over one arena, against one program
     of the largest level: the same logits step by step across both level boundaries, and the
-    same decode loop."""
-    levels, err, looped, ref = levels_against_one_program("cuda")
+    same decode loop; with defer (the engine's), the middle level's executor is made when a step
+    first needs it."""
+    levels, err, looped, ref = levels_against_one_program("cuda", defer=defer)
     assert levels == [1, 2, 4]
     assert err < 1e-3, f"logits differ by {err:.3g}"
     assert looped == ref

@@ -100,22 +100,27 @@ def test_stream_step_refuses_what_it_cannot_run():
         StreamDecoder(dataclasses.replace(cfg, mlp_bias=True), w)
 
 
-def levels_against_one_program(device, steps=70):
+def levels_against_one_program(device, steps=70, defer=False):
     """A decoder with its split levels (max_context 128, ring chunks of 32 tokens: programs with 1,
     2 and 4 shares a KV head) against one that always runs 4: each step's logits over contexts
     1 to `steps` (crossing both level boundaries), then a decode loop that starts in one level and
-    ends in the next. Returns (levels, the largest relative logits error, looped, one's loop)."""
+    ends in the next. Returns (levels, the largest relative logits error, looped, one's loop).
+    defer: the decoder builds level 2 when a step first needs it (StreamDecoder defer=True)."""
     cfg = CONFIGS["qwen3_qk_norm"]
     config = stream_config(cfg, block_rows=16, block_k=64)          # 16 x 64 bf16 / (2 x 16) = 32 tokens
     w = bf16_exact_weights(cfg, device)
     opts = dict(device=device, max_context=128, block_size=4, config=config)
-    many, one = StreamDecoder(cfg, w, **opts), StreamDecoder(cfg, w, splits=4, **opts)
+    many, one = StreamDecoder(cfg, w, defer=defer, **opts), StreamDecoder(cfg, w, splits=4, **opts)
+    assert sorted(many.programs) == ([1, 4] if defer else [1, 2, 4])
     errs, tok = [], 3
     for pos in range(steps):
         a, b = many.step(tok, pos).float(), one.step(tok, pos).float()
         errs.append(((a - b).norm() / b.norm()).item())
         tok = int(b.argmax())
     # positions 20 to 49: level 2 (at most 64 tokens) picked for the whole launch
+    assert sorted(many.programs) == [1, 2, 4] and not many.build_deferred()
+    if device == "cuda":
+        assert sorted(many.executors) == [1, 2, 4]
     return many.levels, max(errs), many.generate(tok, 20, 30), one.generate(tok, 20, 30)
 
 
@@ -142,8 +147,9 @@ def test_split_levels_and_the_level_a_context_runs():
     assert StreamDecoder(cfg, w, max_context=128, block_size=4, config=config, splits=3).levels == [3]
 
 
-def test_stream_step_levels_give_the_one_program_logits():
-    levels, err, looped, ref = levels_against_one_program("cpu")
+@pytest.mark.parametrize("defer", [False, True])
+def test_stream_step_levels_give_the_one_program_logits(defer):
+    levels, err, looped, ref = levels_against_one_program("cpu", defer=defer)
     assert levels == [1, 2, 4]
     assert err < 1e-5, f"logits differ by {err:.3g} between a decoder's split levels and one program"
     assert looped == ref

@@ -123,6 +123,11 @@ class Backend(abc.ABC):
     def warmup(self, max_num_seqs: int) -> None:  # noqa: B027 (an optional hook)
         """Compile and capture ahead of serving (CUDA graphs, kernels); a no-op where nothing is needed."""
 
+    def idle(self) -> bool:
+        """One piece of work the backend deferred from its start (the engine calls it while no request
+        waits, in its loop thread, until it returns False); False where there is none."""
+        return False
+
     def close(self) -> None:  # noqa: B027 (an optional hook)
         """Release what the backend started (the megakernel's resident runtime, tensor-parallel worker
         processes); idempotent; Engine.close calls it after the loop's last step."""

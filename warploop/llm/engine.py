@@ -191,14 +191,18 @@ class Engine:
     # ---- the loop thread ----
 
     def _loop(self) -> None:
+        deferred = True         # the backend's deferred start work (Backend.idle), done while no request waits
         while True:
             with self._cv:
-                while not (self._closed or self._inbox or self._aborts or self.scheduler.has_work()
-                           or self._pending):
+                while not (busy := self._closed or self._inbox or self._aborts or self.scheduler.has_work()
+                           or self._pending) and not deferred:
                     self._cv.wait()
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 closed = self._closed
+            if not busy:        # outside the lock: a request may arrive meanwhile, and waits for this piece
+                deferred = self._idle()
+                continue
             for req in inbox:
                 self._requests[req.seq.request_id] = req
                 self._counters["prompt_tokens_total"] += req.seq.num_prompt_tokens
@@ -215,6 +219,17 @@ class Engine:
             except Exception as e:  # a bug here must not leave every client waiting forever
                 self._pending = None
                 self._fail([req.seq for req in list(self._requests.values())], e)
+
+    def _idle(self) -> bool:
+        """One piece of the backend's deferred start work; whether more remains. A failure is left to
+        the launch that needs the piece (it builds it then, and its error reaches the request)."""
+        idle = getattr(self.backend, "idle", None)        # a backend written to the interface has it
+        try:
+            return bool(idle and idle())
+        except Exception as e:
+            log.warning("deferred start work failed (%s: %s); it is retried when a launch needs it",
+                        type(e).__name__, e)
+            return False
 
     def _advance(self) -> None:
         """Launch the next step; complete the one in flight. When the next step is a decode of the

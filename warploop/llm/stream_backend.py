@@ -90,13 +90,13 @@ class StreamBackend(Backend):
             pools = pools or pack_pools(weights, self.device)
             decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                     block_size=layout.block_size, splits=splits, kv=per_op.kv,
-                                    pools=pools, prebuilt=prebuilt)
+                                    pools=pools, prebuilt=prebuilt, defer=True)
         self.per_op, self.decoder = per_op, decoder
         self.rows = None             # the decoder of batches, over the same pools and cache
         if rows:
             self.rows = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                       block_size=layout.block_size, kv=self.per_op.kv, pools=pools, batch=rows,
-                                      prebuilt=prebuilt)
+                                      prebuilt=prebuilt, defer=True)
         self.max_context, self.timeout = max_context, timeout
         self.last = self.decoder         # the decoder of the latest loop
         self.seeds = np.random.default_rng()     # a fresh seed a launch for sampled rows that ask for none
@@ -175,6 +175,10 @@ class StreamBackend(Backend):
 
     def close(self) -> None:
         self.per_op.close()
+
+    def idle(self) -> bool:
+        """One deferred split level's program (StreamDecoder defer=True), while the engine is idle."""
+        return any(d.build_deferred() for d in (self.decoder, self.rows) if d is not None)
 
     def warmup(self, max_num_seqs: int) -> None:
         self.per_op.warmup(max_num_seqs)

@@ -134,7 +134,7 @@ class StreamDecoder:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device="cpu", max_context: int = 1024,
                  block_size: int = 16, splits: int | None = None, config: StreamConfig | None = None,
-                 kv=None, pools=None, batch: int = 1, prebuilt=None, tp=None) -> None:
+                 kv=None, pools=None, batch: int = 1, prebuilt=None, tp=None, defer: bool = False) -> None:
         """kv: a paged bf16 KV cache to share ([layers, 2, blocks, block_size, kv heads, head_dim],
         the engine's KVCacheLayout); default: one of its own, blocks enough for max_context.
         pools: pack_pools(weights, device)'s Packed, when the caller packed them (default: packed here).
@@ -154,7 +154,10 @@ class StreamDecoder:
         rows and o_proj and down_proj partial sums into the residual, the same bits on every rank, and
         gather the lm_head shards' amax pairs, so every rank samples the same tokens. The KV cache holds
         the rank's KV heads; logits() and step() gather the vocabulary (a collective: every rank calls
-        them). One row."""
+        them). One row.
+        defer: on a GPU, build only the largest and the smallest split level's program now, and each
+        other one when build_deferred() is called (a server's idle time: its start is seconds
+        shorter) or when a launch first needs it."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -190,7 +193,9 @@ class StreamDecoder:
         packed = pools or pack_pools(weights, self.device)
         embed = weights.embed.detach().to(device=self.device, dtype=torch.bfloat16)
         rope = cos_sin_table(cfg.rope, hd, max_context, self.device)
-        self.programs = {s: self._record(weights, packed, embed, rope, s) for s in self.levels}
+        self._deferred = sorted(set(self.levels) - {self.levels[0], self.splits}) if defer and tp is None else []
+        self._record_level = lambda s: self._record(weights, packed, embed, rope, s)
+        self.programs = {s: self._record_level(s) for s in self.levels if s not in self._deferred}
         self.program = self.programs[self.splits]
         self.regions = self.program.regions
         self.arena = self.program.arena(self.device)
@@ -211,9 +216,9 @@ class StreamDecoder:
             self.compiles = why or self.compiles
             # the levels are one recording with other share counts: the largest is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
-            self.executors = {s: first if s == self.splits else StreamExecutor(p, self.device, share=first,
-                                                                                check=False, prebuilt=prebuilt,
-                                                                                build_cache=cache, tp_group=group)
+            self._executor_for = lambda p: StreamExecutor(p, self.device, share=first, check=False,
+                                                          prebuilt=prebuilt, build_cache=cache, tp_group=group)
+            self.executors = {s: first if s == self.splits else self._executor_for(p)
                               for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)
@@ -312,6 +317,20 @@ class StreamDecoder:
                                 after=gathered, per=per, shard=vocab)]
         p.decode_loop(samples, firsts)
         return p
+
+    def build_deferred(self) -> bool:
+        """Build the smallest split level's program (and on a GPU its executor) still deferred
+        (defer=True); whether more remain."""
+        if self._deferred:
+            self._build_level(self._deferred[0])
+        return bool(self._deferred)
+
+    def _build_level(self, level: int) -> None:
+        if level in self._deferred:
+            self.programs[level] = self._record_level(level)
+            if self.device.type == "cuda":
+                self.executors[level] = self._executor_for(self.programs[level])
+            self._deferred.remove(level)
 
     def level(self, n_ctx: int) -> int:
         """The split level a launch whose last step attends over n_ctx tokens runs: the fewest
@@ -444,6 +463,7 @@ class StreamDecoder:
             r = self.program.int_regions[name]
             self.ints[r.offset:r.offset + len(vals)] = torch.tensor(vals, dtype=torch.int32, device=self.ints.device)
         level = self.level(longest)
+        self._build_level(level)
         if self.executors:
             self.executor = self.executors[level]
             self.executor.launch(steps)
