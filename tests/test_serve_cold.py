@@ -29,7 +29,8 @@ def test_a_checkpoint_written_for_each_bench_shape_loads_back_as_that_shape(tmp_
 def test_a_cold_serve_with_triton_blocked_answers_and_runs_clean(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve_cold.py"), "--models", "small-cpu",
                           "--device", "cpu", "--block-triton", "--dir", str(tmp_path), "--timeout", "120",
-                          "--", "--backend", "stream", "--dtype", "bfloat16"], capture_output=True, text=True, timeout=240)
+                          "--", "--backend", "stream", "--dtype", "bfloat16"],
+                         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout)["models"]["small-cpu"]
     assert 0 < got["ready_s"] <= got["first_token_s"] < 120
