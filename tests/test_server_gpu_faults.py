@@ -34,9 +34,15 @@ def stream_server():
 def unmet_wait(engine) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Make the first GEMV instruction with a wait need twice its producers' signals, plus one, in
     every executor of the batch-1 decoder: the wait is never met. Returns (words, original) pairs."""
+    import time
+
     from warploop.runtime.stream.kinds import GEMV, WORDS, header_word
-    saved = []
-    for ex in engine.backend.decoder.executors.values():
+    saved, dec = [], engine.backend.decoder
+    deadline = time.monotonic() + 60          # the levels the engine builds while idle (defer)
+    while dec._deferred and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not dec._deferred, f"split levels {dec._deferred} still unbuilt after 60 s"
+    for ex in dec.executors.values():
         w = ex.words.view(-1, WORDS)
         host = w.cpu()
         row = next(r for r in range(host.shape[0] - 1) if int(host[r, 0]) == GEMV.opcode

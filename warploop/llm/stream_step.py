@@ -155,9 +155,9 @@ class StreamDecoder:
         gather the lm_head shards' amax pairs, so every rank samples the same tokens. The KV cache holds
         the rank's KV heads; logits() and step() gather the vocabulary (a collective: every rank calls
         them). One row.
-        defer: on a GPU, build only the largest and the smallest split level's program now, and each
-        other one when build_deferred() is called (a server's idle time: its start is seconds
-        shorter) or when a launch first needs it."""
+        defer: build only the smallest split level's program now (on a GPU its executor, placed and
+        hazard-checked), and each other one when build_deferred() is called (a server's idle time:
+        its start is seconds shorter) or when a launch first needs it."""
         import torch
         if cfg.mlp_bias:
             raise NotImplementedError("the streaming step has no MLP bias yet (mlp_bias models run per op)")
@@ -193,10 +193,13 @@ class StreamDecoder:
         packed = pools or pack_pools(weights, self.device)
         embed = weights.embed.detach().to(device=self.device, dtype=torch.bfloat16)
         rope = cos_sin_table(cfg.rope, hd, max_context, self.device)
-        self._deferred = sorted(set(self.levels) - {self.levels[0], self.splits}) if defer and tp is None else []
+        # the level built first (and hazard-checked on a GPU): the largest, or with defer the smallest,
+        # the one a short first request runs; the others defer until build_deferred or a launch
+        head = self.levels[0] if defer and tp is None else self.splits
+        self._deferred = [s for s in self.levels if s != head] if defer and tp is None else []
         self._record_level = lambda s: self._record(weights, packed, embed, rope, s)
         self.programs = {s: self._record_level(s) for s in self.levels if s not in self._deferred}
-        self.program = self.programs[self.splits]
+        self.program = self.programs[head]        # every level declares the same regions
         self.regions = self.program.regions
         self.arena = self.program.arena(self.device)
         self.ints = self.program.int_arena(self.device)
@@ -214,14 +217,13 @@ class StreamDecoder:
                 lambda folder: StreamExecutor(self.program, self.device, prebuilt=folder, build_cache=cache,
                                               tp_group=group), prebuilt, auto)
             self.compiles = why or self.compiles
-            # the levels are one recording with other share counts: the largest is hazard-checked
+            # the levels are one recording with other share counts: the first is hazard-checked
             # here, every level in the tests (tests/test_stream_step.py)
             self._executor_for = lambda p: StreamExecutor(p, self.device, share=first, check=False,
                                                           prebuilt=prebuilt, build_cache=cache, tp_group=group)
-            self.executors = {s: first if s == self.splits else self._executor_for(p)
-                              for s, p in self.programs.items()}
+            self.executors = {s: first if s == head else self._executor_for(p) for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
-        self.executor = self.executors.get(self.splits)     # the launch in flight's (set by each launch)
+        self.executor = self.executors.get(head)     # the launch in flight's (set by each launch)
 
     def _record(self, weights: ModelWeights, packed: Packed, embed, rope, splits: int) -> StreamProgram:
         """The step's program with `splits` attention shares per KV head (every level's program
