@@ -81,6 +81,7 @@ def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], time
         cache = warploop_cache or empty
         env = dict(os.environ, TRITON_CACHE_DIR=triton, WARPLOOP_CACHE_DIR=cache, WARPLOOP_DEVICE=device,
                    PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.pop("CUDA_MODULE_LOADING", None)        # a user's start: CUDA's default, lazy module loading
         argv = ["serve", "--model", str(model_dir), "--port", "0", *extra]
         cmd = [sys.executable, "-c", BLOCK_TRITON, *argv] if block else [sys.executable, "-m", "warploop.cli", *argv]
         t0 = time.monotonic()
