@@ -28,13 +28,62 @@ GPU_TEST_MODELS = ("test:LLAMA_GQA:float32:4", "test:QWEN3_LIKE:float32:4", "tes
                    "tiny:float32")
 
 
+def plans_of(cfg, overrides: dict, dtype=None, block_size: int = 16):
+    """([the Plan of each resident kernel a GPU backend starts], worker warps, register cap) for a
+    model's shapes and WARPLOOP_MK_PLAN-style overrides: the batch-1 kernel's first, then the batches'
+    where they differ (plans.kernel_plans; '{"batch1_kernel": 0}' is one kernel for every batch).
+    Other backend-only options such as workers are dropped: they do not change the kernel. With
+    graph_rows 1 named (the GPU backend's default: batches run per op) the batches' kernel is left out,
+    as such a backend starts none; unnamed, both are compiled."""
+    import torch
+
+    from warploop.llm.mk.plans import MegakernelOptions, kernel_plans
+    options = MegakernelOptions.of(overrides)
+    first, many, two = kernel_plans(cfg, dtype or torch.bfloat16, block_size, "cuda", options)
+    return ([first, many] if two and options.graph_rows != 1 else [first]), options.worker_warps, options.max_registers
+
+
+class StandInDriver:
+    """What Triton's JIT asks of a driver to compile (not launch) for `target`."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+def compile_kernel(plan, warps: int, trace: bool = False, arch: int = 90, max_registers: int | None = None):
+    """The plan's resident kernel, compiled as the runtime compiles it (Triton's JIT warmup, into
+    Triton's cache, nothing launched), for sm_`arch` through a stand-in driver, so the same source,
+    options and target give the key a GPU machine looks up (with WARPLOOP_PORTABLE_CACHE)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from warploop.llm.mk.tasks import tasks_for
+    from warploop.runtime import codegen
+    from warploop.runtime.gpu import compile_resident
+    from warploop.runtime.tasks import lookup
+    module = codegen.build([lookup(t) for t in tasks_for(plan).all])
+    saved = driver._active      # noqa: SLF001 (reset_active would look for a real driver)
+    driver.set_active(StandInDriver(GPUTarget("cuda", arch, 32)))
+    try:
+        return compile_resident(module, torch.device("cpu"), "cuda", warps, trace, max_registers)[0]
+    finally:
+        driver._active = saved  # noqa: SLF001
+
+
 def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     """In this process: the resident kernels of `model` under `plan` for sm_`arch` (every kernel a
-    backend with that plan starts: the batch-1 kernel and the batches', mk_resources.plans_of)."""
+    backend with that plan starts: the batch-1 kernel and the batches', plans_of)."""
     os.environ["WARPLOOP_PORTABLE_CACHE"] = "1"
-    sys.path.insert(0, HERE)
-    from mk_resources import compile_kernel, plans_of
-
     from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 
     if model.startswith("test:"):   # a GPU test's model: test:CONFIG:DTYPE:BLOCK (tests/mk_helpers.py)
@@ -58,7 +107,7 @@ def compile_one(model: str, plan: str, traced: bool, arch: int) -> dict:
     out = {"model": model, "plan": plan, "trace": traced, "kernels": []}
     for p in plans:
         t0 = time.perf_counter()
-        kernel = compile_kernel(p, None, warps, traced, arch, regs)
+        kernel = compile_kernel(p, warps, traced, arch, regs)
         out["kernels"].append({"key": p.key, "s": round(time.perf_counter() - t0, 1),
                                "shared": kernel.metadata.shared, "hash": kernel.hash})
     return out
