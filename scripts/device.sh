@@ -15,8 +15,8 @@
 #   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
 #             $PROFILE_MODELS), then `warploop bench prefill --json` ($MODELS, default all three)
 #             -> $OUT/prefill-<device>-<date>.json
-#   soak      scripts/soak.py for $SOAK_MINUTES (default 8) on the GPU, backend $SOAK_BACKEND (default: the
-#             device's) -> $OUT/soak.json
+#   soak      scripts/soak.py for $SOAK_MINUTES (default 8: a device call ends at 10 minutes) on the GPU, backend
+#             $SOAK_BACKEND (default: the device's); carry .carry/whl (the server's wheels) -> $OUT/soak.json
 # Commit a bench's JSON unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json (BENCHMARKS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,6 +96,11 @@ for part in "$@"; do
     stream) bash scripts/device_stream.sh ;;
     soak)
       environment
+      # the GPU image has no fastapi/uvicorn/httpx: their wheels travel in .carry/whl (carry it)
+      if [ -d .carry/whl ]; then
+        pip install -q --no-index --no-deps --target /tmp/wl-site .carry/whl/*.whl 2>/dev/null
+        export PYTHONPATH="/tmp/wl-site:$PYTHONPATH"
+      fi
       timeout $(( ${SOAK_MINUTES:-8} * 60 + 90 )) python scripts/soak.py --device cuda --minutes "${SOAK_MINUTES:-8}" \
         ${SOAK_BACKEND:+--backend "$SOAK_BACKEND"} > "$OUT/soak.json"; echo "soak rc=$?"; tail -c 2000 "$OUT/soak.json"; echo ;;
     prefill)
