@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The streaming executor on the GPU machine, in one device call. Parts (PART=a,b,...; default tests,bench):
-#   tests   the GPU tests (the kernel against the CPU reference node by node, the decode loop, --backend stream)
+#   tests   the GPU tests (the kernel against the CPU reference node by node, the decode loop, --backend stream,
+#           a transformers-written directory, a cold server within 10 s; carry .carry/whl)
 #   bench   `warploop bench stream` (JSON to $OUT; BENCH_ARGS adds to its arguments)
 #   step    each of $STEP_MODELS' whole decode step and 32-step loop (scripts/stream_step_time.py, context
 #           $STEP_CONTEXT) -> $OUT/step-MODEL.json
@@ -36,8 +37,9 @@ wheels() {
 for part in ${PART//,/ }; do
   echo "== $part $(date +%T)"
   case "$part" in
-    tests) (cd tests && timeout "${TEST_S:-450}" python -m pytest -q --timeout=120 test_stream_gpu.py test_stream_compile.py) \
-             || echo "tests: rc $?" ;;
+    tests) wheels       # test_serve_cold_gpu.py serves
+           (cd tests && timeout "${TEST_S:-450}" python -m pytest -q --timeout=240 test_stream_gpu.py test_stream_compile.py \
+              test_weights_align.py test_serve_cold_gpu.py) || echo "tests: rc $?" ;;
     bench) timeout 500 python -m warploop.cli bench stream --json --out "$OUT/stream.json" ${BENCH_ARGS:-} \
              > "$OUT/stream.stdout" 2> "$OUT/stream.stderr"; echo "bench: rc $?"; tail -n 30 "$OUT/stream.stderr" ;;
     server) wheels
