@@ -33,20 +33,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from checkpoint import write_checkpoint  # noqa: E402
 
+from tests.no_triton import BLOCK_TRITON  # noqa: E402
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS  # noqa: E402
 
-BLOCK_TRITON = """
-import sys
-import torch
-if torch.cuda.is_available():
-    torch.cuda.init()
-for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
-    del sys.modules[name]
-class BlockTriton:
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ImportError(f"{name} is blocked: this path must not import Triton")
-sys.meta_path.insert(0, BlockTriton())
+SERVE_NO_TRITON = BLOCK_TRITON + """
 from warploop.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -83,7 +73,7 @@ def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], time
                    PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         env.pop("CUDA_MODULE_LOADING", None)        # a user's start: CUDA's default, lazy module loading
         argv = ["serve", "--model", str(model_dir), "--port", "0", *extra]
-        cmd = [sys.executable, "-c", BLOCK_TRITON, *argv] if block else [sys.executable, "-m", "warploop.cli", *argv]
+        cmd = [sys.executable, "-c", SERVE_NO_TRITON, *argv] if block else [sys.executable, "-m", "warploop.cli", *argv]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
         log: list[str] = []

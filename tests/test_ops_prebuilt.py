@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from no_triton import BLOCK_TRITON
 
 from warploop.bundle.format import BundleFile
 from warploop.bundle.load import load_bundle
@@ -36,21 +37,6 @@ SHAPES = {
     "group-32": (4096, 16384, 32, 1, 128, False),              # a GQA group over two decode programs
     "llama-3.1-405b": (16384, 53248, 128, 8, 128, False),      # rms_norm's loop over column blocks
 }
-# a child process in which importing Triton fails
-BLOCK_TRITON = """
-import sys
-import torch
-# torch 2.11's lazy CUDA start imports Triton itself (its own kernels): let it, then take Triton away
-if torch.cuda.is_available():
-    torch.cuda.init()
-for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
-    del sys.modules[name]
-class BlockTriton:
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ImportError(f"{name} is blocked: this path must not import Triton")
-sys.meta_path.insert(0, BlockTriton())
-"""
 
 
 def fake_gpu(target: str) -> tuple:

@@ -104,7 +104,7 @@ def test_wrappers_from_the_bundle_equal_the_jit(dtype, d, monkeypatch):
 
 def test_generate_on_the_per_op_backend_needs_no_triton():
     """`warploop generate --backend torch` on the GPU in a process where importing Triton fails."""
-    from test_ops_prebuilt import BLOCK_TRITON
+    from no_triton import BLOCK_TRITON
 
     argv = ["generate", "--model", "tiny", "--device", "cuda", "--dtype", "bfloat16", "--backend", "torch",
             "--prompt", "The capital of France is", "--max-tokens", "16", "--json"]

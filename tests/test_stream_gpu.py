@@ -8,6 +8,7 @@ import pytest
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 import torch  # noqa: E402
+from no_triton import BLOCK_TRITON  # noqa: E402
 from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
 from test_stream_step import batch_against_per_op, greedy, levels_against_one_program  # noqa: E402
@@ -68,18 +69,7 @@ def test_gpu_trace_stamps_are_causal():
     assert (s[:, 5] >= 0).all() and (s[:, 5] <= span).all()
 
 
-PREBUILT_CHILD = """
-import sys
-import torch
-# torch 2.11's lazy CUDA start imports Triton itself: let it, then take Triton away from everything after
-torch.cuda.init()
-for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
-    del sys.modules[name]
-class Block:
-    def find_spec(self, name, path, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ImportError("no Triton on this path: " + name)
-sys.meta_path.insert(0, Block())
+PREBUILT_CHILD = BLOCK_TRITON + """
 from test_stream_gpu import prebuilt_run
 print(prebuilt_run(sys.argv[1]))
 """

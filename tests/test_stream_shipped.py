@@ -84,13 +84,9 @@ def test_the_serving_path_of_a_shipped_kernel_imports_no_triton():
     Triton (a GPU machine's cold start measured it: mk/loop.py's ring words pulled Triton in)."""
     import subprocess
     import sys
-    code = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Block())
+
+    from no_triton import BLOCK_TRITON
+    code = BLOCK_TRITON + """
 import warploop.llm.stream_backend, warploop.llm.stream_step, warploop.llm.engine, warploop.llm.server
 import warploop.runtime.stream.executor, warploop.runtime.stream.prebuilt, warploop.llm.loop_step
 print("ok")
@@ -105,13 +101,9 @@ def test_the_stream_backend_decodes_in_loops_with_no_triton():
     a warning; the loop's planner had imported mk/loop.py, and Triton with it)."""
     import subprocess
     import sys
-    code = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Block())
+
+    from no_triton import BLOCK_TRITON
+    code = BLOCK_TRITON + """
 from warploop.cli import main
 sys.exit(main(["generate", "--model", "tiny", "--backend", "stream", "--max-tokens", "12", "--json",
                "--prompt", "Hello there"]))
