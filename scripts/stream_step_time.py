@@ -99,6 +99,9 @@ def main():
                     help="FIELD=V1,V2,...: also time the same program with a StreamConfig field that shapes no "
                          "memory (a kernel constexpr) set to each value, rounds interleaved, in this process "
                          "(ab_kernel_ms; each value's outputs are checked against the first's)")
+    ap.add_argument("--config", default="{}", type=json.loads,
+                    help="StreamConfig fields over the model's own, as JSON, e.g. "
+                         "'{\"block_rows\": 64, \"block_k\": 128}' (a tile of more weight rows against one x block)")
     args = ap.parse_args()
     cfg = GPU_MODELS[args.model][1]
     t0 = time.time()
@@ -111,7 +114,7 @@ def main():
     tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(b)]
     options = dict(max_context=max_context, splits=args.splits or None, batch=b, block_size=bs, kv=kv)
 
-    config = stream_config(cfg, batch_rows=batch_rows(b))
+    config = dataclasses.replace(stream_config(cfg, batch_rows=batch_rows(b)), **args.config)
     dec = StreamDecoder(cfg, w, device="cuda", config=config, **options)
     build_s = time.time() - t0
     if not args.trace:
@@ -144,6 +147,7 @@ def main():
     kv = b * cfg.num_layers * 2 * args.context * cfg.num_kv_heads * cfg.head_dim * 2
     floor = (wbytes + kv) / copy_rate() * 1e3
     out = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context, "batch": b,
+           "config": dataclasses.asdict(config),
            "max_context": dec.max_context, "tokens_per_s": b * 1e3 / kernel,
            "splits": dec.splits, "level": dec.level(args.context),
            "loop_level": dec.level(args.context + args.loop - 1), "nodes": len(dec.program.nodes),
