@@ -34,14 +34,9 @@ def stream_server():
 def unmet_wait(engine) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Make the first GEMV instruction with a wait need twice its producers' signals, plus one, in
     every executor of the batch-1 decoder: the wait is never met. Returns (words, original) pairs."""
-    import time
-
     from warploop.runtime.stream.kinds import GEMV, WORDS, header_word
     saved, dec = [], engine.backend.decoder
-    deadline = time.monotonic() + 60          # the levels the engine builds while idle (defer)
-    while dec._deferred and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not dec._deferred, f"split levels {dec._deferred} still unbuilt after 60 s"
+    assert engine.settle(60), f"split levels {dec._deferred} still unbuilt after 60 s"   # built while idle
     for ex in dec.executors.values():
         w = ex.words.view(-1, WORDS)
         host = w.cpu()

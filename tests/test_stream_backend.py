@@ -207,19 +207,21 @@ def test_stream_rows_setting_is_checked_by_name(monkeypatch, value, match):
         config.reload()
 
 
+def test_an_engine_with_nothing_deferred_is_settled_at_once():
+    with Engine.from_model("tiny", backend="torch", **TINY) as engine:
+        assert engine.settle(10)
+
+
 def test_the_engine_builds_the_deferred_split_levels_while_idle():
     """The stream backend starts with the largest and smallest split level's programs; the engine's
     loop builds the others while no request waits (Backend.idle), and a request that came first
-    is served meanwhile with the per-op backend's tokens."""
-    import time
+    is served meanwhile with the per-op backend's tokens; Engine.settle waits for the rest."""
     requests = [("def main(", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))]
     want, _ = _run("torch", requests, max_num_seqs=1)
     with Engine.from_model("tiny", backend="stream", **(TINY | dict(max_num_seqs=1))) as engine:
         dec = engine.backend.decoder
         assert len(dec.levels) >= 3, dec.levels          # levels to defer
         got = engine.generate(engine.tokenizer.encode(requests[0][0]), requests[0][1])
-        deadline = time.monotonic() + 60
-        while dec._deferred and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert engine.settle(60)
         assert dec._deferred == [] and sorted(dec.programs) == dec.levels
         assert got.token_ids == want[0] and len(want[0]) == 12

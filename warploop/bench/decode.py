@@ -181,6 +181,7 @@ def _measure_system(cfg, weights, device, backend, hf, hf32, check_prompt, promp
     t0 = time.perf_counter()
     engine = _engine(cfg, weights, device, backend)
     out = {"start_s": round(time.perf_counter() - t0, 1)}   # the megakernel's: its compile, on a cold cache
+    engine.settle()             # what the engine defers from its start (the stream's split levels), done
     if hasattr(engine.backend, "graph_rows"):   # the megakernel: which decode batches ran on its graph
         out["graph_rows"] = engine.backend.graph_rows or "all"
         out["batch1_kernel"] = engine.backend.batch1_kernel

@@ -68,6 +68,7 @@ class Engine:
                           "overlapped_steps": 0, "decode_loops": 0, "decode_loop_tokens": 0}
         # the step in flight, launched but not yet completed: one step, or a decode loop on the device
         self._pending: Step | LoopStep | None = None
+        self._settled = threading.Event()      # the backend's deferred start work is done (settle)
         backend.warmup(max_num_seqs)
         self._thread = threading.Thread(target=self._loop, name="warploop-engine", daemon=True)
         self._thread.start()
@@ -159,6 +160,12 @@ class Engine:
                 "prefix_cache_hit_tokens": self.blocks.hit_tokens, **self._counters,
                 "preemptions": self.scheduler.num_preemptions, "prefill_chunks": self.scheduler.num_chunks}
 
+    def settle(self, timeout: float | None = 120.0) -> bool:
+        """Wait until the backend's deferred start work is done (the engine does it while idle:
+        Backend.idle), so what runs next is timed in the steady state; whether it was done within
+        `timeout` seconds. Serving does not need it: a request that needs a deferred piece builds it."""
+        return self._settled.wait(timeout)
+
     def close(self) -> None:
         with self._cv:
             self._closed = True
@@ -202,6 +209,8 @@ class Engine:
                 closed = self._closed
             if not busy:        # outside the lock: a request may arrive meanwhile, and waits for this piece
                 deferred = self._idle()
+                if not deferred:
+                    self._settled.set()
                 continue
             for req in inbox:
                 self._requests[req.seq.request_id] = req
@@ -211,6 +220,7 @@ class Engine:
                 if rid in self._requests:
                     self._finish(self._requests[rid], None, "", "abort")
             if closed:
+                self._settled.set()
                 if isinstance(self._pending, LoopStep):
                     self._pending.run.halt()
                 return
