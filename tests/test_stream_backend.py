@@ -130,7 +130,7 @@ def test_pack_pools_shares_only_bfloat16_weights_on_the_device_and_counts_the_re
     import torch
     from test_stream_step import CONFIGS
 
-    from warploop.llm.stream_step import pack_pools
+    from warploop.llm.stream_pools import pack_pools
     from warploop.llm.weights import random_weights
     cfg = CONFIGS["llama3"]
     w32 = random_weights(cfg, "cpu", torch.float32)

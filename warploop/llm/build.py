@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
-from warploop.llm.stream_step import pack_pools
+from warploop.llm.stream_pools import pack_pools
 from warploop.llm.stream_step import unsupported as unsupported_stream
 
 GPU_KV_FRACTION = 0.8            # of the memory free after loading weights

@@ -233,9 +233,8 @@ class Engine:
     def _idle(self) -> bool:
         """One piece of the backend's deferred start work; whether more remains. A failure is left to
         the launch that needs the piece (it builds it then, and its error reaches the request)."""
-        idle = getattr(self.backend, "idle", None)        # a backend written to the interface has it
         try:
-            return bool(idle and idle())
+            return bool(self.backend.idle())
         except Exception as e:
             log.warning("deferred start work failed (%s: %s); it is retried when a launch needs it",
                         type(e).__name__, e)

@@ -31,7 +31,8 @@ from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
 from warploop.llm.loop_step import NO_TOKEN
-from warploop.llm.stream_step import StreamDecoder, pack_pools, unsupported
+from warploop.llm.stream_pools import pack_pools
+from warploop.llm.stream_step import StreamDecoder, unsupported
 from warploop.llm.weights import ModelWeights
 
 MAX_STEPS = 32            # a loop's most steps: an arrival waits at most this many for its turn
@@ -67,7 +68,7 @@ class StreamBackend(Backend):
                  pools=None, rows: int = 0, prebuilt=None, per_op: Backend | None = None,
                  decoder: StreamDecoder | None = None) -> None:
         """use_cuda_graphs: the per-op path's decode batches replay CUDA graphs (captured in warmup), as
-        on the per-op backend. pools: stream_step.pack_pools(weights, device, share=True)'s result
+        on the per-op backend. pools: stream_pools.pack_pools(weights, device, share=True)'s result
         (build_backend packs them before sizing the KV cache), else packed here, a copy beside the
         weights. rows: decode batches of 2 to `rows` sequences on the stream too (0: per op).
         prebuilt: where the stream kernels come from (WARPLOOP_STREAM_PREBUILT: "auto", "off" or a folder

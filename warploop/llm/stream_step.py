@@ -16,13 +16,13 @@ first token, the position and the block table (covering every step) before it.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from warploop import config as settings
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
+from warploop.llm.stream_pools import Packed, pack_pools
 from warploop.llm.stream_shipped import first_executor, prebuilt_folder
 from warploop.llm.stream_tp import rank_config
 from warploop.llm.weights import ModelWeights
@@ -85,48 +85,6 @@ def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas:
     layer; the figures were measured this way), each share at least a ring chunk of tokens."""
     heads = rows * cfg.num_kv_heads
     return max(1, min((ctas - heads) // heads, -(-context // max(1, config.kv_tokens))))
-
-
-MATRICES = ("qkv", "o", "gate_up", "down")       # a layer's matrices, in the order the program records them
-
-
-@dataclasses.dataclass
-class Packed:
-    pools: dict                        # input width -> bf16 [rows, width] pool
-    at: list                           # (width, first row) of each matrix, in recording order
-    copied_bytes: int                  # bytes of matrices the pools copy rather than replace
-
-
-def pack_pools(weights: ModelWeights, device, share: bool = False) -> Packed:
-    """Every matrix in bfloat16, packed into one pool per input width (each layer's qkv, o, gate_up
-    [gate; up] and down, then lm_head). share: each matrix of `weights` already bfloat16 on `device`
-    becomes a view of its pool (a per-op backend over the same weights then reads the pools: one copy
-    of the model, not two), the tied embedding too; what could not be shared is counted in
-    copied_bytes (the memory a caller sets aside for the copy)."""
-    import torch
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:    # "cuda" is the current device: compare as cuda:N
-        device = torch.device("cuda", torch.cuda.current_device())
-    owners = [(lw, name) for lw in weights.layers for name in MATRICES] + [(weights, "lm_head")]
-    tied = weights.embed is weights.lm_head
-    rows, at = {}, []
-    for owner, name in owners:
-        m = getattr(owner, name)
-        at.append((m.shape[1], rows.get(m.shape[1], 0)))
-        rows[m.shape[1]] = rows.get(m.shape[1], 0) + m.shape[0]
-    pools = {k: torch.empty(n, k, dtype=torch.bfloat16, device=device) for k, n in rows.items()}
-    copied = 0
-    for (owner, name), (k, row) in zip(owners, at, strict=True):
-        m = getattr(owner, name)
-        view = pools[k][row:row + m.shape[0]]
-        view.copy_(m.detach())
-        if share and m.dtype == torch.bfloat16 and m.device == device:
-            setattr(owner, name, view)           # the original is freed once nothing else holds it
-        else:
-            copied += view.numel() * 2
-    if share and tied and weights.lm_head.device == device and weights.lm_head.dtype == torch.bfloat16:
-        weights.embed = weights.lm_head
-    return Packed(pools, at, copied)
 
 
 class StreamDecoder:

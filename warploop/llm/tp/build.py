@@ -77,7 +77,7 @@ class _Rank:
         max_context = min(self.job.max_len, blocks * self.job.block_size)
         packed = None
         if self.stream_weights is not None:   # the layers become views of the pools, shared by both paths
-            from warploop.llm.stream_step import pack_pools
+            from warploop.llm.stream_pools import pack_pools
             packed = pack_pools(self.stream_weights, self.device, share=True)
         self.backend = ShardedBackend(self.job.cfg, self.spec.world, self.rank, self.weights, self.layout(blocks),
                                       self.device, max_context, use_cuda_graphs=self.job.use_cuda_graphs)
