@@ -95,7 +95,11 @@ def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], time
                     return {"error": f"not serving after {timeout_s} s", "log": log[-30:]}
             ready = time.monotonic() - t0
             url = next(m.group(1) for x in log if (m := re.search(r"serving .* on (http://\S+) ", x)))
-            out = {"ready_s": round(ready, 2), **completions(url, t0, timeout_s)}
+            try:
+                out = {"ready_s": round(ready, 2), **completions(url, t0, timeout_s)}
+            except Exception as exc:    # refused, timed out, an error status: the server's words say why
+                time.sleep(0.5)
+                return {"error": f"{type(exc).__name__}: {exc}", "log": log[-30:]}
             time.sleep(0.5)
             # a compile, or a decode loop that failed and fell back to single steps, says so in the log
             out["noticed"] = [x for x in log if re.search(r"compil|fail|error|warn", x, re.I)]

@@ -180,3 +180,16 @@ def test_connections_past_the_cap_get_503_and_no_emfile_traceback(server):
         time.sleep(0.2)
     log = server.log.read_text()
     assert "Too many open files" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_the_socket_listens_before_the_serving_line_is_printed():
+    """`warploop serve` prints its URL before uvicorn starts; a client that connects at once (a script
+    waiting for that line) must wait in the backlog, not be refused (seen on a GPU: ConnectionRefused)."""
+    from warploop.llm.server_cli import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()

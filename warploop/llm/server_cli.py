@@ -18,6 +18,7 @@ from warploop.llm.build import BACKEND_HELP, BACKENDS
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 from warploop.llm.server_watchdog import DEFAULT_ENGINE_TIMEOUT_S
 
+LISTEN_BACKLOG = 2048           # uvicorn's own default backlog; it listens on the socket again with its own
 ENGINE_CLOSE_TIMEOUT_S = 10.0   # after a device fault the engine's thread may be stuck in it: exit anyway
 
 
@@ -76,7 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on host:port, or SystemExit with a message naming the fix."""
+    """A TCP socket listening on host:port, or SystemExit with a message naming the fix. It listens from
+    here on: a client that connects as soon as the "serving ... on URL" line appears waits in the backlog
+    until uvicorn accepts, rather than being refused while the app starts."""
     if not 0 <= port <= 65535:
         raise SystemExit(f"--port {port}: must be between 0 and 65535")
     try:
@@ -87,6 +90,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port "
