@@ -270,12 +270,15 @@ def main() -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "hip"))
     parser.add_argument("--backend", choices=("torch", "megakernel", "stream"))
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="the served model's dtype (default: the model's own; the stream backend needs bfloat16)")
     args = parser.parse_args()
     seconds = args.minutes * 60
     if args.url:
         result = soak(args.url, args.pid, seconds, args.concurrency, args.seed, args.warmup)
     else:
-        extra = ["--max-body-bytes", str(MAX_BODY)] + (["--backend", args.backend] if args.backend else [])
+        extra = ["--max-body-bytes", str(MAX_BODY)] + (["--backend", args.backend] if args.backend else []) \
+            + (["--dtype", args.dtype] if args.dtype else [])
         with serving(extra, args.model, args.device) as (url, pid):
             result = soak(url, pid, seconds, args.concurrency, args.seed, args.warmup)
     print(json.dumps(result))

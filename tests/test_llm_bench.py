@@ -53,9 +53,29 @@ def test_bench_prefill_on_cpu_prints_the_contract_keys(capsys, tmp_path):
         assert {"ms", "p10_ms", "p90_ms", "tok_s", "runs"} <= set(entry["warploop"][n])
         assert entry["warploop"][n]["p10_ms"] <= entry["warploop"][n]["ms"] <= entry["warploop"][n]["p90_ms"]
     assert entry["itl"]["chunked"]["prefill_chunks"] >= 4 and entry["itl"]["one_step"]["prefill_chunks"] == 0
-    assert {"p50_ms", "p99_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
+    assert {"p50_ms", "p99_ms", "max_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
+    # in one step the streams wait out the whole prefill: that gap is counted (it ends after the prompt's
+    # first token), so the longest gap spans at least the prompt's time to its first token
+    one = entry["itl"]["one_step"]
+    assert one["long_tokens"] == 160 and one["max_ms"] >= one["long_ttft_ms"]
     with pytest.raises(SystemExit, match="--lengths"):
         cli.main(["bench", "prefill", "--lengths", "0"])
+
+
+def test_bench_prefill_caps_the_long_prompt_at_the_models_context():
+    """A --long past the model's positions (SmolLM2-135M has 8,192, the GPU default is 16,384) is capped
+    at the model's own longest rather than refused by the engine."""
+    import dataclasses
+
+    import torch
+
+    from warploop.bench.prefill import _itl
+    from warploop.llm.shapes import CPU_MODELS
+
+    cfg = dataclasses.replace(CPU_MODELS["small-cpu"][1], max_position_embeddings=160)
+    out = _itl(cfg, torch.device("cpu"), torch.float32, 1, 100_000, 48, lambda _: None)
+    assert out["chunked"]["long_tokens"] == out["one_step"]["long_tokens"] == 96
+    assert out["chunked"]["prefill_chunks"] >= 2
 
 
 def test_transformers_peer_has_the_same_random_weights_every_run():

@@ -137,7 +137,7 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
 def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     """The last quarter of a prompt (at most 2,048 tokens) prefilled over the rest, cached (a chunk
     after the first, a prefix hit): a gathered context and a dense mask a sequence (sdpa) against
-    one launch attending from the pages (paged, TorchBackend.paged_prefill), alternated."""
+    one launch attending from the pages (paged, TorchBackend.paged_prefill, the GPU's default), alternated."""
     import torch
 
     from warploop.llm.backend import ModelBatch
@@ -147,7 +147,7 @@ def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     with torch.no_grad():
         backend.forward(ModelBatch(ids[:n - new], list(range(n - new)), [n - new], [n - new], [blocks]))
         batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
-        times = {"sdpa": [], "paged": []}
+        times, default = {"sdpa": [], "paged": []}, backend.paged_prefill
         for paged in (False, True):                # warm-up: both paths' first use
             backend.paged_prefill = paged
             backend.forward(batch)
@@ -155,7 +155,7 @@ def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
             for paged, name in ((False, "sdpa"), (True, "paged")):
                 backend.paged_prefill = paged
                 times[name].append(seconds(lambda: backend.forward(batch), device))
-        backend.paged_prefill = False
+        backend.paged_prefill = default
     rec = {"new_tokens": new, "context": n} | {k: _stats(v, new) for k, v in times.items()}
     rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     say(f"  prefix {new} over {n - new}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
@@ -195,6 +195,7 @@ def _itl(cfg, device, dtype, streams: int, long: int, chunk: int, say) -> dict:
     from warploop.llm.engine import Engine, SamplingParams
     out = {}
     gen = torch.Generator().manual_seed(1)
+    long = min(long, cfg.max_position_embeddings - 64)     # SmolLM2-135M has 8,192 positions: its own longest
     for label, max_prefill in (("chunked", chunk), ("one_step", long + 1)):
         backend, max_context = _backend(cfg, device, dtype, long + 512, seqs=streams + 1)
         with Engine(cfg, backend, None, max_context=max_context, max_num_seqs=streams + 1, max_batch_tokens=long + 1,
@@ -227,6 +228,7 @@ def _itl(cfg, device, dtype, streams: int, long: int, chunk: int, say) -> dict:
                                SamplingParams(max_tokens=1, temperature=0.0), on("long"), request_id="long")
             first.wait(600)
             end = time.perf_counter()
+            time.sleep(0.2 if device.type == "cuda" else 2.0)      # each stream's first token after it
             for i in range(streams):
                 engine.abort(f"s{i}")
             for _ in range(streams + 1):
@@ -235,15 +237,19 @@ def _itl(cfg, device, dtype, streams: int, long: int, chunk: int, say) -> dict:
         gaps = []
         for name, ts in stamps.items():
             if name != "long":
+                # the last token before the prompt arrived, those while it was admitted, and the first
+                # after its first token: in one step, the gap across the whole prefill is that last one
                 inside = [t for t in ts if arrived[0] <= t <= end]
                 before = [t for t in ts if t < arrived[0]]
-                seq = before[-1:] + inside
+                after = [t for t in ts if t > end]
+                seq = before[-1:] + inside + after[:1]
                 gaps += [(b - a) * 1e3 for a, b in zip(seq, seq[1:], strict=False)]
-        rec = {"prefill_chunks": chunks, "long_ttft_ms": round((end - arrived[0]) * 1e3, 2), "gaps": len(gaps)}
+        rec = {"long_tokens": long, "prefill_chunks": chunks, "long_ttft_ms": round((end - arrived[0]) * 1e3, 2),
+               "gaps": len(gaps)}
         if gaps:
             q = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else [gaps[0]] * 99
             rec |= {"p50_ms": round(statistics.median(gaps), 3), "p99_ms": round(q[98], 3),
-                    "p99_over_p50": round(q[98] / max(statistics.median(gaps), 1e-9), 2)}
+                    "max_ms": round(max(gaps), 3), "p99_over_p50": round(q[98] / max(statistics.median(gaps), 1e-9), 2)}
         out[label] = rec
         say(f"  itl {label}: {rec}")
     return out
