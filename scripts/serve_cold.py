@@ -103,6 +103,8 @@ def cold_start(model_dir: Path, device: str, block: bool, extra: list[str], time
             time.sleep(0.5)
             # a compile, or a decode loop that failed and fell back to single steps, says so in the log
             out["noticed"] = [x for x in log if re.search(r"compil|fail|error|warn", x, re.I)]
+            # where the start's seconds went (`warploop serve`'s start line: imports, load, backend, warmup)
+            out["started"] = next((x for x in log if x.startswith("started")), None)
             if out["finish_reason"] != "length" or out["noticed"]:
                 out["error"] = "the completion did not run clean"
             return {**out, "log": log[-10:]}

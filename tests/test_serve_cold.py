@@ -35,6 +35,8 @@ def test_a_cold_serve_with_triton_blocked_answers_and_runs_clean(tmp_path):
     got = json.loads(out.stdout)["models"]["small-cpu"]
     assert 0 < got["ready_s"] <= got["first_token_s"] < 120
     assert got["finish_reason"] == "length" and got["noticed"] == []
+    # the server's start line: the seconds since the command, and its parts, the stream program's placement
+    assert got["started"].startswith("started in ") and "load" in got["started"] and "place" in got["started"]
 
 
 def test_a_start_that_fails_is_reported_with_the_servers_words(tmp_path):
@@ -44,3 +46,18 @@ def test_a_start_that_fails_is_reported_with_the_servers_words(tmp_path):
     assert out.returncode == 1
     got = json.loads(out.stdout)["models"]["small-cpu"]
     assert "error" in got and any("max-num-seqs" in line for line in got["log"]), got
+
+
+def test_the_start_line_names_each_part_and_what_came_before(monkeypatch):
+    from warploop.llm import server_cli
+    from warploop.llm.engine import Engine
+
+    engine = type("E", (), {"start_s": {"load": 1.0, "backend": 2.0, "backend.pack": 0.25, "backend.place": 1.5,
+                                        "warmup": 0.5}})()
+    monkeypatch.setattr(server_cli, "process_age_s", lambda: 6.0)
+    assert server_cli.start_line(engine) == ("started in 6.00 s (imports 2.50 s, load 1.00 s, backend 2.00 s "
+                                             "(pack 0.25 s, place 1.50 s), warmup 0.50 s)")
+    monkeypatch.setattr(server_cli, "process_age_s", lambda: None)
+    assert server_cli.start_line(object()) == "started"
+    with Engine.from_model("tiny", device="cpu") as real:        # every engine times its parts
+        assert list(real.start_s) == ["load", "backend", "warmup"] and all(v >= 0 for v in real.start_s.values())

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout
@@ -79,6 +81,8 @@ class Backend(abc.ABC):
     """Runs the model on one device over a paged KV cache of `layout`."""
 
     name = "torch"      # what --backend calls it (warploop generate --json reports it)
+    # seconds of the parts of its build worth naming (Engine.start_s); a backend that times some sets its own
+    start_s: Mapping[str, float] = MappingProxyType({})
 
     def __init__(self, config: ModelConfig, layout: KVCacheLayout, device) -> None:
         self.config, self.layout, self.device = config, layout, device

@@ -69,7 +69,12 @@ class Engine:
         # the step in flight, launched but not yet completed: one step, or a decode loop on the device
         self._pending: Step | LoopStep | None = None
         self._settled = threading.Event()      # the backend's deferred start work is done (settle)
+        t0 = time.perf_counter()
         backend.warmup(max_num_seqs)
+        # seconds each part of the start took, for `warploop serve`'s start line: from_model adds "load"
+        # (config, tokenizer, weights on the device) and "backend" (its build), and "backend.NAME" are
+        # the backend's own parts of that build (Backend.start_s: the streaming executor's placement)
+        self.start_s = {**{f"backend.{k}": v for k, v in backend.start_s.items()}, "warmup": time.perf_counter() - t0}
         self._thread = threading.Thread(target=self._loop, name="warploop-engine", daemon=True)
         self._thread.start()
 
@@ -84,10 +89,12 @@ class Engine:
         config = config if config is not None else EngineConfig.from_options(options)
         parts = load_parts(model, config)
         try:
-            return cls(parts.cfg, parts.backend, parts.tokenizer, model_name=parts.name,
-                       max_context=parts.max_context, max_num_seqs=config.max_num_seqs,
-                       max_batch_tokens=config.max_batch_tokens, enable_prefix_caching=config.enable_prefix_caching,
-                       decode_loop=config.decode_loop, max_prefill_tokens=config.max_prefill_tokens)
+            engine = cls(parts.cfg, parts.backend, parts.tokenizer, model_name=parts.name,
+                         max_context=parts.max_context, max_num_seqs=config.max_num_seqs,
+                         max_batch_tokens=config.max_batch_tokens, enable_prefix_caching=config.enable_prefix_caching,
+                         decode_loop=config.decode_loop, max_prefill_tokens=config.max_prefill_tokens)
+            engine.start_s = {**parts.start_s, **engine.start_s}       # load, backend, backend.*, warmup
+            return engine
         except BaseException:
             parts.backend.close()   # a tensor-parallel backend's worker processes must not outlive a failed start
             raise

@@ -5,7 +5,8 @@ Engine.from_model runs before the engine starts; it knows nothing of the engine 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from warploop.llm.build import build_backend, torch_device, torch_dtype
@@ -23,6 +24,7 @@ class ModelParts:
     tokenizer: Tokenizer
     name: str                # the model's name in responses: tiny, a directory's or a file's
     max_context: int
+    start_s: dict[str, float] = field(default_factory=dict)   # seconds: load (weights on the device), backend
 
 
 def load_parts(model: str, config: EngineConfig) -> ModelParts:
@@ -33,6 +35,7 @@ def load_parts(model: str, config: EngineConfig) -> ModelParts:
     device, dtype, block_size, backend = config.device, config.dtype, config.block_size, config.backend
     num_kv_blocks, max_num_seqs, max_model_len = config.num_kv_blocks, config.max_num_seqs, config.max_model_len
     progress, use_cuda_graphs, tensor_parallel = config.progress, config.use_cuda_graphs, config.tensor_parallel
+    t0 = time.perf_counter()
     gguf = open_gguf(model)
     if gguf is not None:
         if tensor_parallel != 1:
@@ -51,11 +54,14 @@ def load_parts(model: str, config: EngineConfig) -> ModelParts:
         job = RankJob(cfg, str(path), str(torch_type).removeprefix("torch."), block_size, num_kv_blocks, max_num_seqs,
                       max_len, use_cuda_graphs, backend=backend or "torch")
         made, max_context = build_tp_backend(cfg, tensor_parallel, dev, job)
+        start_s = {"ranks": time.perf_counter() - t0}
     else:
         weights = (gguf.load_weights(dev, torch_type, progress=progress) if gguf is not None
                    else load_weights(path, cfg, dev, torch_type, progress=progress))
+        t1 = time.perf_counter()
         made, max_context = build_backend(cfg, weights, dev, block_size=block_size, num_kv_blocks=num_kv_blocks,
                                           max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                           use_cuda_graphs=use_cuda_graphs, backend=backend)
+        start_s = {"load": t1 - t0, "backend": time.perf_counter() - t1}
     name = "tiny" if model == "tiny" else Path(path).stem if gguf else os.path.basename(os.path.normpath(str(path)))
-    return ModelParts(cfg, made, tokenizer, name, max_context)
+    return ModelParts(cfg, made, tokenizer, name, max_context, start_s)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -88,10 +89,15 @@ class StreamBackend(Backend):
             raise ValueError("per_op and decoder come together, and with them no batched decoder (rows=0)")
         if per_op is None:
             per_op = TorchBackend(config, weights, layout, device, max_context, use_cuda_graphs=use_cuda_graphs)
+            t0 = time.perf_counter()
             pools = pools or pack_pools(weights, self.device)
+            t1 = time.perf_counter()
             decoder = StreamDecoder(config, weights, device=self.device, max_context=max_context,
                                     block_size=layout.block_size, splits=splits, kv=per_op.kv,
                                     pools=pools, prebuilt=prebuilt, defer=True)
+            # the start's parts here (Engine.start_s): packing the weight pools, then recording the step's
+            # program, placing it on the SMs and checking it (the smallest split level; the rest defer)
+            self.start_s = {"pack": t1 - t0, "place": time.perf_counter() - t1}
         self.per_op, self.decoder = per_op, decoder
         self.rows = None             # the decoder of batches, over the same pools and cache
         if rows:
