@@ -52,6 +52,7 @@ def test_bench_prefill_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     for n in ("32", "64"):
         assert {"ms", "p10_ms", "p90_ms", "tok_s", "runs"} <= set(entry["warploop"][n])
         assert entry["warploop"][n]["p10_ms"] <= entry["warploop"][n]["ms"] <= entry["warploop"][n]["p90_ms"]
+        assert entry["warploop"][n]["new_length_ms"] > 0
     assert entry["itl"]["chunked"]["prefill_chunks"] >= 4 and entry["itl"]["one_step"]["prefill_chunks"] == 0
     assert {"p50_ms", "p99_ms", "max_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
     # in one step the streams wait out the whole prefill: that gap is counted (it ends after the prompt's

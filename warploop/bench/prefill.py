@@ -8,7 +8,8 @@ Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU
   one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
   by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
   same run, the gpt-fast-style peer (`torch.compile` of the same shapes, SDPA attention) prefilling
-  the same length. The peer is left out on the CPU.
+  the same length. The peer is left out on the CPU. `new_length_ms`: the first prefill of a length
+  not run before (3 tokens fewer), on a new thread, as a request of a new prompt length meets it.
 - `itl`: `--streams` greedy streams decode through the engine while a `--long`-token prompt
   arrives; the streams' inter-token gaps from its arrival to its first token, p50 and p99, with
   chunked prefill (`--max-prefill-tokens`) and with the prompt in one step, in the same run.
@@ -127,11 +128,33 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
         with torch.no_grad():
             backend.forward(batch)                 # warm-up: allocations, kernels' first use
             times = [seconds(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
-        out[str(n)] = _stats(times, n)
-        say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s")
+        out[str(n)] = _stats(times, n) | {"new_length_ms": _new_length(backend, ids, device)}
+        say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s, "
+            f"{out[str(n)]['new_length_ms']} ms at a new length on a new thread")
         if backend.use_triton:
             out[f"prefix_{n}"] = _prefix(backend, ids, runs, device, say)
     return out
+
+
+def _new_length(backend, ids: list[int], device) -> float:
+    """ms of the first prefill of a length the backend has not run (3 tokens fewer), on a thread of
+    its own as the engine's is: what a request pays once per prompt length where a library builds
+    something per shape and thread, which the warm figures beside it never see."""
+    import torch
+
+    from warploop.llm.backend import ModelBatch
+    n = len(ids) - 3
+    batch = ModelBatch(ids[:n], list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    took = []
+
+    def run() -> None:
+        with torch.no_grad():
+            took.append(seconds(lambda: backend.forward(batch), device))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return round(took[0] * 1e3, 3)
 
 
 def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
