@@ -79,6 +79,33 @@ def test_bench_prefill_caps_the_long_prompt_at_the_models_context():
     assert out["chunked"]["prefill_chunks"] >= 2
 
 
+def test_bench_prefill_alternates_the_attention_paths_and_restores_the_default():
+    """prefix_L and fresh_L (GPU figures) run each paged_prefill mode on the same batch, alternated after a
+    warm-up of each, and leave the backend's own mode set (a fake backend records what it ran)."""
+    import torch
+
+    from warploop.bench.prefill import _fresh, _prefix
+
+    class Fake:
+        paged_prefill = "prefix"
+
+        def __init__(self):
+            self.ran = []
+
+        def forward(self, batch):
+            self.ran.append((self.paged_prefill, tuple(batch.query_lens), tuple(batch.context_lens)))
+
+    fake, cpu = Fake(), torch.device("cpu")
+    rec = _fresh(fake, list(range(40)), 3, cpu, lambda _: None)
+    assert fake.ran == [("prefix", (40,), (40,)), ("all", (40,), (40,))] * 4 and fake.paged_prefill == "prefix"
+    assert {"sdpa", "paged", "paged_over_sdpa"} <= set(rec) and rec["sdpa"]["runs"] == 3
+    fake.ran.clear()
+    rec = _prefix(fake, list(range(40)), 2, cpu, lambda _: None)
+    assert fake.ran[0] == ("prefix", (30,), (30,))             # the cached part, then the last quarter
+    assert fake.ran[1:] == [("off", (10,), (40,)), ("prefix", (10,), (40,))] * 3 and fake.paged_prefill == "prefix"
+    assert rec["new_tokens"] == 10 and rec["context"] == 40
+
+
 def test_transformers_peer_has_the_same_random_weights_every_run():
     """bench decode's check counts greedy tokens equal to transformers' on random weights (nearly
     flat logits, where one rounding flips a pick): the peer's weights are seeded, so runs compare."""

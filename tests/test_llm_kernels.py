@@ -151,17 +151,18 @@ def check_backend_with_kernels(device: str) -> None:
         weights = load_weights(path, cfg, torch.device(device), torch.float32, progress=False)
     outs = []
     shared = [256, *range(40, 52)]          # three blocks of 4 the later prompts find cached
-    for use_triton, paged in ((False, False), (True, False), (True, True)):
+    for use_triton, paged in ((False, "off"), (True, "off"), (True, "prefix"), (True, "all")):
         layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
         backend = TorchBackend(cfg, weights, layout, device, max_context=256, use_triton=use_triton)
-        backend.paged_prefill = paged      # prefix hits and chunks after the first attend from the pages
+        backend.paged_prefill = paged      # prefix hits and chunks after the first (all: every prompt) attend
+        # from the pages
         with Engine(cfg, backend, max_context=256, max_num_seqs=4, max_prefill_tokens=7) as engine:
             params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
             outs.append([engine.generate([256, *range(i, i + 5 + 3 * i)], params).token_ids for i in range(3)]
                         + [engine.generate(shared + list(range(i, i + 3 + 4 * i)), params).token_ids
                            for i in range(3)])
             assert engine.stats()["prefill_chunks"] > 0
-    assert outs[0] == outs[1] == outs[2], outs
+    assert outs[0] == outs[1] == outs[2] == outs[3], outs
 
 
 def test_triton_kernels_match_torch_ops_in_interpreter():

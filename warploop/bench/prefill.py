@@ -3,7 +3,8 @@
 Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU):
 - `prefix_L` (a GPU): the last quarter of an L-token prompt (at most 2,048 tokens) prefilled over the
   rest, cached, attending through a gathered context with a dense mask (sdpa) and from the pages in
-  one Triton launch (paged), alternated in the same run.
+  one Triton launch (paged), alternated in the same run; `fresh_L` the same two for the whole prompt
+  with nothing cached (SDPA over the new k and v against the paged kernel reading them back).
 - `prefill_tok_s_L` for each prompt length L: the engine's per-op prefill (the backend's forward of
   one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
   by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
@@ -133,6 +134,7 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
             f"{out[str(n)]['new_length_ms']} ms at a new length on a new thread")
         if backend.use_triton:
             out[f"prefix_{n}"] = _prefix(backend, ids, runs, device, say)
+            out[f"fresh_{n}"] = _fresh(backend, ids, runs, device, say)
     return out
 
 
@@ -160,7 +162,7 @@ def _new_length(backend, ids: list[int], device) -> float:
 def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     """The last quarter of a prompt (at most 2,048 tokens) prefilled over the rest, cached (a chunk
     after the first, a prefix hit): a gathered context and a dense mask a sequence (sdpa) against
-    one launch attending from the pages (paged, TorchBackend.paged_prefill, the GPU's default), alternated."""
+    one launch attending from the pages (paged, TorchBackend.paged_prefill "prefix", the GPU's default)."""
     import torch
 
     from warploop.llm.backend import ModelBatch
@@ -169,19 +171,44 @@ def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     blocks = list(range(-(-n // 16)))
     with torch.no_grad():
         backend.forward(ModelBatch(ids[:n - new], list(range(n - new)), [n - new], [n - new], [blocks]))
-        batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
-        times, default = {"sdpa": [], "paged": []}, backend.paged_prefill
-        for paged in (False, True):                # warm-up: both paths' first use
-            backend.paged_prefill = paged
-            backend.forward(batch)
-        for _ in range(runs):
-            for paged, name in ((False, "sdpa"), (True, "paged")):
-                backend.paged_prefill = paged
-                times[name].append(seconds(lambda: backend.forward(batch), device))
-        backend.paged_prefill = default
-    rec = {"new_tokens": new, "context": n} | {k: _stats(v, new) for k, v in times.items()}
-    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
+    batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
+    modes = {"sdpa": "off", "paged": "prefix"}
+    rec = {"new_tokens": new, "context": n} | _alternate(backend, batch, runs, device, modes)
     say(f"  prefix {new} over {n - new}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
+    return rec
+
+
+def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
+    """A fresh prompt's prefill attending with SDPA over its new k and v (sdpa, the default) against the
+    paged kernel reading them back from the pages they were just written to (paged: paged_prefill "all")."""
+    from warploop.llm.backend import ModelBatch
+    n = len(ids)
+    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    rec = _alternate(backend, batch, runs, device, {"sdpa": "prefix", "paged": "all"})
+    say(f"  fresh {n}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
+    return rec
+
+
+def _alternate(backend, batch, runs: int, device, modes: dict[str, str]) -> dict:
+    """Each of `modes` (name: TorchBackend.paged_prefill) on one batch, alternated run by run after a
+    warm-up of each: {name: stats} and paged_over_sdpa; the backend's own mode restored after."""
+    import torch
+
+    tokens = sum(batch.query_lens)
+    times, default = {name: [] for name in modes}, backend.paged_prefill
+    try:
+        with torch.no_grad():
+            for mode in modes.values():            # warm-up: each path's first use
+                backend.paged_prefill = mode
+                backend.forward(batch)
+            for _ in range(runs):
+                for name, mode in modes.items():
+                    backend.paged_prefill = mode
+                    times[name].append(seconds(lambda: backend.forward(batch), device))
+    finally:
+        backend.paged_prefill = default
+    rec = {k: _stats(v, tokens) for k, v in times.items()}
+    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     return rec
 
 

@@ -40,8 +40,10 @@ class TorchBackend(Backend):
         # the pages in one Triton launch (paged_attention.prefill_attention) rather than a gathered
         # context and a dense mask a sequence (H200, Llama-3.2-1B, `bench prefill`'s prefix figures: 2.56x
         # the gathered path with 256 new tokens over 1,024, 1.79x with 1,024 over 4,096, 0.98x with 2,048
-        # over 16,384). Only with the Triton kernels (a GPU); False takes the gathered path
-        self.paged_prefill = use_triton
+        # over 16,384). Only with the Triton kernels (a GPU). "off": the gathered path; "all": fresh prompts
+        # too, from the pages their k and v were just written to, in place of SDPA (an option until
+        # `bench prefill`'s fresh_paged figures measure it)
+        self.paged_prefill = "prefix" if use_triton else "off"
         self.bucket_rows = not on_gpu and self.dtype in (torch.bfloat16, torch.float16)   # see _linear
         if use_triton:
             from warploop.llm import triton_ops
@@ -102,7 +104,8 @@ class TorchBackend(Backend):
             width = max(len(t) for t in batch.block_tables)
             tables = ints([t + [0] * (width - len(t)) for t in batch.block_tables])
             return self.decode(ids, positions, slots, ints(batch.context_lens), tables, rows)
-        if self.paged_prefill and self.use_triton and batch.context_lens != batch.query_lens:
+        if self.use_triton and (self.paged_prefill == "all" or (self.paged_prefill == "prefix"
+                                                                and batch.context_lens != batch.query_lens)):
             from warploop.llm.paged_attention import PrefillPlan, prefill_attention
             plan = PrefillPlan(batch.block_tables, batch.query_lens, batch.context_lens, dev)
 
