@@ -147,6 +147,20 @@ def test_split_levels_and_the_level_a_context_runs():
     assert StreamDecoder(cfg, w, max_context=128, block_size=4, config=config, splits=3).levels == [3]
 
 
+def test_a_deferred_level_is_built_in_two_idle_slices_or_at_once_when_needed():
+    """build_deferred records a level's program in one call and builds the rest in the next, so a
+    request waits for half a level at most; a launch that needs a level only recorded finishes it."""
+    cfg = CONFIGS["qwen3_qk_norm"]
+    config = stream_config(cfg, block_rows=16, block_k=64)
+    dec = StreamDecoder(cfg, bf16_exact_weights(cfg), max_context=128, block_size=4, config=config, defer=True)
+    assert dec._deferred == [2, 4] and sorted(dec.programs) == [1]
+    assert dec.build_deferred() and dec._deferred == [2, 4] and sorted(dec.programs) == [1, 2]    # recorded
+    assert dec.build_deferred() and dec._deferred == [4]                                          # built
+    assert dec.build_deferred() and sorted(dec.programs) == [1, 2, 4]
+    dec._build_level(4)                 # a launch's need: the recorded level 4 is finished, not recorded again
+    assert dec._deferred == [] and not dec.build_deferred()
+
+
 @pytest.mark.parametrize("defer", [False, True])
 def test_stream_step_levels_give_the_one_program_logits(defer):
     levels, err, looped, ref = levels_against_one_program("cpu", defer=defer)

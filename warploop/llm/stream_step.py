@@ -279,15 +279,22 @@ class StreamDecoder:
         return p
 
     def build_deferred(self) -> bool:
-        """Build the smallest split level's program (and on a GPU its executor) still deferred
-        (defer=True); whether more remain."""
+        """One half of the smallest split level still deferred (defer=True): its program's recording,
+        or, recorded, the rest (on a GPU its executor: placement, the upload); whether more remain.
+        Halves, so a request that arrives meanwhile waits for less (a server's engine calls this
+        between requests, in its own thread)."""
         if self._deferred:
-            self._build_level(self._deferred[0])
+            level = self._deferred[0]
+            if level not in self.programs:
+                self.programs[level] = self._record_level(level)
+            else:
+                self._build_level(level)
         return bool(self._deferred)
 
     def _build_level(self, level: int) -> None:
         if level in self._deferred:
-            self.programs[level] = self._record_level(level)
+            if level not in self.programs:
+                self.programs[level] = self._record_level(level)
             if self.device.type == "cuda":
                 self.executors[level] = self._executor_for(self.programs[level])
             self._deferred.remove(level)
