@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", type=int, default=None, help="kernel programs (default: one per SM)")
     parser.add_argument("--chunk", type=int, default=1 << 16, help="bytes per file read (default 64 KiB)")
     args = parser.parse_args(argv)
+    if not os.path.isdir(args.dir):
+        parser.error(f"dir {args.dir!r}: not a directory (give the folder to search)")
     total = grep(args.pattern, args.dir, programs=args.programs, chunk=args.chunk)
     print(total)
     return 0

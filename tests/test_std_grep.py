@@ -58,3 +58,13 @@ def test_grep_no_match_and_bad_pattern(tree):
     assert run_grep("zebra", tree)[-1] == "0"
     done = subprocess.run([sys.executable, EXAMPLE, "x" * 65, str(tree)], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "1-64 bytes" in done.stderr
+
+
+def test_grep_refuses_a_folder_that_is_not_there(tmp_path):
+    """A mistyped folder is an error naming it, not a count of 0 (it printed 0 before)."""
+    for where in (tmp_path / "missing", tmp_path / "file.txt"):
+        if where.name.endswith(".txt"):
+            where.write_text("needle\n")
+        done = subprocess.run([sys.executable, EXAMPLE, "needle", str(where)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and "not a directory" in done.stderr and str(where) in done.stderr
