@@ -212,6 +212,26 @@ def test_an_engine_with_nothing_deferred_is_settled_at_once():
         assert engine.settle(10)
 
 
+def test_deferred_work_waits_for_a_quiet_engine(monkeypatch):
+    """Backend.idle runs only once the engine has had nothing to do for DEFERRED_QUIET_S: a request that
+    comes at once after the start, or soon after another, never queues behind a piece of it."""
+    import time
+
+    from warploop.llm import engine as engine_mod
+    from warploop.llm.backend_torch import TorchBackend
+
+    monkeypatch.setattr(engine_mod, "DEFERRED_QUIET_S", 0.4)
+    pieces = []
+    monkeypatch.setattr(TorchBackend, "idle", lambda self: (pieces.append(time.monotonic()), len(pieces) < 3)[1])
+    with Engine.from_model("tiny", backend="torch", **TINY) as engine:
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        for _ in range(3):          # at once, then back to back: never 0.4 s quiet
+            engine.generate([1, 2, 3], params)
+        done = time.monotonic()
+        assert engine.settle(30) and len(pieces) == 3
+        assert pieces[0] - done >= 0.35, pieces[0] - done
+
+
 def test_the_engine_builds_the_deferred_split_levels_while_idle():
     """The stream backend starts with the largest and smallest split level's programs; the engine's
     loop builds the others while no request waits (Backend.idle), and a request that came first

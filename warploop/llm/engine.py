@@ -28,6 +28,10 @@ from warploop.llm.sequence import Sequence, Status
 from warploop.llm.step import Step, follow_up_batch, launch
 
 __all__ = ["Engine", "SamplingParams", "StreamEvent", "Completion"]
+# the backend's deferred start work (Backend.idle) waits until the engine has had nothing to do for this
+# long, so a fresh server's first requests, which come at once, do not queue behind a piece of it (a
+# piece, half a stream split level, is about a second on the H200's host)
+DEFERRED_QUIET_S = 0.5
 log = logging.getLogger("warploop.llm")
 
 
@@ -206,11 +210,18 @@ class Engine:
 
     def _loop(self) -> None:
         deferred = True         # the backend's deferred start work (Backend.idle), done while no request waits
+        quiet_from = time.monotonic()       # when the engine last had work (or started)
         while True:
             with self._cv:
                 while not (busy := self._closed or self._inbox or self._aborts or self.scheduler.has_work()
-                           or self._pending) and not deferred:
-                    self._cv.wait()
+                           or self._pending):
+                    if not deferred:
+                        self._cv.wait()
+                        continue
+                    left = quiet_from + DEFERRED_QUIET_S - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 closed = self._closed
@@ -236,6 +247,7 @@ class Engine:
             except Exception as e:  # a bug here must not leave every client waiting forever
                 self._pending = None
                 self._fail([req.seq for req in list(self._requests.values())], e)
+            quiet_from = time.monotonic()
 
     def _idle(self) -> bool:
         """One piece of the backend's deferred start work; whether more remains. A failure is left to
