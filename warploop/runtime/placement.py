@@ -193,11 +193,12 @@ def _counters(nodes: list[NodeSpec], worker_of: list[int], order: list[list[int]
     np.maximum.at(last, g_of, position[listed_nodes])
     home = np.where(low == high, low, -1)
     # each class's groups to wait on, node by node: the groups of its tuple less the local ones
-    class_of = np.asarray(class_of)
+    by_class = np.argsort(class_of, kind="stable")       # each class's members, in order
+    bounds = np.searchsorted(np.asarray(class_of)[by_class], np.arange(len(classes) + 1))
     waits: list[list[int]] = [[] for _ in nodes]
     used: set[int] = set()
     for deps, c in classes.items():
-        mine = np.flatnonzero(class_of == c)
+        mine = by_class[bounds[c]:bounds[c + 1]]
         gs = np.unique(group_of[list(deps)])
         remote = (home[gs][None, :] != workers[mine][:, None]) | (last[gs][None, :] >= position[mine][:, None])
         used.update(gs[remote.any(0)].tolist())
