@@ -347,12 +347,12 @@ def test_decode_loop_back_edge_and_greedy_sample():
 
 
 def test_ancestry_by_class_equals_the_transitive_closure():
-    """check_hazards' ancestors and descendants, worked out once per deps tuple, equal the plain
-    closure over every edge, on random DAGs where many nodes share a tuple (a stage's tiles)."""
+    """check_hazards' ancestors, worked out once per deps tuple, equal the plain closure over every
+    edge, on random DAGs where many nodes share a tuple (a stage's tiles)."""
     import random
     from collections import namedtuple
 
-    from warploop.runtime.stream.hazards import ancestry
+    from warploop.runtime.stream.hazards import ancestors
     N = namedtuple("N", "index deps")
     rng = random.Random(7)
     for _ in range(30):
@@ -360,14 +360,82 @@ def test_ancestry_by_class_equals_the_transitive_closure():
         for i in range(rng.randint(1, 60)):
             if i and rng.random() < 0.5 and tuples:
                 deps = rng.choice(tuples)           # a tile of a stage already seen
+            elif i and rng.random() < 0.3:
+                deps = tuple(range(rng.randint(0, i - 1), i))     # a whole stage before it
             else:
                 deps = tuple(sorted(rng.sample(range(i), rng.randint(0, min(i, 4))))) if i else ()
                 tuples.append(deps)
-            nodes.append(N(i, deps))
-        anc, desc = ancestry(nodes)
+            nodes.append(N(i, tuple(list(deps))))   # equal tuples, not the same object
+        cls, anc = ancestors(nodes)
         want_anc = [0] * len(nodes)
         for n in nodes:
             for d in n.deps:
                 want_anc[n.index] |= want_anc[d] | (1 << d)
-        want_desc = [sum(1 << j for j in range(len(nodes)) if want_anc[j] >> i & 1) for i in range(len(nodes))]
-        assert anc == want_anc and desc == want_desc
+        assert [anc[c] for c in cls] == want_anc
+        assert all(cls[a.index] == cls[b.index] for a in nodes for b in nodes if a.deps == b.deps)
+
+
+def test_hazard_check_names_what_a_float_by_float_check_names():
+    """On random small programs (shared reads, overlapping and own writes, empty ranges), the
+    hazard check passes or raises exactly as the plain check does: float by float from the lowest,
+    the lowest writer there with a node it is not ordered against (neither an ancestor of the
+    other, by the closure over every edge), that node the lowest, named at the first float of its
+    segment (the arena cut at every range's ends)."""
+    import random
+    import types
+
+    from warploop.runtime.stream.hazards import check_hazards
+    from warploop.runtime.stream.program import Node
+    kind = NodeKind("touch", 99, (), footprint=lambda f, br: (f["reads"], f["writes"]))
+
+    def plain(nodes) -> str | None:
+        anc = [0] * len(nodes)
+        for n in nodes:
+            for d in n.deps:
+                anc[n.index] |= anc[d] | (1 << d)
+        ranges = [(s, s + ln, n.index, w) for n in nodes for w in (0, 1) for s, ln in n.fields[("reads", "writes")[w]]
+                  if ln > 0]
+        cuts = sorted({x for s, e, _, _ in ranges for x in (s, e)})
+        for x in range(max(cuts, default=0)):
+            touched = sorted({i for s, e, i, _ in ranges if s <= x < e})
+            for i in sorted({i for s, e, i, w in ranges if w and s <= x < e}):
+                loose = [j for j in touched if j != i and not anc[max(i, j)] >> min(i, j) & 1]
+                if loose:
+                    a, b = sorted((i, loose[0]))
+                    return (f"nodes {a} (touch) and {b} (touch) both touch arena offset "
+                            f"{max(c for c in cuts if c <= x)} and one writes it, but neither depends on the other")
+        return None
+
+    rng = random.Random(11)
+
+    def span(size: int) -> tuple[int, int]:
+        s = rng.randrange(size)
+        return s, rng.randint(-1, min(8, size - s))
+
+    outcomes = set()
+    for _ in range(400):
+        nodes, tuples, size = [], [], rng.randint(4, 40)
+        dense, writing = rng.random(), rng.random()
+        for i in range(rng.randint(1, 24)):
+            if i and rng.random() < 0.6 and tuples:
+                deps = rng.choice(tuples)            # another tile of a stage
+            else:
+                deps = tuple(range(max(0, i - rng.randint(1, 8)), i)) if i and rng.random() < dense else \
+                    tuple(sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))))
+                tuples.append(deps)
+            shared = [span(size), span(size)]
+            reads = [rng.choice(shared) if rng.random() < 0.5 else span(size) for _ in range(rng.randint(0, 3))]
+            writes = [span(size) for _ in range(rng.randint(0, 2))] if rng.random() < writing else []
+            if reads and rng.random() < 0.2:
+                writes.append(rng.choice(reads))     # an "add" epilogue: reads what it writes
+            nodes.append(Node(i, kind, {"reads": reads, "writes": writes}, deps, None))
+        want = plain(nodes)
+        program = types.SimpleNamespace(nodes=nodes, config=CFG)
+        if want is None:
+            check_hazards(program)
+        else:
+            with pytest.raises(HazardError) as err:
+                check_hazards(program)
+            assert str(err.value) == want
+        outcomes.add(want is None)
+    assert outcomes == {True, False}

@@ -50,8 +50,13 @@ class Schedule:
 def place(nodes: list[NodeSpec], workers: int, hop: float = 0.5) -> Schedule:
     if workers < 1:
         raise ValueError("need at least one worker")
+    bounds: dict[int, tuple[int, int]] = {}       # id(deps) -> (lowest, highest): a stage's tiles share a tuple
     for i, n in enumerate(nodes):
-        if n.deps and (min(n.deps) < 0 or max(n.deps) >= i):
+        if n.deps:
+            b = bounds.get(id(n.deps))
+            if b is None:
+                b = bounds[id(n.deps)] = (min(n.deps), max(n.deps))
+        if n.deps and (b[0] < 0 or b[1] >= i):
             raise ValueError(f"node {i} depends on {n.deps}: dependencies must be recorded earlier")
         if n.worker is not None and not 0 <= n.worker < workers:
             raise ValueError(f"node {i} is pinned to worker {n.worker}, but there are {workers} workers")
@@ -154,39 +159,59 @@ def _counters(nodes: list[NodeSpec], worker_of: list[int], order: list[list[int]
     # the members of the classes that list it, and classes are disjoint, so two nodes have the
     # same successors exactly when the same classes list them: work per distinct tuple, not per edge.
     classes: dict[tuple[int, ...], int] = {}
-    listed: list[list[int]] = [[] for _ in nodes]      # node -> the classes whose tuple holds it
+    class_of: list[int] = []                           # node -> its class (-1: no deps)
+    same: dict[int, int] = {}                          # id(deps) -> class: a stage's tiles share one tuple
+    listed: dict[int, list[int]] = {}                  # node -> the classes whose tuple holds it
     for n in nodes:
-        if n.deps and n.deps not in classes:
-            cid = classes[n.deps] = len(classes)
-            for d in set(n.deps):
-                listed[d].append(cid)
+        c = same.get(id(n.deps))
+        if c is None:
+            c = same[id(n.deps)] = classes.get(n.deps, -1) if n.deps else -1
+            if c < 0 and n.deps:
+                c = same[id(n.deps)] = classes[n.deps] = len(classes)
+                for d in set(n.deps):
+                    listed.setdefault(d, []).append(c)
+        class_of.append(c)
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, cs in enumerate(listed):
-        if cs:
-            groups.setdefault(tuple(sorted(cs)), []).append(i)
-    position = {i: k for lst in order for k, i in enumerate(lst)}
+    for i in sorted(listed):
+        groups.setdefault(tuple(listed[i]), []).append(i)
     members = list(groups.values())
-    group_of = {i: g for g, m in enumerate(members) for i in m}
-    groups_of_deps = {deps: sorted({group_of[d] for d in deps}) for deps in classes}
+    group_of = np.full(len(nodes), -1)
+    for g, m in enumerate(members):
+        group_of[m] = g
+    workers = np.asarray(worker_of)
+    position = np.zeros(len(nodes), dtype=np.int64)
+    for lst in order:
+        position[lst] = np.arange(len(lst))
     # a group's signals are local to node i when all of them ran before it on its own worker: the
-    # group's one worker (None: several) and its last position there
-    home = []
-    for m in members:
-        ws = {worker_of[x] for x in m}
-        home.append((ws.pop() if len(ws) == 1 else None, max(position[x] for x in m)))
-    waits: list[list[tuple[int, int]]] = []
+    # group's one worker (-1: several) and its last position there
+    listed_nodes = np.flatnonzero(group_of >= 0)
+    g_of = group_of[listed_nodes]
+    low, high = np.full(len(members), len(order)), np.full(len(members), -1)
+    last = np.full(len(members), -1)
+    np.minimum.at(low, g_of, workers[listed_nodes])
+    np.maximum.at(high, g_of, workers[listed_nodes])
+    np.maximum.at(last, g_of, position[listed_nodes])
+    home = np.where(low == high, low, -1)
+    # each class's groups to wait on, node by node: the groups of its tuple less the local ones
+    by_class = np.argsort(class_of, kind="stable")       # each class's members, in order
+    bounds = np.searchsorted(np.asarray(class_of)[by_class], np.arange(len(classes) + 1))
+    waits: list[list[int]] = [[] for _ in nodes]
     used: set[int] = set()
-    for i, n in enumerate(nodes):
-        mine = []
-        for g in groups_of_deps.get(n.deps, ()):
-            w, last = home[g]
-            local = w == worker_of[i] and last < position[i]
-            if not local:
-                mine.append(g)
-                used.add(g)
-        waits.append(mine)
+    for deps, c in classes.items():
+        mine = by_class[bounds[c]:bounds[c + 1]]
+        gs = np.unique(group_of[list(deps)])
+        remote = (home[gs][None, :] != workers[mine][:, None]) | (last[gs][None, :] >= position[mine][:, None])
+        used.update(gs[remote.any(0)].tolist())
+        alike: dict[tuple[bool, ...], list[int]] = {}      # one list for the members that wait alike
+        for i, row in zip(mine.tolist(), map(tuple, remote.tolist()), strict=True):
+            w = alike.get(row)
+            if w is None:
+                w = alike[row] = [g for g, r in zip(gs.tolist(), row, strict=True) if r]
+            waits[i] = w
     # Only counters someone waits on are kept (renumbered); the rest would be wasted atomics.
     number = {g: k for k, g in enumerate(sorted(used))}
-    signal = [number.get(group_of.get(i, -1), -1) for i in range(len(nodes))]
+    signal = [number.get(g, -1) for g in group_of.tolist()]
     sizes = [len(members[g]) for g in sorted(used)]
-    return signal, sizes, [[(number[g], len(members[g])) for g in w] for w in waits]
+    counted = {g: (number[g], len(members[g])) for g in used}
+    as_counters = {id(w): [counted[g] for g in w] for w in waits}     # once a shared list
+    return signal, sizes, [as_counters[id(w)] for w in waits]

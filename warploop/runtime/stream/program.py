@@ -34,6 +34,7 @@ from warploop.runtime.stream.kinds import (
     EPILOGUES,
     GEMV,
     HEADER,
+    MAX_WAITS,
     NOP,
     SAMP_WORDS,
     SAMPLE,
@@ -182,21 +183,24 @@ class StreamProgram:
         for t in range(count):
             first = row + t * per
             second = up + t * per if up is not None else first if narrow else first + br // 2
-            fields = dict(pool=pool, row=first, row2=second, rows=min(per, n - t * per), k=k, x=x.offset,
-                          out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
-                          bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
-                          narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
-                          batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset)
             if template is None or t == count - 1:     # encoded and checked: the first and the last tile
+                fields = dict(pool=pool, row=first, row2=second, rows=min(per, n - t * per), k=k, x=x.offset,
+                              out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
+                              bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
+                              narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
+                              batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset)
                 tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
-                template = template or list(self.nodes[-1].body)
+                template = template or (fields, self.nodes[-1].body)
             else:
                 # a middle tile differs from the first only in fields between the first's and the
-                # last's (which fit int32): the first's words with those set
-                body = list(template)
+                # last's (which fit int32): the first's fields and words with those set
+                tile = dict(row=first, row2=second, out=out.offset + t * per,
+                            bias=-1 if bias is None else bias.offset + t * per,
+                            amax=-1 if amax is None else amax.offset + 2 * t)
+                body = list(template[1])
                 for name, at in _TILE_WORDS:
-                    body[at] = fields[name]
-                self.nodes.append(Node(len(self.nodes), GEMV, fields, after.ids, worker, tuple(body)))
+                    body[at] = tile[name]
+                self.nodes.append(Node(len(self.nodes), GEMV, {**template[0], **tile}, after.ids, worker, tuple(body)))
                 tiles.append(len(self.nodes) - 1)
         return tiles
 
@@ -331,40 +335,35 @@ class StreamProgram:
             check_hazards(self)
         br = self.config.block_rows
         sched = place([NodeSpec(n.deps, n.kind.cost(n.fields, br), n.worker) for n in self.nodes], ctas)
-        insts, table = [], np.zeros(2 * ctas, dtype=np.int32)
-        for c, lst in enumerate(sched.lists):
-            table[2 * c:2 * c + 2] = (len(insts), len(lst))
-            insts += _runs_merged([Instruction(NOP, i.waits, -1) if i.node < 0 else
-                                   Instruction(self.nodes[i.node].kind, i.waits, i.signal, self.nodes[i.node].fields)
-                                   for i in lst])
+        counts = np.array([len(lst) for lst in sched.lists], dtype=np.int32)
+        table = np.stack([np.cumsum(counts) - counts, counts], 1).astype(np.int32).reshape(-1)
         sizes = sched.counter_sizes
-        if self.loop is not None:                 # each back edge: a counter of its own, one signal a run
-            node_of = {i.node: r for r, i in enumerate(i for lst in sched.lists for i in lst)}   # insts, one for one
-            for sample, embed in self.loop:
-                back = len(sizes)
-                sizes = sizes + (1,)
-                insts[node_of[sample]] = dataclasses.replace(insts[node_of[sample]], signal=back, signals=1)
-                j = node_of[embed]
-                insts[j] = dataclasses.replace(insts[j], waits=insts[j].waits + ((back, -1),))
-        if self.tickets:                          # each merge ticket: a counter after the others
-            base = len(sizes)
-            sizes = sizes + tuple(self.tickets)
-            insts = [dataclasses.replace(i, fields={**i.fields, "ticket": base + i.fields["ticket"]})
-                     if i.kind is ATTN and i.fields["ticket"] >= 0 else i for i in insts]
-        if self.meets:                            # each all-reduce slice: a counter its peers signal
-            base = len(sizes)
-            sizes = sizes + tuple(w - 1 for w in self.meets)
-            insts = [dataclasses.replace(i, fields={**i.fields, "meet": base + i.fields["meet"]})
-                     if i.kind is ALLREDUCE else i for i in insts]
-        # one NOP's words past the last instruction: a CTA with no instructions reads its first
-        # (unused) words there, inside the array. A node's fields were encoded when it was added
-        # (Node.body); an instruction whose fields build replaced (a ticket) is encoded here
-        bodies = {id(n.fields): n.body for n in self.nodes}
-        words = np.zeros((len(insts) + 1, WORDS), dtype=np.int32)
-        for r, inst in enumerate(insts):
-            words[r] = inst.serialize(bodies.get(id(inst.fields)))
-        words = words.reshape(-1)
-        return Built(sched, words, table,
+        # the counters build adds after placement's: each back edge of the loop (one signal a run),
+        # each merge ticket, each all-reduce slice (signalled by its peers)
+        backs = {}
+        for sample, embed in self.loop or ():
+            backs[sample] = backs[embed] = len(sizes)
+            sizes = sizes + (1,)
+        tickets, meets = len(sizes), len(sizes) + len(self.tickets)
+        sizes = sizes + tuple(self.tickets) + tuple(w - 1 for w in self.meets)
+        insts = []
+        for lst in sched.lists:
+            for i, waits, signal, signals in _runs_merged(lst):
+                if i < 0:
+                    insts.append(Instruction(NOP, waits, -1))
+                    continue
+                n = self.nodes[i]
+                fields = n.fields
+                if n.kind is SAMPLE and i in backs:
+                    signal, signals = backs[i], 1
+                elif n.kind is EMBED and i in backs:
+                    waits = waits + ((backs[i], -1),)
+                elif n.kind is ATTN and fields["ticket"] >= 0:
+                    fields = {**fields, "ticket": tickets + fields["ticket"]}
+                elif n.kind is ALLREDUCE:
+                    fields = {**fields, "meet": meets + fields["meet"]}
+                insts.append(Instruction(n.kind, waits, signal, fields, signals))
+        return Built(sched, _words(insts, self.nodes, [i.node for lst in sched.lists for i in lst]), table,
                      len(sizes), tuple(insts), sizes)
 
     def int_arena(self, device="cpu"):
@@ -376,23 +375,48 @@ class StreamProgram:
         return self.floats.tensor(device)
 
 
-def _runs_merged(lst: list[Instruction]) -> list[Instruction]:
+def _runs_merged(lst):
     """A CTA's consecutive instructions with the same waits and the same counter (tiles of one
     stage): only the first waits, and only the last signals, by the run's length. Nothing in the
-    run waits on anything else, so holding its signals back cannot deadlock."""
-    out = list(lst)
+    run waits on anything else, so holding its signals back cannot deadlock. Yields each Inst's
+    (node, waits, signal, signals)."""
     i = 0
-    while i < len(out):
+    while i < len(lst):
+        head = lst[i]
         j = i
-        while (j + 1 < len(out) and out[j + 1].signal == out[i].signal and out[j + 1].waits == out[i].waits
-               and out[i].kind is not NOP and out[j + 1].kind is not NOP):
-            j += 1
-        last = j - i + 1 if out[i].signal >= 0 else 1
+        if head.node >= 0:
+            while j + 1 < len(lst) and lst[j + 1].node >= 0 and lst[j + 1].signal == head.signal \
+                    and lst[j + 1].waits == head.waits:
+                j += 1
+        last = j - i + 1 if head.signal >= 0 else 1
         for m in range(i, j + 1):
-            out[m] = Instruction(out[m].kind, out[m].waits if m == i else (), out[m].signal if m == j else -1,
-                                 out[m].fields, last if m == j else 1)
+            yield lst[m].node, head.waits if m == i else (), head.signal if m == j else -1, last if m == j else 1
         i = j + 1
-    return out
+
+
+def _words(insts: list[Instruction], nodes: list[Node], node_of: list[int]) -> np.ndarray:
+    """The instructions' words (Instruction.serialize's, row by row), and one NOP's past the last:
+    a CTA with no instructions reads its first (unused) words there, inside the array. Each row's
+    fields are its node's, encoded when the node was added (Node.body), but for a merge ticket's or
+    an all-reduce slice's counter, which build numbered: those words are set here."""
+    words = np.zeros((len(insts) + 1, WORDS), dtype=np.int32)
+    head, rows, kinds = [], {}, {}
+    for r, inst in enumerate(insts):
+        if len(inst.waits) > MAX_WAITS:
+            raise ValueError(f"an instruction holds at most {MAX_WAITS} waits (the builder adds NOPs for more)")
+        w = inst.waits + ((-1, 0),) * (MAX_WAITS - len(inst.waits))
+        head.append((inst.kind.opcode, w[0][0], w[0][1], w[1][0], w[1][1], inst.signal, inst.signals))
+        rows.setdefault(id(inst.kind), []).append(r)       # by identity: a kind hashes all its fields
+        kinds[id(inst.kind)] = inst.kind
+    words[:-1, :len(HEADER)] = head
+    for k, at in rows.items():
+        kind = kinds[k]
+        if kind.fields:
+            words[at, len(HEADER):len(HEADER) + len(kind.fields)] = [nodes[node_of[r]].body for r in at]
+        name = "ticket" if kind is ATTN else "meet" if kind is ALLREDUCE else None
+        if name:
+            words[at, kind.word(name)] = [insts[r].fields[name] for r in at]
+    return words.reshape(-1)
 
 
 # the GEMV fields a gemv()'s tiles differ in, with their index in the encoded body
