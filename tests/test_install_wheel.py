@@ -129,7 +129,9 @@ def test_serve(installed):
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
     try:
-        line = lines.get(timeout=120)  # "serving 'tiny' on http://127.0.0.1:PORT (...)"
+        line = lines.get(timeout=120)  # "started in ..." (where the start went), then the serving line
+        while not line.startswith("serving "):
+            line = lines.get(timeout=120)  # "serving 'tiny' on http://127.0.0.1:PORT (...)"
         url = re.search(r"on (http://\S+) ", line).group(1)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
         deadline = time.monotonic() + 60

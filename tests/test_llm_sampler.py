@@ -126,3 +126,14 @@ def test_engine_top_k_one_equals_greedy(engine):
     top1 = engine.generate(prompt, SamplingParams(max_tokens=16, temperature=3.0, top_k=1, ignore_eos=True))
     assert top1.token_ids == greedy
     assert not math.isnan(top1.ms_per_token)
+
+
+def test_top_k_one_at_an_exact_tie_keeps_the_token_greedy_picks():
+    """Two tokens with equal logits (the tiny model has such rows): greedy takes the lower id, and top-k 1
+    must keep that one, not whichever an unstable sort puts first (it differed between CPUs)."""
+    logits = torch.full((1, 4096), -5.0)
+    logits[0, 202] = logits[0, 341] = 3.0
+    for seed in range(20):
+        got = sample(logits, [Seq(SamplingParams(temperature=1.0, top_k=1, seed=seed))])
+        assert got == [202] == logits.argmax(-1).tolist()
+    assert sample(logits, [Seq(SamplingParams(temperature=1.0, top_p=1e-6, seed=1))]) == [202]

@@ -57,6 +57,7 @@ def test_the_start_line_names_each_part_and_what_came_before(monkeypatch):
     monkeypatch.setattr(server_cli, "process_age_s", lambda: 6.0)
     assert server_cli.start_line(engine) == ("started in 6.00 s (imports 2.50 s, load 1.00 s, backend 2.00 s "
                                              "(pack 0.25 s, place 1.50 s), warmup 0.50 s)")
+    assert server_cli.start_line(object()) == "started in 6.00 s"       # a pool of replicas: no parts
     monkeypatch.setattr(server_cli, "process_age_s", lambda: None)
     assert server_cli.start_line(object()) == "started"
     with Engine.from_model("tiny", device="cpu") as real:        # every engine times its parts

@@ -20,7 +20,7 @@ import warploop
 
 DTYPES = ("bf16", "fp16", "fp32")
 # prefill_kernel's float32 dots ("ieee": no tensor cores) unroll into 1.6 MB of code a target, and it
-# runs only with TorchBackend.paged_prefill, which the bench models' bf16 take: float32 JITs it
+# runs only with TorchBackend.paged_prefill (off by default): float32 JITs it
 HALF_DTYPES = ("bf16", "fp16")
 FLOAT_POINTERS = ("*bf16", "*fp16", "*fp32")
 HEAD_DIMS = (64, 128)

@@ -54,7 +54,9 @@ def sample_on_device(logits: torch.Tensor, seqs: list) -> torch.Tensor:
     probs = torch.softmax(logits / temperature, dim=-1)
     vocab = probs.shape[-1]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # stable: tied tokens keep id order, so top-k at a tie keeps the lowest ids, as argmax (greedy)
+        # picks the lowest (an unstable sort's order among ties follows the CPU's sort kernel)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
         rank = torch.arange(vocab, device=logits.device)[None, :]
         drop = rank >= column([p.top_k if p.top_k > 0 else vocab for p in params], torch.long)
         # drop a token when the tokens ranked above it already hold top_p of the mass (top_p = 1: never,

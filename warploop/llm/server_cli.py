@@ -212,8 +212,8 @@ def start_line(engine) -> str:
             inner = [f"{k.split('.', 1)[1]} {v:.2f} s" for k, v in times.items() if k.startswith(name + ".")]
             parts.append(f"{name} {seconds:.2f} s" + (f" ({', '.join(inner)})" if inner else ""))
     age = process_age_s()
-    if age is None:
-        return "started" + (f" ({', '.join(parts)})" if parts else "")
+    if age is None or not parts:
+        return ("started" if age is None else f"started in {age:.2f} s") + (f" ({', '.join(parts)})" if parts else "")
     before = age - sum(v for k, v in times.items() if "." not in k)      # Python, imports, arguments
     return f"started in {age:.2f} s ({', '.join([f'imports {before:.2f} s', *parts])})"
 
