@@ -13,8 +13,8 @@
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
 #   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
-#             $PROFILE_MODELS), then `warploop bench prefill --json` ($MODELS, default all three)
-#             -> $OUT/prefill-<device>-<date>.json
+#             $PROFILE_MODELS), then `warploop bench prefill --json` for each of $MODELS (default all three; each
+#             under $PREFILL_S, default 240; $PREFILL_ARGS adds to its arguments) -> $OUT/prefill-MODEL-<device>-<date>.json
 #   soak      scripts/soak.py for $SOAK_MINUTES (default 8: a device call ends at 10 minutes) on the GPU, backend
 #             $SOAK_BACKEND (default: the device's); carry .carry/whl (the server's wheels) -> $OUT/soak.json
 # Commit a bench's JSON unedited as bench/results/<bench>-<device>-<YYYYMMDD>.json (BENCHMARKS.md).
@@ -109,9 +109,13 @@ for part in "$@"; do
         timeout 200 python scripts/prefill_profile.py --model "$m" > "$OUT/prefill-profile-$m.json"
         echo "profile $m rc=$?"; head -c 2500 "$OUT/prefill-profile-$m.json"; echo
       done
-      timeout "${BENCH_S:-500}" python -m warploop.cli bench prefill --json ${MODELS:+--models "$MODELS"} \
-        --save "$OUT/prefill-$(stamp).json" > /dev/null
-      echo "bench prefill rc=$?"; head -c 3000 "$OUT/prefill-$(stamp).json"; echo ;;
+      models="${MODELS:-llama-3.2-1b,qwen3-0.6b,smollm2-135m}"
+      for m in ${models//,/ }; do   # a process and a file each: one that runs
+        # out of time loses only its own figures (Llama took about 170 s on the H200, Qwen3 more)
+        timeout "${PREFILL_S:-240}" python -m warploop.cli bench prefill --json --models "$m" ${PREFILL_ARGS:-} \
+          --save "$OUT/prefill-$m-$(stamp).json" > /dev/null 2> "$OUT/prefill-$m.stderr"
+        echo "bench prefill $m rc=$?"; tail -n 12 "$OUT/prefill-$m.stderr"
+      done ;;
     *) echo "device.sh: no part '$part' (bash scripts/device.sh --help lists them)" >&2; exit 2 ;;
   esac
 done
