@@ -29,8 +29,8 @@ from warploop.llm.step import Step, follow_up_batch, launch
 
 __all__ = ["Engine", "SamplingParams", "StreamEvent", "Completion"]
 # the backend's deferred start work (Backend.idle) waits until the engine has had nothing to do for this
-# long, so a fresh server's first requests, which come at once, do not queue behind a piece of it (a
-# piece, half a stream split level, is about a second on the H200's host)
+# long, so a fresh server's first requests, which come at once, do not queue behind a piece of it (on
+# the H200 a whole split level's build delayed a cold server's second request by 2.3-3.0 s)
 DEFERRED_QUIET_S = 0.5
 log = logging.getLogger("warploop.llm")
 
