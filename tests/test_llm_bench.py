@@ -52,7 +52,7 @@ def test_bench_prefill_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     for n in ("32", "64"):
         assert {"ms", "p10_ms", "p90_ms", "tok_s", "runs"} <= set(entry["warploop"][n])
         assert entry["warploop"][n]["p10_ms"] <= entry["warploop"][n]["ms"] <= entry["warploop"][n]["p90_ms"]
-        assert entry["warploop"][n]["new_length_ms"] > 0
+        assert entry["warploop"][n]["new_length_ms"] > 0 and entry["warploop"][n]["new_thread_ms"] > 0
     assert entry["itl"]["chunked"]["prefill_chunks"] >= 4 and entry["itl"]["one_step"]["prefill_chunks"] == 0
     assert {"p50_ms", "p99_ms", "max_ms", "long_ttft_ms"} <= set(entry["itl"]["chunked"])
     # in one step the streams wait out the whole prefill: that gap is counted (it ends after the prompt's
@@ -80,11 +80,13 @@ def test_bench_prefill_caps_the_long_prompt_at_the_models_context():
 
 
 def test_bench_prefill_alternates_the_attention_paths_and_restores_the_default():
-    """prefix_L and fresh_L (GPU figures) run each paged_prefill mode on the same batch, alternated after a
-    warm-up of each, and leave the backend's own mode set (a fake backend records what it ran)."""
+    """prefix_L and fresh_L (GPU figures) run each attention (paged_prefill mode, SDPA backends) on the
+    same batch, alternated after a warm-up of each, and leave the backend's own choice set (a fake
+    backend records what it ran)."""
     import torch
 
     from warploop.bench.prefill import _fresh, _prefix
+    from warploop.llm import layers
 
     class Fake:
         paged_prefill = "prefix"
@@ -93,17 +95,41 @@ def test_bench_prefill_alternates_the_attention_paths_and_restores_the_default()
             self.ran = []
 
         def forward(self, batch):
-            self.ran.append((self.paged_prefill, tuple(batch.query_lens), tuple(batch.context_lens)))
+            self.ran.append((self.paged_prefill, layers.SDPA_BACKENDS, tuple(batch.query_lens),
+                             tuple(batch.context_lens)))
 
-    fake, cpu = Fake(), torch.device("cpu")
+    fake, cpu, flash = Fake(), torch.device("cpu"), ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")
     rec = _fresh(fake, list(range(40)), 3, cpu, lambda _: None)
-    assert fake.ran == [("prefix", (40,), (40,)), ("all", (40,), (40,))] * 4 and fake.paged_prefill == "prefix"
-    assert {"sdpa", "paged", "paged_over_sdpa"} <= set(rec) and rec["sdpa"]["runs"] == 3
+    assert fake.ran == [("prefix", None, (40,), (40,)), ("prefix", flash, (40,), (40,)),
+                        ("all", None, (40,), (40,))] * 4
+    assert fake.paged_prefill == "prefix" and layers.SDPA_BACKENDS is None
+    assert {"sdpa", "sdpa_flash", "paged", "paged_over_sdpa"} <= set(rec) and rec["sdpa"]["runs"] == 3
     fake.ran.clear()
     rec = _prefix(fake, list(range(40)), 2, cpu, lambda _: None)
-    assert fake.ran[0] == ("prefix", (30,), (30,))             # the cached part, then the last quarter
-    assert fake.ran[1:] == [("off", (10,), (40,)), ("prefix", (10,), (40,))] * 3 and fake.paged_prefill == "prefix"
-    assert rec["new_tokens"] == 10 and rec["context"] == 40
+    assert fake.ran[0] == ("prefix", None, (30,), (30,))       # the cached part, then the last quarter
+    assert fake.ran[1:] == [("off", None, (10,), (40,)), ("prefix", None, (10,), (40,))] * 3
+    assert fake.paged_prefill == "prefix" and rec["new_tokens"] == 10 and rec["context"] == 40
+
+
+def test_sdpa_backends_choice_is_applied_on_a_gpu_only():
+    """layers.SDPA_BACKENDS names torch's SDPA backends for prefill on a GPU; on the CPU it is ignored
+    (torch's CPU SDPA has no flash kernel to pick), and an unknown name fails on a GPU."""
+    import contextlib
+
+    import torch
+
+    from warploop.llm import layers
+
+    before = layers.SDPA_BACKENDS
+    try:
+        layers.SDPA_BACKENDS = ("FLASH_ATTENTION",)
+        assert isinstance(layers._sdpa_choice(torch.device("cpu")), contextlib.nullcontext)
+        assert not isinstance(layers._sdpa_choice(torch.device("cuda", 0)), contextlib.nullcontext)
+        layers.SDPA_BACKENDS = ("NO_SUCH_BACKEND",)
+        with pytest.raises(AttributeError):
+            layers._sdpa_choice(torch.device("cuda", 0))
+    finally:
+        layers.SDPA_BACKENDS = before
 
 
 def test_transformers_peer_has_the_same_random_weights_every_run():

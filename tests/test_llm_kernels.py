@@ -11,6 +11,31 @@ import pytest
 import torch
 
 
+def runtime_loops_run() -> bool:
+    """Whether Triton runs a for loop over bounds loaded at run time, as prefill_kernel's pipelined
+    loops are: always when compiled; in the interpreter from some release after 3.6 (3.9 does, 3.6
+    fails converting the bound), so the interpreter child probes it."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return True
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def count(n_ptr, out_ptr):
+        total = 0
+        for _ in tl.range(0, tl.load(n_ptr)):
+            total += 1
+        tl.store(out_ptr, total)
+
+    n, out = torch.tensor([3], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    try:
+        count[(1,)](n, out)
+    except Exception as e:   # noqa: BLE001 (Triton 3.6's interpreter: InterpreterError from a TypeError)
+        print(f"this Triton's interpreter cannot run prefill_kernel's loops ({type(e).__name__}): its checks skip")
+        return False
+    return int(out[0]) == 3
+
+
 def check_kernels(device: str) -> None:
     from warploop.llm import paged_attention
 
@@ -103,6 +128,8 @@ def check_kernels_at_test_tiles(device: str) -> None:
         close(got[:3], want, tol, f"decode_attention group 20, 19 splits, {dtype}")
 
     # prefill from the pages: fresh prompts and cached prefixes, several sequences in one launch
+    if not runtime_loops_run():
+        return
     paged_attention.PREFILL_BM = paged_attention.PREFILL_BN = 16    # several query blocks and key steps
     for dtype, tol in ((torch.float32, 1e-5), *((h, 2e-2) for h in halves)):
         for bs, heads, kv_heads in ((4, 8, 2), (16, 4, 4)):
@@ -151,7 +178,8 @@ def check_backend_with_kernels(device: str) -> None:
         weights = load_weights(path, cfg, torch.device(device), torch.float32, progress=False)
     outs = []
     shared = [256, *range(40, 52)]          # three blocks of 4 the later prompts find cached
-    for use_triton, paged in ((False, "off"), (True, "off"), (True, "prefix"), (True, "all")):
+    modes = ((False, "off"), (True, "off"), (True, "prefix"), (True, "all"))
+    for use_triton, paged in modes if runtime_loops_run() else modes[:2]:
         layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
         backend = TorchBackend(cfg, weights, layout, device, max_context=256, use_triton=use_triton)
         backend.paged_prefill = paged      # prefix hits and chunks after the first (all: every prompt) attend
@@ -162,7 +190,7 @@ def check_backend_with_kernels(device: str) -> None:
                         + [engine.generate(shared + list(range(i, i + 3 + 4 * i)), params).token_ids
                            for i in range(3)])
             assert engine.stats()["prefill_chunks"] > 0
-    assert outs[0] == outs[1] == outs[2] == outs[3], outs
+    assert all(out == outs[0] for out in outs[1:]), outs
 
 
 def test_triton_kernels_match_torch_ops_in_interpreter():

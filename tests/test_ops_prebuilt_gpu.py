@@ -49,7 +49,7 @@ def decode(q, k_cache, v_cache, tables, ctx, ws):
 def test_wrappers_from_the_bundle_equal_the_jit(dtype, d, monkeypatch):
     dev = torch.device("cuda", torch.cuda.current_device())
     assert ops_prebuilt.shipped(dev.index) is not None, "the shipped bundle did not load here (see the log)"
-    assert (paged_attention.PARTITION, paged_attention.PREFILL_BM) == (512, 64), "a test left its tiles behind"
+    assert (paged_attention.PARTITION, paged_attention.PREFILL_BM) == (512, 128), "a test left its tiles behind"
     gen = torch.Generator(device=dev).manual_seed(d)
 
     def randn(*size, dt=dtype):
@@ -100,6 +100,17 @@ def test_wrappers_from_the_bundle_equal_the_jit(dtype, d, monkeypatch):
         q = randn(sum(query_lens), 32, d)
         got = both_ways(monkeypatch, lambda: [paged_attention.prefill_attention(q, k_cache, v_cache, plan, d ** -0.5)])
         same(*got, "prefill_attention")
+        tables = [torch.tensor(t, dtype=torch.int32, device=dev) for t in tables]   # SDPA over the gathered pages
+        parts, start = [], 0
+        for n, c, t in zip(query_lens, context_lens, tables, strict=True):
+            rows = (t.long()[:, None] * bs + torch.arange(bs, device=dev)).flatten()[c - n:c]
+            k, v = k_cache.flatten(0, 1)[rows], v_cache.flatten(0, 1)[rows]
+            parts.append(layers.prefill_attention(q[start:start + n], k, v, k_cache, v_cache, [t], [n], [c],
+                                                  d ** -0.5))
+            start += n
+        want = torch.cat(parts)
+        err = ((got[0][0].float() - want.float()).norm() / want.float().norm()).item()
+        assert err < 2e-2, f"prefill_attention against torch: {err:.2e}"
 
 
 def test_generate_on_the_per_op_backend_needs_no_triton():

@@ -3,14 +3,15 @@
 Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU):
 - `prefix_L` (a GPU): the last quarter of an L-token prompt (at most 2,048 tokens) prefilled over the
   rest, cached, attending through a gathered context with a dense mask (sdpa) and from the pages in
-  one Triton launch (paged), alternated in the same run; `fresh_L` the same two for the whole prompt
-  with nothing cached (SDPA over the new k and v against the paged kernel reading them back).
+  one Triton launch (paged), alternated in the same run; `fresh_L` the whole prompt with nothing
+  cached: SDPA over the new k and v (torch's choice of backend, and flash or memory-efficient only)
+  against the paged kernel reading them back.
 - `prefill_tok_s_L` for each prompt length L: the engine's per-op prefill (the backend's forward of
   one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
   by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
   same run, the gpt-fast-style peer (`torch.compile` of the same shapes, SDPA attention) prefilling
-  the same length. The peer is left out on the CPU. `new_length_ms`: the first prefill of a length
-  not run before (3 tokens fewer), on a new thread, as a request of a new prompt length meets it.
+  the same length. The peer is left out on the CPU. `new_length_ms`, `new_thread_ms` and
+  `new_length_by_attention`: first prefills of an unseen length, or on a new thread (_first_runs).
 - `itl`: `--streams` greedy streams decode through the engine while a `--long`-token prompt
   arrives; the streams' inter-token gaps from its arrival to its first token, p50 and p99, with
   chunked prefill (`--max-prefill-tokens`) and with the prompt in one step, in the same run.
@@ -18,6 +19,7 @@ Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import threading
 import time
@@ -129,34 +131,49 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
         with torch.no_grad():
             backend.forward(batch)                 # warm-up: allocations, kernels' first use
             times = [seconds(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
-        out[str(n)] = _stats(times, n) | {"new_length_ms": _new_length(backend, ids, device)}
+        out[str(n)] = _stats(times, n) | _first_runs(backend, ids, device)
         say(f"  warploop prefill {n}: {out[str(n)]['ms']} ms, {out[str(n)]['tok_s']} tok/s, "
-            f"{out[str(n)]['new_length_ms']} ms at a new length on a new thread")
+            f"{out[str(n)]['new_length_ms']} ms at a new length, {out[str(n)]['new_thread_ms']} on a new thread")
         if backend.use_triton:
             out[f"prefix_{n}"] = _prefix(backend, ids, runs, device, say)
             out[f"fresh_{n}"] = _fresh(backend, ids, runs, device, say)
     return out
 
 
-def _new_length(backend, ids: list[int], device) -> float:
-    """ms of the first prefill of a length the backend has not run (3 tokens fewer), on a thread of
-    its own as the engine's is: what a request pays once per prompt length where a library builds
-    something per shape and thread, which the warm figures beside it never see."""
+def _first_runs(backend, ids: list[int], device) -> dict:
+    """ms of first prefills, which the warm figures never see: `new_length_ms`, a length the backend
+    has not run (3 tokens fewer) on this thread; `new_thread_ms`, the warm length on a thread of its
+    own (the engine's loop runs on one); `new_length_by_attention`, an unseen length each (4, 5, ...
+    fewer) under each fresh-prompt attention of _FRESH: what a request of a new prompt length pays where
+    a library builds something per shape."""
     import torch
 
     from warploop.llm.backend import ModelBatch
-    n = len(ids) - 3
-    batch = ModelBatch(ids[:n], list(range(n)), [n], [n], [list(range(-(-n // 16)))])
-    took = []
 
-    def run() -> None:
-        with torch.no_grad():
-            took.append(seconds(lambda: backend.forward(batch), device))
+    def first(n: int, thread: bool = False) -> float:
+        batch = ModelBatch(ids[:n], list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+        took = []
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    return round(took[0] * 1e3, 3)
+        def run() -> None:
+            with torch.no_grad():
+                took.append(seconds(lambda: backend.forward(batch), device))
+        if thread:
+            t = threading.Thread(target=run)
+            t.start()
+            t.join()
+        else:
+            run()
+        return round(took[0] * 1e3, 3)
+
+    n = len(ids)
+    out = {"new_length_ms": first(n - 3), "new_thread_ms": first(n, thread=True)}
+    if backend.use_triton:
+        by = {}
+        for k, (name, choice) in enumerate(_FRESH.items()):
+            with _attention(backend, choice):
+                by[name] = first(n - 4 - k)
+        out["new_length_by_attention"] = by
+    return out
 
 
 def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
@@ -172,41 +189,56 @@ def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     with torch.no_grad():
         backend.forward(ModelBatch(ids[:n - new], list(range(n - new)), [n - new], [n - new], [blocks]))
     batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
-    modes = {"sdpa": "off", "paged": "prefix"}
+    modes = {"sdpa": ("off", None), "paged": ("prefix", None)}
     rec = {"new_tokens": new, "context": n} | _alternate(backend, batch, runs, device, modes)
     say(f"  prefix {new} over {n - new}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
     return rec
 
 
+# a fresh prompt's attentions: (TorchBackend.paged_prefill, layers.SDPA_BACKENDS)
+_FRESH = {"sdpa": ("prefix", None), "sdpa_flash": ("prefix", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")),
+          "paged": ("all", None)}
+
+
+@contextlib.contextmanager
+def _attention(backend, choice):
+    """The backend attends as `choice` (paged_prefill mode, SDPA backends) inside the block."""
+    from warploop.llm import layers
+    before = backend.paged_prefill, layers.SDPA_BACKENDS
+    backend.paged_prefill, layers.SDPA_BACKENDS = choice
+    try:
+        yield
+    finally:
+        backend.paged_prefill, layers.SDPA_BACKENDS = before
+
+
 def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
-    """A fresh prompt's prefill attending with SDPA over its new k and v (sdpa, the default) against the
-    paged kernel reading them back from the pages they were just written to (paged: paged_prefill "all")."""
+    """A fresh prompt's prefill attending with SDPA over its new k and v (sdpa: the default, torch's
+    choice of SDPA backend; sdpa_flash: flash or memory-efficient only) against the paged kernel
+    reading them back from the pages they were just written to (paged: paged_prefill "all")."""
     from warploop.llm.backend import ModelBatch
     n = len(ids)
     batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
-    rec = _alternate(backend, batch, runs, device, {"sdpa": "prefix", "paged": "all"})
-    say(f"  fresh {n}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
+    rec = _alternate(backend, batch, runs, device, _FRESH)
+    say(f"  fresh {n}: " + ", ".join(f"{k} {rec[k]['ms']} ms" for k in _FRESH))
     return rec
 
 
-def _alternate(backend, batch, runs: int, device, modes: dict[str, str]) -> dict:
-    """Each of `modes` (name: TorchBackend.paged_prefill) on one batch, alternated run by run after a
-    warm-up of each: {name: stats} and paged_over_sdpa; the backend's own mode restored after."""
+def _alternate(backend, batch, runs: int, device, modes: dict[str, tuple]) -> dict:
+    """Each of `modes` (name: _attention's choice) on one batch, alternated run by run after a
+    warm-up of each: {name: stats} and paged_over_sdpa; the backend's own choice restored after."""
     import torch
 
     tokens = sum(batch.query_lens)
-    times, default = {name: [] for name in modes}, backend.paged_prefill
-    try:
-        with torch.no_grad():
-            for mode in modes.values():            # warm-up: each path's first use
-                backend.paged_prefill = mode
+    times = {name: [] for name in modes}
+    with torch.no_grad():
+        for choice in modes.values():              # warm-up: each path's first use
+            with _attention(backend, choice):
                 backend.forward(batch)
-            for _ in range(runs):
-                for name, mode in modes.items():
-                    backend.paged_prefill = mode
+        for _ in range(runs):
+            for name, choice in modes.items():
+                with _attention(backend, choice):
                     times[name].append(seconds(lambda: backend.forward(batch), device))
-    finally:
-        backend.paged_prefill = default
     rec = {k: _stats(v, tokens) for k, v in times.items()}
     rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     return rec

@@ -6,8 +6,21 @@ KV cache tensors here are one layer's k or v: [num_blocks, block_size, num_kv_he
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+
+# SDPA's backends for prefill on a GPU (torch.nn.attention.SDPBackend names), None: torch's choice.
+# `warploop bench prefill` measures each choice's first prefill of an unseen prompt length
+SDPA_BACKENDS: tuple[str, ...] | None = None
+
+
+def _sdpa_choice(device: torch.device):
+    if SDPA_BACKENDS is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -92,8 +105,9 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache
             ks, vs = _gather(k_cache, table[None])[0, :clen], _gather(v_cache, table[None])[0, :clen]
             rows = torch.arange(clen - qlen, clen, device=q.device)[:, None]
             mask, causal = torch.arange(clen, device=q.device)[None, :] <= rows, False
-        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=mask,
-                                           is_causal=causal, scale=scale, enable_gqa=True)
+        with _sdpa_choice(q.device):
+            o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],
+                                               attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         outs.append(o[0].transpose(0, 1).reshape(qlen, -1))
         start += qlen
     return torch.cat(outs) if len(outs) > 1 else outs[0]

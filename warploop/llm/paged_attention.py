@@ -59,8 +59,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-PREFILL_BM = 64          # new tokens a program takes (its query rows)
+PREFILL_BM = 128         # new tokens a program takes (its query rows)
 PREFILL_BN = 64          # context tokens a step
+PREFILL_WARPS = 8
 
 
 class PrefillPlan:
@@ -101,5 +102,5 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     launch("prefill_kernel", (plan.blocks, h),
            (q, q.stride(0), k_cache, v_cache, plan.tables, plan.tables.stride(0), plan.blk_seq, plan.blk_row,
             plan.q_start, plan.q_len, plan.ctx, out, scale, h, kv_heads, h // kv_heads, block_size),
-           {"HEAD_DIM": d, "BM": PREFILL_BM, "BN": PREFILL_BN})
+           {"HEAD_DIM": d, "BM": PREFILL_BM, "BN": PREFILL_BN}, num_warps=PREFILL_WARPS)
     return out
