@@ -111,6 +111,31 @@ def test_bench_prefill_alternates_the_attention_paths_and_restores_the_default()
     assert fake.paged_prefill == "prefix" and rec["new_tokens"] == 10 and rec["context"] == 40
 
 
+def test_bench_prefill_graphs_alternate_eager_and_graph_replays():
+    """graphs_L runs the paged prefill op by op and through a PrefillGraphs of the prompt's length,
+    alternated, and leaves the backend without graphs as it found it."""
+    import torch
+
+    from warploop.bench.prefill import _graphs
+    from warploop.llm.cuda_graphs import PrefillGraphs
+
+    class Fake:
+        paged_prefill, prefill_graphs, device, max_blocks_per_seq = "prefix", None, torch.device("cpu"), 8
+
+        def __init__(self):
+            self.ran = []
+
+        def forward(self, batch):
+            graphs = self.prefill_graphs
+            self.ran.append((self.paged_prefill, None if graphs is None else (type(graphs), graphs.max_tokens)))
+
+    fake = Fake()
+    rec = _graphs(fake, list(range(40)), 2, torch.device("cpu"), lambda _: None)
+    assert fake.ran == [("all", None), ("all", (PrefillGraphs, 40))] * 3
+    assert fake.prefill_graphs is None and fake.paged_prefill == "prefix"
+    assert rec["eager"]["runs"] == rec["graphs"]["runs"] == 2 and rec["graphs_over_eager"] > 0
+
+
 def test_sdpa_backends_choice_is_applied_on_a_gpu_only():
     """layers.SDPA_BACKENDS names torch's SDPA backends for prefill on a GPU; on the CPU it is ignored
     (torch's CPU SDPA has no flash kernel to pick), and an unknown name fails on a GPU."""

@@ -167,6 +167,7 @@ def check_backend_with_kernels(device: str) -> None:
     from llm_helpers import make_model_dir
 
     from warploop.llm.backend_torch import TorchBackend
+    from warploop.llm.cuda_graphs import PrefillGraphs
     from warploop.llm.engine import Engine
     from warploop.llm.kv_cache import KVCacheLayout
     from warploop.llm.loader import load_config, load_weights
@@ -178,18 +179,24 @@ def check_backend_with_kernels(device: str) -> None:
         weights = load_weights(path, cfg, torch.device(device), torch.float32, progress=False)
     outs = []
     shared = [256, *range(40, 52)]          # three blocks of 4 the later prompts find cached
-    modes = ((False, "off"), (True, "off"), (True, "prefix"), (True, "all"))
-    for use_triton, paged in modes if runtime_loops_run() else modes[:2]:
+    # (use_triton, paged_prefill, prefill graphs): the last replays CUDA graphs on a GPU, and runs the
+    # graphs' padded buffers eagerly in the interpreter
+    modes = ((False, "off", False), (True, "off", False), (True, "prefix", False), (True, "all", False),
+             (True, "all", True))
+    for use_triton, paged, graphed in modes if runtime_loops_run() else modes[:2]:
         layout = KVCacheLayout(cfg.num_layers, 64, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
         backend = TorchBackend(cfg, weights, layout, device, max_context=256, use_triton=use_triton)
         backend.paged_prefill = paged      # prefix hits and chunks after the first (all: every prompt) attend
         # from the pages
         with Engine(cfg, backend, max_context=256, max_num_seqs=4, max_prefill_tokens=7) as engine:
+            if graphed:
+                backend.prefill_graphs = PrefillGraphs(backend, 100)    # buckets of 64 and 100 tokens
             params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
             outs.append([engine.generate([256, *range(i, i + 5 + 3 * i)], params).token_ids for i in range(3)]
                         + [engine.generate(shared + list(range(i, i + 3 + 4 * i)), params).token_ids
                            for i in range(3)])
             assert engine.stats()["prefill_chunks"] > 0
+            assert not graphed or backend.prefill_graphs.runs >= 6, "the prefills did not run through the graphs"
     assert all(out == outs[0] for out in outs[1:]), outs
 
 

@@ -217,10 +217,10 @@ def test_deferred_work_waits_for_a_quiet_engine(monkeypatch):
     comes at once after the start, or soon after another, never queues behind a piece of it."""
     import time
 
-    from warploop.llm import engine as engine_mod
+    from warploop.llm import engine_loop
     from warploop.llm.backend_torch import TorchBackend
 
-    monkeypatch.setattr(engine_mod, "DEFERRED_QUIET_S", 0.4)
+    monkeypatch.setattr(engine_loop, "DEFERRED_QUIET_S", 0.4)
     pieces = []
     monkeypatch.setattr(TorchBackend, "idle", lambda self: (pieces.append(time.monotonic()), len(pieces) < 3)[1])
     with Engine.from_model("tiny", backend="torch", **TINY) as engine:

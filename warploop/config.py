@@ -30,6 +30,9 @@ class Config:
     debug: bool = False       # WARPLOOP_DEBUG: the CLI shows tracebacks (read by cli.py through `debug_wanted`)
     mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
     stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
+    # WARPLOOP_PREFILL_GRAPHS: per-op prefills of up to this many tokens (and 4 sequences) on a GPU replay
+    # CUDA graphs, one per token bucket (0: off, the default until measured)
+    prefill_graphs: int = 0
     # WARPLOOP_STREAM_PREBUILT: where the stream kernel comes from: "auto" (the package's shipped
     # kernels when they hold the model's shape, else compiled), "off" (compiled), or a folder of
     # prebuilt kernels (scripts/stream_prebuild.py)
@@ -43,6 +46,9 @@ class Config:
         if self.stream_rows != 0 and not 2 <= self.stream_rows <= 32:
             raise ValueError(f"WARPLOOP_STREAM_ROWS={self.stream_rows}: use 0 (batches of 2 or more run per op) or "
                              "2 to 32 (decode batches up to that many run on the streaming kernel)")
+        if not 0 <= self.prefill_graphs <= 16384:
+            raise ValueError(f"WARPLOOP_PREFILL_GRAPHS={self.prefill_graphs}: use 0 (prefill runs op by op) or up to "
+                             "16384 (prefills of up to that many tokens replay CUDA graphs)")
         if self.stream_prebuilt not in PREBUILT_WORDS and not os.path.isfile(
                 os.path.join(self.stream_prebuilt, "stream-kernels.json")):
             raise ValueError(f"WARPLOOP_STREAM_PREBUILT={self.stream_prebuilt}: no stream-kernels.json there; use "
@@ -70,6 +76,7 @@ def get() -> Config:
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
         stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
+        prefill_graphs=_int("WARPLOOP_PREFILL_GRAPHS", 0),
         stream_prebuilt=_prebuilt(os.environ.get("WARPLOOP_STREAM_PREBUILT", "").strip()),
     )
 

@@ -5,7 +5,8 @@ Per model shape (random bf16 weights on a GPU; a small float32 config on the CPU
   rest, cached, attending through a gathered context with a dense mask (sdpa) and from the pages in
   one Triton launch (paged), alternated in the same run; `fresh_L` the whole prompt with nothing
   cached: SDPA over the new k and v (torch's choice of backend, and flash or memory-efficient only)
-  against the paged kernel reading them back.
+  against the paged kernel reading them back; `graphs_L` (up to 4,096 tokens) the paged prefill op by
+  op against its CUDA graph (cuda_graphs.PrefillGraphs).
 - `prefill_tok_s_L` for each prompt length L: the engine's per-op prefill (the backend's forward of
   one L-token prompt into the paged KV cache, every layer and the logits of its last token), timed
   by CUDA events (the CPU: wall time), median of `--runs` runs with p10 and p90; beside it, in the
@@ -29,6 +30,7 @@ from warploop.bench.timing import seconds
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 
 GPU_LENGTHS, CPU_LENGTHS = (1024, 4096, 16384), (64, 256)
+GRAPH_LENGTHS = 4096        # graphs_L up to this length: past it launches are a small share of a prefill
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +139,8 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
         if backend.use_triton:
             out[f"prefix_{n}"] = _prefix(backend, ids, runs, device, say)
             out[f"fresh_{n}"] = _fresh(backend, ids, runs, device, say)
+            if n <= GRAPH_LENGTHS:
+                out[f"graphs_{n}"] = _graphs(backend, ids, runs, device, say)
     return out
 
 
@@ -189,27 +193,35 @@ def _prefix(backend, ids: list[int], runs: int, device, say) -> dict:
     with torch.no_grad():
         backend.forward(ModelBatch(ids[:n - new], list(range(n - new)), [n - new], [n - new], [blocks]))
     batch = ModelBatch(ids[n - new:], list(range(n - new, n)), [new], [n], [blocks])
-    modes = {"sdpa": ("off", None), "paged": ("prefix", None)}
+    modes = {"sdpa": {"paged_prefill": "off"}, "paged": {"paged_prefill": "prefix"}}
     rec = {"new_tokens": new, "context": n} | _alternate(backend, batch, runs, device, modes)
+    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     say(f"  prefix {new} over {n - new}: sdpa {rec['sdpa']['ms']} ms, paged {rec['paged']['ms']} ms")
     return rec
 
 
-# a fresh prompt's attentions: (TorchBackend.paged_prefill, layers.SDPA_BACKENDS)
-_FRESH = {"sdpa": ("prefix", None), "sdpa_flash": ("prefix", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")),
-          "paged": ("all", None)}
+# a fresh prompt's attentions, as _attention sets them
+_FRESH = {"sdpa": {"paged_prefill": "prefix"},
+          "sdpa_flash": {"paged_prefill": "prefix", "sdpa_backends": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")},
+          "paged": {"paged_prefill": "all"}}
 
 
 @contextlib.contextmanager
-def _attention(backend, choice):
-    """The backend attends as `choice` (paged_prefill mode, SDPA backends) inside the block."""
+def _attention(backend, choice: dict):
+    """The backend runs as `choice` inside the block: its attributes (paged_prefill, prefill_graphs)
+    and sdpa_backends (layers.SDPA_BACKENDS, None unless given), all restored after."""
     from warploop.llm import layers
-    before = backend.paged_prefill, layers.SDPA_BACKENDS
-    backend.paged_prefill, layers.SDPA_BACKENDS = choice
+    attrs = {k: v for k, v in choice.items() if k != "sdpa_backends"}
+    before = {k: getattr(backend, k) for k in attrs}, layers.SDPA_BACKENDS
+    for k, v in attrs.items():
+        setattr(backend, k, v)
+    layers.SDPA_BACKENDS = choice.get("sdpa_backends")
     try:
         yield
     finally:
-        backend.paged_prefill, layers.SDPA_BACKENDS = before
+        for k, v in before[0].items():
+            setattr(backend, k, v)
+        layers.SDPA_BACKENDS = before[1]
 
 
 def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
@@ -220,13 +232,32 @@ def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
     n = len(ids)
     batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
     rec = _alternate(backend, batch, runs, device, _FRESH)
+    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     say(f"  fresh {n}: " + ", ".join(f"{k} {rec[k]['ms']} ms" for k in _FRESH))
     return rec
 
 
-def _alternate(backend, batch, runs: int, device, modes: dict[str, tuple]) -> dict:
+def _graphs(backend, ids: list[int], runs: int, device, say) -> dict:
+    """A fresh prompt's prefill from the pages op by op (eager) against a CUDA graph replay of it
+    (cuda_graphs.PrefillGraphs, WARPLOOP_PREFILL_GRAPHS), alternated: what launches cost."""
+    from warploop.llm.backend import ModelBatch
+    from warploop.llm.cuda_graphs import PrefillGraphs
+    n = len(ids)
+    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    graphs = PrefillGraphs(backend, n)
+    try:
+        rec = _alternate(backend, batch, runs, device, {"eager": {"paged_prefill": "all", "prefill_graphs": None},
+                                                        "graphs": {"paged_prefill": "all", "prefill_graphs": graphs}})
+    finally:
+        graphs.release()
+    rec["graphs_over_eager"] = round(rec["eager"]["ms"] / rec["graphs"]["ms"], 3)
+    say(f"  graphs {n}: eager {rec['eager']['ms']} ms, graphs {rec['graphs']['ms']} ms")
+    return rec
+
+
+def _alternate(backend, batch, runs: int, device, modes: dict[str, dict]) -> dict:
     """Each of `modes` (name: _attention's choice) on one batch, alternated run by run after a
-    warm-up of each: {name: stats} and paged_over_sdpa; the backend's own choice restored after."""
+    warm-up of each: {name: stats}; the backend's own choice restored after."""
     import torch
 
     tokens = sum(batch.query_lens)
@@ -239,9 +270,7 @@ def _alternate(backend, batch, runs: int, device, modes: dict[str, tuple]) -> di
             for name, choice in modes.items():
                 with _attention(backend, choice):
                     times[name].append(seconds(lambda: backend.forward(batch), device))
-    rec = {k: _stats(v, tokens) for k, v in times.items()}
-    rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
-    return rec
+    return {k: _stats(v, tokens) for k, v in times.items()}
 
 
 def _prefill_peer(cfg, device, dtype, lengths, runs, say) -> dict:

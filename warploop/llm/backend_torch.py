@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from warploop import config as env_config
 from warploop.llm import layers
 from warploop.llm.backend import Backend, ModelBatch
 from warploop.llm.config import ModelConfig
@@ -51,6 +52,7 @@ class TorchBackend(Backend):
         else:
             self.ops = layers
         self.graphs = None
+        self.prefill_graphs = None   # cuda_graphs.PrefillGraphs with WARPLOOP_PREFILL_GRAPHS (an option until measured)
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -62,8 +64,11 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             self.warm_prefill()
         if self.use_cuda_graphs:
-            from warploop.llm.cuda_graphs import DecodeGraphs
+            from warploop.llm.cuda_graphs import DecodeGraphs, PrefillGraphs
             self.graphs = DecodeGraphs(self, max_num_seqs)
+            tokens = min(env_config.get().prefill_graphs, self.max_context)
+            if tokens:
+                self.prefill_graphs = PrefillGraphs(self, tokens)
 
     def warm_prefill(self, tokens: int = 8) -> None:
         """One throwaway prefill (and the host sampler's argmax), so the first real one does not
@@ -78,15 +83,18 @@ class TorchBackend(Backend):
     def close(self) -> None:
         """Destroy the CUDA graphs now (DecodeGraphs.release: a graph that captured an NCCL collective
         keeps its communicator alive, so tensor parallelism closes this before leaving its group)."""
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
-            torch.cuda.synchronize(self.device)
+        for graphs in (self.graphs, self.prefill_graphs):
+            if graphs is not None:
+                graphs.release()
+                torch.cuda.synchronize(self.device)
+        self.graphs = self.prefill_graphs = None
 
     def forward(self, batch: ModelBatch) -> torch.Tensor:
         if (self.graphs is not None and batch.is_decode and batch.logits_indices is None
                 and batch.num_seqs <= self.graphs.max_batch):
             return self.graphs.run(batch)
+        if self.prefill_graphs is not None and self.prefill_graphs.fits(batch) and self._paged(batch):
+            return self.prefill_graphs.run(batch)
         return self._eager(batch)
 
     def _eager(self, batch: ModelBatch) -> torch.Tensor:
@@ -104,19 +112,30 @@ class TorchBackend(Backend):
             width = max(len(t) for t in batch.block_tables)
             tables = ints([t + [0] * (width - len(t)) for t in batch.block_tables])
             return self.decode(ids, positions, slots, ints(batch.context_lens), tables, rows)
-        if self.use_triton and (self.paged_prefill == "all" or (self.paged_prefill == "prefix"
-                                                                and batch.context_lens != batch.query_lens)):
-            from warploop.llm.paged_attention import PrefillPlan, prefill_attention
+        if self._paged(batch):
+            from warploop.llm.paged_attention import PrefillPlan
             plan = PrefillPlan(batch.block_tables, batch.query_lens, batch.context_lens, dev)
+            return self.paged_forward(ids, positions, slots, rows, plan)
+        tables = [ints(t) for t in batch.block_tables]
 
-            def attend(layer, q, k, v):
-                return prefill_attention(q, self.kv[layer, 0], self.kv[layer, 1], plan, self.scale)
-        else:
-            tables = [ints(t) for t in batch.block_tables]
+        def attend(layer, q, k, v):
+            return layers.prefill_attention(q, k, v, self.kv[layer, 0], self.kv[layer, 1], tables,
+                                            batch.query_lens, batch.context_lens, self.scale)
 
-            def attend(layer, q, k, v):
-                return layers.prefill_attention(q, k, v, self.kv[layer, 0], self.kv[layer, 1], tables,
-                                                batch.query_lens, batch.context_lens, self.scale)
+        return self._logits(*self._layers(ids, positions, slots, attend), rows)
+
+    def _paged(self, batch: ModelBatch) -> bool:
+        """Whether a prefill batch attends from the pages (paged_prefill)."""
+        return self.use_triton and (self.paged_prefill == "all" or (self.paged_prefill == "prefix"
+                                                                    and batch.context_lens != batch.query_lens))
+
+    def paged_forward(self, ids, positions, slots, rows, plan) -> torch.Tensor:
+        """A prefill attending from the pages through `plan` (paged_attention.PrefillPlan), on device
+        tensors only (no host sync): what the prefill graphs capture."""
+        from warploop.llm.paged_attention import prefill_attention
+
+        def attend(layer, q, k, v):
+            return prefill_attention(q, self.kv[layer, 0], self.kv[layer, 1], plan, self.scale)
 
         return self._logits(*self._layers(ids, positions, slots, attend), rows)
 

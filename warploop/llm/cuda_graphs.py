@@ -1,4 +1,5 @@
-"""CUDA graphs for the decode step: one graph per batch-size bucket, replayed with new inputs.
+"""CUDA graphs, replayed with new inputs: the decode step, one graph per batch-size bucket, and
+prefill (PrefillGraphs, below), one per token bucket.
 
 A decode step is ~10 kernels per layer; launched one by one from Python that costs more than the
 kernels themselves at batch 1. Each graph reads its inputs from one device buffer, filled from a
@@ -85,3 +86,100 @@ class DecodeGraphs:
             self.dev[:count].copy_(batch.token_ids)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:count]
+
+
+PREFILL_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+PREFILL_SEQS = 4            # sequences a prefill graph takes; a batch of more runs eagerly
+
+
+class PrefillGraphs:
+    """CUDA graphs for prefill batches of up to PREFILL_SEQS sequences and `max_tokens` tokens,
+    attending from the pages (paged_attention.prefill_attention), one graph per token bucket,
+    captured the first time a batch needs it. A small model's prefill is bound by its launches
+    (SmolLM2-135M: 30 layers, about 270 launches a prompt), which a replay makes one.
+
+    The inputs live in one device buffer, filled from a pinned host buffer by one copy:
+
+        [token ids (T) | positions (T) | slots (T) | logits rows (S) | PrefillPlan (plan_ints)]   int32
+
+    T = max_tokens, S = PREFILL_SEQS + 1 (a spare sequence for the query blocks a batch leaves
+    unused). Tokens past the batch's have slot -1 (they write no KV) and belong to no query block;
+    their rows hold garbage that no real row reads (every op but attention is row by row). Off a GPU
+    (the tests, through Triton's interpreter) the same buffers run eagerly, with no graph."""
+
+    def __init__(self, backend, max_tokens: int) -> None:
+        from warploop.llm.paged_attention import PREFILL_BM, cdiv, plan_size
+        self.backend, self.max_tokens = backend, max_tokens
+        self.buckets = [b for b in PREFILL_BUCKETS if b < max_tokens] + [max_tokens]
+        self.seqs, self.width = PREFILL_SEQS + 1, backend.max_blocks_per_seq
+        self.blocks = {b: cdiv(b, PREFILL_BM) + PREFILL_SEQS - 1 for b in self.buckets}
+        t = max_tokens
+        self.plan_at = 3 * t + self.seqs
+        size = self.plan_at + plan_size(self.blocks[t], self.seqs, self.width)
+        self.cuda = backend.device.type == "cuda"
+        self.hosts = [torch.zeros(size, dtype=torch.int32) for _ in range(2)]
+        if self.cuda:
+            self.hosts = [h.pin_memory() for h in self.hosts]
+        self.copied = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
+        self.turn = 0
+        self.dev = self.hosts[0].to(backend.device, copy=True)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        self.runs = 0               # batches run through the buffers (replays, on a GPU)
+
+    def fits(self, batch: ModelBatch) -> bool:
+        return (not batch.is_decode and batch.logits_indices is None and batch.num_seqs <= PREFILL_SEQS
+                and len(batch.token_ids) <= self.max_tokens and not isinstance(batch.token_ids, torch.Tensor))
+
+    def run(self, batch: ModelBatch) -> torch.Tensor:
+        from warploop.llm.paged_attention import plan_ints
+        n, t, count = len(batch.token_ids), self.max_tokens, batch.num_seqs
+        bucket = next(b for b in self.buckets if b >= n)
+        host = self.hosts[self.turn]
+        copied = self.copied[self.turn] if self.cuda else None
+        self.turn ^= 1
+        if copied is not None:
+            copied.synchronize()  # the copy that last read this buffer (a no-op for a fresh event)
+        h = host.numpy()
+        h[0:n], h[n:bucket] = batch.token_ids, 0
+        h[t:t + n], h[t + n:t + bucket] = batch.positions, 0
+        h[2 * t:2 * t + n], h[2 * t + n:2 * t + bucket] = batch.slot_mapping(self.backend.layout.block_size), -1
+        h[3 * t:3 * t + count], h[3 * t + count:3 * t + self.seqs - 1] = batch.rows_for_logits(), 0
+        plan = plan_ints(batch.block_tables, batch.query_lens, batch.context_lens, self.blocks[bucket], self.seqs,
+                         self.width)
+        h[self.plan_at:self.plan_at + len(plan)] = plan
+        used = self.plan_at + len(plan)
+        self.dev[:used].copy_(host[:used], non_blocking=True)
+        self.runs += 1
+        if copied is None:
+            return self.backend.paged_forward(*self._inputs(bucket))[:count]
+        copied.record()
+        if bucket not in self.graphs:
+            self._capture(bucket)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:count]
+
+    def _inputs(self, bucket: int):
+        from warploop.llm.paged_attention import PrefillPlan
+        t, d = self.max_tokens, self.dev
+        plan = PrefillPlan.over(d[self.plan_at:], self.blocks[bucket], self.seqs, self.width, bucket)
+        return d[:bucket], d[t:t + bucket], d[2 * t:2 * t + bucket], d[3 * t:3 * t + self.seqs - 1], plan
+
+    def _capture(self, bucket: int) -> None:
+        """Run the bucket once eagerly (cuBLAS picks its kernels for these shapes), then capture it
+        over the inputs just copied; capture errors stay this thread's (the engine's other threads
+        touch CUDA too)."""
+        args = self._inputs(bucket)
+        self.backend.paged_forward(*args)
+        torch.cuda.synchronize(self.backend.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            self.outputs[bucket] = self.backend.paged_forward(*args)
+        self.graphs[bucket] = graph
+
+    def release(self) -> None:
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()

@@ -67,25 +67,58 @@ PREFILL_WARPS = 8
 class PrefillPlan:
     """A prefill batch's sequences as the kernel reads them, made once a forward (every layer uses
     it): each sequence's blocks (padded), first row in q, new tokens and context, and the query
-    blocks of PREFILL_BM rows, one program each."""
+    blocks of PREFILL_BM rows, one program each. One int32 device buffer holds it, laid out by
+    plan_ints: [block's sequence (nb) | block's first row (nb) | q start (b) | q len (b) | context (b)
+    | block tables (b x width)]."""
 
     def __init__(self, block_tables: list[list[int]], query_lens: list[int], context_lens: list[int], device) -> None:
-        if not all(0 < n <= c for n, c in zip(query_lens, context_lens, strict=True)):
-            raise ValueError("every sequence prefills at least one token, and no more than its context holds")
         width = max(len(b) for b in block_tables)
-        starts = [0]
-        for n in query_lens[:-1]:
-            starts.append(starts[-1] + n)
-        blocks = [(s, r) for s, n in enumerate(query_lens) for r in range(0, n, PREFILL_BM)]
-        b, nb = len(query_lens), len(blocks)
-        ints = torch.tensor([s for s, _ in blocks] + [r for _, r in blocks] + starts + list(query_lens)
-                            + list(context_lens) + [x for t in block_tables for x in t + [0] * (width - len(t))],
+        nb = sum(cdiv(n, PREFILL_BM) for n in query_lens)
+        ints = torch.tensor(plan_ints(block_tables, query_lens, context_lens, nb, len(query_lens), width),
                             dtype=torch.int32).to(device, non_blocking=True)
-        self.blocks, self.tokens = nb, sum(query_lens)
+        self._view(ints, nb, len(query_lens), width, sum(query_lens))
+
+    @classmethod
+    def over(cls, ints: torch.Tensor, blocks: int, seqs: int, width: int, tokens: int) -> PrefillPlan:
+        """A plan read from `ints` (a device buffer plan_ints fills with these capacities): a CUDA
+        graph's, whose launches keep their grid (`blocks`) while the batch changes."""
+        plan = cls.__new__(cls)
+        plan._view(ints, blocks, seqs, width, tokens)
+        return plan
+
+    def _view(self, ints: torch.Tensor, nb: int, b: int, width: int, tokens: int) -> None:
+        self.blocks, self.tokens = nb, tokens
         self.blk_seq, self.blk_row = ints[:nb], ints[nb:2 * nb]
         self.q_start, self.q_len, self.ctx = ints[2 * nb:2 * nb + b], ints[2 * nb + b:2 * nb + 2 * b], \
             ints[2 * nb + 2 * b:2 * nb + 3 * b]
-        self.tables = ints[2 * nb + 3 * b:].view(b, width)
+        self.tables = ints[2 * nb + 3 * b:2 * nb + 3 * b + b * width].view(b, width)
+
+
+def plan_size(blocks: int, seqs: int, width: int) -> int:
+    return 2 * blocks + 3 * seqs + seqs * width
+
+
+def plan_ints(block_tables: list[list[int]], query_lens: list[int], context_lens: list[int], blocks: int,
+              seqs: int, width: int) -> list[int]:
+    """PrefillPlan's buffer for these sequences, at capacities of `blocks` query blocks and `seqs`
+    sequences (each table padded to `width`). Blocks past the batch's go to the last sequence slot,
+    which must then be a spare one: no new tokens and no context, so its programs read nothing and
+    write nothing."""
+    if not all(0 < n <= c for n, c in zip(query_lens, context_lens, strict=True)):
+        raise ValueError("every sequence prefills at least one token, and no more than its context holds")
+    b = len(query_lens)
+    pairs = [(s, r) for s, n in enumerate(query_lens) for r in range(0, n, PREFILL_BM)]
+    if len(pairs) > blocks or b > seqs or max(len(t) for t in block_tables) > width or (len(pairs) < blocks
+                                                                                         and b == seqs):
+        raise ValueError(f"a prefill plan of {len(pairs)} blocks, {b} sequences does not fit {blocks}, {seqs}")
+    spare = [(seqs - 1, 0)] * (blocks - len(pairs))
+    starts = [0]
+    for n in query_lens[:-1]:
+        starts.append(starts[-1] + n)
+    pad = [0] * (seqs - b)
+    return ([s for s, _ in pairs + spare] + [r for _, r in pairs + spare] + starts + pad + list(query_lens) + pad
+            + list(context_lens) + pad + [x for t in block_tables for x in t + [0] * (width - len(t))]
+            + [0] * ((seqs - b) * width))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: PrefillPlan,
