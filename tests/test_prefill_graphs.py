@@ -78,3 +78,20 @@ def test_prefill_graphs_setting_is_checked(monkeypatch):
     finally:
         monkeypatch.delenv("WARPLOOP_PREFILL_GRAPHS")
         config.reload()
+
+
+def test_staging_alternates_host_buffers_and_copies_what_was_filled():
+    """cuda_graphs.Staging (both graph kinds' inputs): two host buffers in turn, each send copying the
+    first `used` values of the one just filled into the device buffer, and nothing past them."""
+    from warploop.llm.cuda_graphs import Staging
+
+    st = Staging(6, torch.device("cpu"))
+    first = st.host()
+    first[:] = [1, 2, 3, 4, 5, 6]
+    st.send(3)
+    assert st.dev.tolist() == [1, 2, 3, 0, 0, 0]
+    second = st.host()
+    assert second is not first and second.base is not first.base
+    second[:] = 9
+    st.send(2)
+    assert st.dev.tolist() == [9, 9, 3, 0, 0, 0] and st.host().tolist() == [1, 2, 3, 4, 5, 6]

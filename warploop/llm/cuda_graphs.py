@@ -23,20 +23,44 @@ def buckets(max_batch: int) -> list[int]:
     return small + list(range(16, max_batch, 16)) + [max_batch]
 
 
+class Staging:
+    """A graph's int32 inputs: one device buffer, filled from two host buffers (pinned on a GPU) used
+    in turn. The engine launches step n + 1 before step n's copy has necessarily run, so a host
+    buffer is handed out again only after the copy that last read it has finished."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.hosts = [torch.zeros(size, dtype=torch.int32) for _ in range(2)]
+        if cuda:
+            self.hosts = [h.pin_memory() for h in self.hosts]
+        self.copied = [torch.cuda.Event(), torch.cuda.Event()] if cuda else None
+        self.turn = 0
+        self.dev = self.hosts[0].to(device, copy=True)
+
+    def host(self):
+        """The host buffer to fill next (numpy), once the copy that last read it is done."""
+        if self.copied is not None:
+            self.copied[self.turn].synchronize()  # a no-op for a fresh event
+        return self.hosts[self.turn].numpy()
+
+    def send(self, used: int) -> None:
+        """Copy the first `used` values of the buffer host() gave to the device buffer."""
+        self.dev[:used].copy_(self.hosts[self.turn][:used], non_blocking=True)
+        if self.copied is not None:
+            self.copied[self.turn].record()
+        self.turn ^= 1
+
+
 class DecodeGraphs:
     def __init__(self, backend, max_batch: int) -> None:
         self.max_batch = max_batch
         self.buckets = buckets(max_batch)
         n, w = max_batch, backend.max_blocks_per_seq
         self.width, self.block_size = w, backend.layout.block_size
-        # two host buffers, used in turn: the engine launches step n + 1 before step n's copy has
-        # necessarily run, so a buffer is refilled only after the copy that read it has finished
-        self.hosts = [torch.zeros(4 * n + n * w, dtype=torch.int32).pin_memory() for _ in range(2)]
-        for host in self.hosts:
+        self.staging = Staging(4 * n + n * w, backend.device)
+        for host in self.staging.hosts:
             host.numpy()[2 * n:3 * n] = -1
-        self.copied = [torch.cuda.Event(), torch.cuda.Event()]
-        self.turn = 0
-        self.dev = self.hosts[0].to(backend.device)
+        self.dev = self.staging.dev
         ids, pos, slots, ctx = (self.dev[i * n:(i + 1) * n] for i in range(4))
         tables = self.dev[4 * n:].view(n, w)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -64,10 +88,7 @@ class DecodeGraphs:
     def run(self, batch: ModelBatch) -> torch.Tensor:
         count = batch.num_seqs
         bucket = next(b for b in self.buckets if b >= count)
-        host, copied = self.hosts[self.turn], self.copied[self.turn]
-        self.turn ^= 1
-        copied.synchronize()  # the copy that last read this buffer (a no-op for a fresh event)
-        n, w, h, bs = self.max_batch, self.width, host.numpy(), self.block_size
+        n, w, h, bs = self.max_batch, self.width, self.staging.host(), self.block_size
         on_device = isinstance(batch.token_ids, torch.Tensor)  # ids sampled by the step before
         if not on_device:
             h[0:count] = batch.token_ids
@@ -79,9 +100,7 @@ class DecodeGraphs:
         h[3 * n + count:3 * n + bucket] = 0
         for i, table in enumerate(batch.block_tables):
             h[4 * n + i * w:4 * n + i * w + len(table)] = table
-        used = 4 * n + bucket * w
-        self.dev[:used].copy_(host[:used], non_blocking=True)
-        copied.record()
+        self.staging.send(4 * n + bucket * w)
         if on_device:
             self.dev[:count].copy_(batch.token_ids)
         self.graphs[bucket].replay()
@@ -117,12 +136,8 @@ class PrefillGraphs:
         self.plan_at = 3 * t + self.seqs
         size = self.plan_at + plan_size(self.blocks[t], self.seqs, self.width)
         self.cuda = backend.device.type == "cuda"
-        self.hosts = [torch.zeros(size, dtype=torch.int32) for _ in range(2)]
-        if self.cuda:
-            self.hosts = [h.pin_memory() for h in self.hosts]
-        self.copied = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
-        self.turn = 0
-        self.dev = self.hosts[0].to(backend.device, copy=True)
+        self.staging = Staging(size, backend.device)
+        self.dev = self.staging.dev
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
@@ -136,12 +151,7 @@ class PrefillGraphs:
         from warploop.llm.paged_attention import plan_ints
         n, t, count = len(batch.token_ids), self.max_tokens, batch.num_seqs
         bucket = next(b for b in self.buckets if b >= n)
-        host = self.hosts[self.turn]
-        copied = self.copied[self.turn] if self.cuda else None
-        self.turn ^= 1
-        if copied is not None:
-            copied.synchronize()  # the copy that last read this buffer (a no-op for a fresh event)
-        h = host.numpy()
+        h = self.staging.host()
         h[0:n], h[n:bucket] = batch.token_ids, 0
         h[t:t + n], h[t + n:t + bucket] = batch.positions, 0
         h[2 * t:2 * t + n], h[2 * t + n:2 * t + bucket] = batch.slot_mapping(self.backend.layout.block_size), -1
@@ -149,12 +159,10 @@ class PrefillGraphs:
         plan = plan_ints(batch.block_tables, batch.query_lens, batch.context_lens, self.blocks[bucket], self.seqs,
                          self.width)
         h[self.plan_at:self.plan_at + len(plan)] = plan
-        used = self.plan_at + len(plan)
-        self.dev[:used].copy_(host[:used], non_blocking=True)
+        self.staging.send(self.plan_at + len(plan))
         self.runs += 1
-        if copied is None:
+        if not self.cuda:
             return self.backend.paged_forward(*self._inputs(bucket))[:count]
-        copied.record()
         if bucket not in self.graphs:
             self._capture(bucket)
         self.graphs[bucket].replay()
