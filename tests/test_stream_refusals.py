@@ -1,0 +1,66 @@
+"""The streaming program refuses bad input before anything runs, naming what is wrong: GEMV and
+attention nodes that do not fit, configurations, pools, and an executor on a device without the
+kernel. The programs are test_stream_program.py's."""
+import dataclasses
+
+import pytest
+import torch
+from test_stream_program import CFG, SHAPES, layer_chain
+
+from warploop.runtime.stream.compiled import StreamConfig
+from warploop.runtime.stream.program import StreamProgram
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda p: p.gemv(5, 0, 16, p.regions["x"], p.regions["y"]), "pool 5 does not exist"),
+    (lambda p: p.gemv(0, 40, 16, p.regions["x"], p.regions["y"]), "do not fit pool 0"),
+    (lambda p: p.gemv(0, 0, 16, p.regions["y"], p.regions["y"]), "must hold the pool's width"),
+    (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["x"], epi="gelu"), "epi must be one of"),
+    (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["y"], after=[3]), "recorded earlier"),
+    (lambda p: p.pool(torch.zeros(4, 12, dtype=torch.bfloat16)), "multiple of 8"),
+    (lambda p: p.pool(torch.zeros(4, 512, dtype=torch.bfloat16)), "exceeds StreamConfig.kmax"),
+    (lambda p: p.pool(torch.zeros(4, 16)), "bfloat16"),
+    (lambda p: p.buffer("x", 4), "declared twice"),
+])
+def test_program_refuses_bad_input_naming_it(call, message):
+    p = StreamProgram(CFG)
+    p.pool(torch.zeros(48, 64, dtype=torch.bfloat16))
+    p.buffer("x", 64)
+    p.buffer("y", 16)
+    with pytest.raises(ValueError, match=message):
+        call(p)
+
+
+@pytest.mark.parametrize("kw, message", [(dict(block_k=512), "block_k"), (dict(block_rows=8), "block_rows"),
+                                         (dict(ring=1), "ring"), (dict(kmax=3000), "kmax"),
+                                         (dict(ring=32, block_rows=64), "shared memory")])
+def test_config_refuses_bad_shapes(kw, message):
+    with pytest.raises(ValueError, match=message):
+        StreamConfig(**kw)
+
+
+def test_attention_refuses_what_does_not_fit_naming_it():
+    chain = layer_chain(SHAPES["llama_gqa"], 5)
+    p, r = chain.program, chain.regions
+    args = (r["qkv"], r["attn"], r["step"], r["cos"], r["sin"])
+    kw = dict(heads=4, kv_heads=2, layer=0, scale=0.25)
+    with pytest.raises(ValueError, match="layer 7 is outside"):
+        p.attention(*args, **(kw | dict(layer=7)))
+    with pytest.raises(ValueError, match="do not match the cache's 2 KV heads"):
+        p.attention(*args, **(kw | dict(kv_heads=1)))
+    with pytest.raises(ValueError, match="part region"):
+        p.attention(*args, **kw, splits=3)
+    q = StreamProgram(dataclasses.replace(CFG, head_dim=32))
+    q.kv_cache(p.kv)
+    with pytest.raises(ValueError, match="head_dim=16"):
+        q.attention(*args, **kw)
+    with pytest.raises(ValueError, match="needs the KV cache"):
+        StreamProgram(CFG).attention(*args, **kw)
+    with pytest.raises(ValueError, match="contiguous bfloat16"):
+        StreamProgram(CFG).kv_cache(torch.zeros(2, 2, 4, 4, 2, 16))
+
+
+def test_executor_refuses_a_device_without_the_kernel():
+    from warploop.runtime.stream.executor import StreamExecutor
+    with pytest.raises(RuntimeError, match="Hopper GPU"):
+        StreamExecutor(layer_chain().program, device="cpu")
