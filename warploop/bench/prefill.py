@@ -120,7 +120,6 @@ def _backend(cfg, device, dtype, tokens: int, seqs: int = 1):
 def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
     import torch
 
-    from warploop.llm.backend import ModelBatch
     out = {}
     backend, _ = _backend(cfg, device, dtype, max(lengths))
     gen = torch.Generator().manual_seed(0)
@@ -129,7 +128,7 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
             out[str(n)] = {"error": f"longer than the model's {cfg.max_position_embeddings} positions"}
             continue
         ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
-        batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+        batch = _prompt(ids)
         with torch.no_grad():
             backend.forward(batch)                 # warm-up: allocations, kernels' first use
             times = [seconds(lambda b=batch: backend.forward(b), device) for _ in range(runs)]
@@ -144,6 +143,13 @@ def _prefill_engine(cfg, device, dtype, lengths, runs, say) -> dict:
     return out
 
 
+def _prompt(ids: list[int]):
+    """One fresh prompt of `ids` in blocks 0, 1, ... of 16 tokens (the bench backends' block size)."""
+    from warploop.llm.backend import ModelBatch
+    n = len(ids)
+    return ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+
+
 def _first_runs(backend, ids: list[int], device) -> dict:
     """ms of first prefills, which the warm figures never see: `new_length_ms`, a length the backend
     has not run (3 tokens fewer) on this thread; `new_thread_ms`, the warm length on a thread of its
@@ -152,10 +158,9 @@ def _first_runs(backend, ids: list[int], device) -> dict:
     a library builds something per shape."""
     import torch
 
-    from warploop.llm.backend import ModelBatch
 
     def first(n: int, thread: bool = False) -> float:
-        batch = ModelBatch(ids[:n], list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+        batch = _prompt(ids[:n])
         took = []
 
         def run() -> None:
@@ -228,9 +233,8 @@ def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
     """A fresh prompt's prefill attending with SDPA over its new k and v (sdpa: the default, torch's
     choice of SDPA backend; sdpa_flash: flash or memory-efficient only) against the paged kernel
     reading them back from the pages they were just written to (paged: paged_prefill "all")."""
-    from warploop.llm.backend import ModelBatch
     n = len(ids)
-    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    batch = _prompt(ids)
     rec = _alternate(backend, batch, runs, device, _FRESH)
     rec["paged_over_sdpa"] = round(rec["sdpa"]["ms"] / rec["paged"]["ms"], 3)
     say(f"  fresh {n}: " + ", ".join(f"{k} {rec[k]['ms']} ms" for k in _FRESH))
@@ -240,10 +244,9 @@ def _fresh(backend, ids: list[int], runs: int, device, say) -> dict:
 def _graphs(backend, ids: list[int], runs: int, device, say) -> dict:
     """A fresh prompt's prefill from the pages op by op (eager) against a CUDA graph replay of it
     (cuda_graphs.PrefillGraphs, WARPLOOP_PREFILL_GRAPHS), alternated: what launches cost."""
-    from warploop.llm.backend import ModelBatch
     from warploop.llm.cuda_graphs import PrefillGraphs
     n = len(ids)
-    batch = ModelBatch(ids, list(range(n)), [n], [n], [list(range(-(-n // 16)))])
+    batch = _prompt(ids)
     graphs = PrefillGraphs(backend, n)
     try:
         rec = _alternate(backend, batch, runs, device, {"eager": {"paged_prefill": "all", "prefill_graphs": None},
