@@ -131,9 +131,11 @@ def test_bench_prefill_graphs_alternate_eager_and_graph_replays():
 
     fake = Fake()
     rec = _graphs(fake, list(range(40)), 2, torch.device("cpu"), lambda _: None)
-    assert fake.ran == [("all", None), ("all", (PrefillGraphs, 40))] * 3
+    graphed = ("all", (PrefillGraphs, 40))
+    assert fake.ran == [graphed] + [("all", None), graphed] * 3     # the capture, then warm-ups and runs
     assert fake.prefill_graphs is None and fake.paged_prefill == "prefix"
     assert rec["eager"]["runs"] == rec["graphs"]["runs"] == 2 and rec["graphs_over_eager"] > 0
+    assert rec["capture_ms"] >= 0
 
 
 def test_sdpa_backends_choice_is_applied_on_a_gpu_only():

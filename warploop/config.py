@@ -31,8 +31,10 @@ class Config:
     mk_plan: dict = dataclasses.field(default_factory=dict)   # WARPLOOP_MK_PLAN: megakernel options (JSON object)
     stream_rows: int = 0      # WARPLOOP_STREAM_ROWS: decode batches up to this many on the stream kernel (0: per op)
     # WARPLOOP_PREFILL_GRAPHS: per-op prefills of up to this many tokens (and 4 sequences) on a GPU replay
-    # CUDA graphs, one per token bucket (0: off, the default until measured)
-    prefill_graphs: int = 0
+    # CUDA graphs, one per token bucket, each captured at its first prompt (0: off). The default, 2048, is
+    # the default prefill chunk (--max-prefill-tokens): H200, 1,024 tokens, 2.5x (SmolLM2-135M) and 1.5x
+    # (Llama-3.2-1B) the same kernels launched op by op (BENCHMARKS.md, Prefill)
+    prefill_graphs: int = 2048
     # WARPLOOP_STREAM_PREBUILT: where the stream kernel comes from: "auto" (the package's shipped
     # kernels when they hold the model's shape, else compiled), "off" (compiled), or a folder of
     # prebuilt kernels (scripts/stream_prebuild.py)
@@ -76,7 +78,7 @@ def get() -> Config:
         debug=debug_wanted(),
         mk_plan=_json("WARPLOOP_MK_PLAN"),
         stream_rows=_int("WARPLOOP_STREAM_ROWS", 0),
-        prefill_graphs=_int("WARPLOOP_PREFILL_GRAPHS", 0),
+        prefill_graphs=_int("WARPLOOP_PREFILL_GRAPHS", 2048),
         stream_prebuilt=_prebuilt(os.environ.get("WARPLOOP_STREAM_PREBUILT", "").strip()),
     )
 

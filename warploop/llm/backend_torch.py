@@ -52,7 +52,7 @@ class TorchBackend(Backend):
         else:
             self.ops = layers
         self.graphs = None
-        self.prefill_graphs = None   # cuda_graphs.PrefillGraphs with WARPLOOP_PREFILL_GRAPHS (an option until measured)
+        self.prefill_graphs = None   # cuda_graphs.PrefillGraphs (WARPLOOP_PREFILL_GRAPHS; a GPU with CUDA graphs)
 
     @property
     def max_blocks_per_seq(self) -> int:
