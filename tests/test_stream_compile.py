@@ -5,6 +5,7 @@ attention (kinds.ATTN) compiled in too, and no configuration spills."""
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
+import triton  # noqa: E402
 
 from warploop.runtime.stream.compiled import PTX_MARKERS, StreamConfig, compile_for, report  # noqa: E402
 from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
@@ -36,3 +37,8 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     assert ("cp.async.cg.shared.global" in ptx) == mma
     assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == mma
     assert ("ldmatrix" in ptx) == mma
+    # the batch-1 consumer stages x (.cg) and its norm weights 16 bytes a load, not 4, under the Triton
+    # the GPU machines and the shipped kernels use (3.6.0; 3.9.0's compile here leaves them 4-byte loads)
+    if not mma and triton.__version__.startswith("3.6."):
+        norms = ptx.count("ld.global.v4.b32")        # x's .cg loads have the same shape as its norm weights'
+        assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"

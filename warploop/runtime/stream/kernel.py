@@ -218,7 +218,9 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             ma = rows < rows_n
             mb = rows + HALF < rows_n
             # what no predecessor writes is read before the wait: the norm weights and the bias
-            nw = gl.load(arena + norm + xidx, mask=(xidx < k) & (norm >= 0) & restage, other=0.0)
+            # x, the norm weights and k are 16-byte aligned (program.gemv checks it): vector loads
+            k4 = k // 4 * 4
+            nw = gl.load(arena + (norm // 4 * 4 + xidx), mask=(xidx < k4) & (norm >= 0) & restage, other=0.0)
             has_bias = (bias >= 0) & (epi != EPI_SILU)
             ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
             bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
@@ -233,7 +235,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             # off the path to the first chunk
             ss_rows = gl.zeros([KMAX // BK], gl.float32, layout=gl.SliceLayout(1, xl))
             if restage:
-                xv = gl.load(arena + x + xidx, mask=xidx < k, other=0.0, cache_modifier=".cg")
+                xv = gl.load(arena + (x // 4 * 4 + xidx), mask=xidx < k4, other=0.0, cache_modifier=".cg")
                 if norm >= 0:
                     ss_rows = gl.sum(xv * xv, axis=1)
                     xv = xv * nw

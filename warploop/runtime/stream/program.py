@@ -170,6 +170,9 @@ class StreamProgram:
         for first in (row, up) if up is not None else (row,):
             if n <= 0 or first < 0 or first + n > w.shape[0]:
                 raise ValueError(f"rows [{first}, {first} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
+        if k % 4 or x.offset % 4 or (norm is not None and norm.offset % 4):
+            raise ValueError(f"x (at {x.offset}), norm and the pool's width ({k}) must be multiples of 4 floats: the "
+                             "kernel loads them 16 bytes at a time")
         if x.size < batch * k or (norm is not None and norm.size < k):
             raise ValueError(f"x ({x.size}) must hold the pool's width {k} for each of {batch} row(s), and norm "
                              "must hold it once")
