@@ -95,3 +95,36 @@ def test_staging_alternates_host_buffers_and_copies_what_was_filled():
     second[:] = 9
     st.send(2)
     assert st.dev.tolist() == [9, 9, 3, 0, 0, 0] and st.host().tolist() == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["torch", "stream"])
+def test_engine_prefills_through_graphs_by_default_on_a_gpu(monkeypatch, backend):
+    """With no setting, an engine on a GPU prefills prompts of up to 2,048 tokens through PrefillGraphs
+    (the stream backend through its per-op half), and its tokens are those of WARPLOOP_PREFILL_GRAPHS=0."""
+    from warploop import config
+    from warploop.llm.engine import Engine, SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(1, 40)), list(range(7, 300)), list(range(3, 120))]
+
+    def run():
+        with Engine.from_model("tiny", device="cuda", backend=backend, dtype="bfloat16", progress=False) as engine:
+            per_op = getattr(engine.backend, "per_op", engine.backend)
+            graphs = per_op.prefill_graphs
+            tokens = [engine.generate(p, params).token_ids for p in prompts]
+            return tokens, graphs and (graphs.max_tokens, graphs.runs)
+
+    monkeypatch.delenv("WARPLOOP_PREFILL_GRAPHS", raising=False)
+    config.reload()
+    try:
+        graphed, seen = run()
+        assert seen is not None and seen[1] >= len(prompts), seen
+        monkeypatch.setenv("WARPLOOP_PREFILL_GRAPHS", "0")
+        config.reload()
+        eager, off = run()
+        assert off is None
+        assert graphed == eager
+    finally:
+        monkeypatch.delenv("WARPLOOP_PREFILL_GRAPHS", raising=False)
+        config.reload()

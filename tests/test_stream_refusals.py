@@ -11,10 +11,17 @@ from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.program import StreamProgram
 
 
+def shifted(region):
+    """A region 2 floats past `region`'s start: not 16-byte aligned."""
+    return type(region)(region.offset + 2, region.size - 2)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda p: p.gemv(5, 0, 16, p.regions["x"], p.regions["y"]), "pool 5 does not exist"),
     (lambda p: p.gemv(0, 40, 16, p.regions["x"], p.regions["y"]), "do not fit pool 0"),
     (lambda p: p.gemv(0, 0, 16, p.regions["y"], p.regions["y"]), "must hold the pool's width"),
+    (lambda p: p.gemv(0, 0, 16, shifted(p.regions["x"]), p.regions["y"]), "multiples of 4 floats"),
+    (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["y"], norm=shifted(p.regions["x"])), "multiples of 4"),
     (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["x"], epi="gelu"), "epi must be one of"),
     (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["y"], after=[3]), "recorded earlier"),
     (lambda p: p.pool(torch.zeros(4, 12, dtype=torch.bfloat16)), "multiple of 8"),
