@@ -147,3 +147,34 @@ def test_an_all_reduce_without_the_exchange_is_refused():
     dec.tp = None
     with pytest.raises(ValueError, match="all-reduces over 2 ranks: run it with their exchange"):
         dec.step(3, 0)
+
+
+def test_ranks_of_a_biased_model_differ_in_arena_size_but_not_in_their_all_reduce_regions(monkeypatch):
+    """Rank 0 alone holds the row-parallel o_proj bias, so its arena is larger (the executor's symmetric
+    memory then takes the largest of the ranks', one size the rendezvous needs); the all-reduces read
+    their peers at their own offsets, so those must agree, which the executor checks across the group."""
+    import torch.distributed as dist
+
+    from warploop.runtime.stream.executor import _check_tensor_parallel
+    cfg = CONFIGS["qwen3_qk_norm"]              # o_bias
+    w = bf16_exact_weights(cfg)
+    ex = Exchange(2)
+    programs = [StreamDecoder(cfg, shard_weights(w, cfg, 2, r), max_context=32, block_size=4,
+                              tp=ex.rank(r)).program for r in range(2)]
+    assert programs[0].floats.size > programs[1].floats.size
+    layout = lambda p: [(n.fields["src"], n.fields["out"], n.fields["n"]) for n in p.nodes if n.kind is ALLREDUCE]
+    assert layout(programs[0]) == layout(programs[1])
+
+    def group_of(rank, peer_layout):
+        monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+        monkeypatch.setattr(dist, "get_rank", lambda group: rank)
+
+        def gather(out, obj, group):
+            out[rank], out[1 - rank] = obj, peer_layout
+        monkeypatch.setattr(dist, "all_gather_object", gather)
+        return object()
+
+    _check_tensor_parallel(programs[0], group_of(0, layout(programs[1])))
+    shifted = [(s + 4, o, n) for s, o, n in layout(programs[1])]
+    with pytest.raises(ValueError, match="place their all-reduce regions differently"):
+        _check_tensor_parallel(programs[0], group_of(0, shifted))

@@ -65,19 +65,33 @@ def _check_tensor_parallel(program: StreamProgram, group) -> None:
         if (f["world"], f["rank"]) != (world, rank):
             raise ValueError(f"the program is rank {f['rank']} of {f['world']}, the group's process rank {rank} of "
                              f"{world}")
+        # a rank reads its peers' src at its own offsets: every rank's all-reduces must be laid out alike
+        # (the regions after them may differ: rank 0 alone holds the row-parallel biases)
+        layout = [(n.fields["src"], n.fields["out"], n.fields["n"]) for n in reduces]
+        layouts = [None] * world
+        dist.all_gather_object(layouts, layout, group=group)
+        if any(other != layout for other in layouts):
+            raise ValueError("the ranks' programs place their all-reduce regions differently: declare every region "
+                             "an all-reduce reads before any region whose size differs from rank to rank")
 
 
 def _symmetric(tensor, group):
     """A copy of `tensor` in symmetric memory every rank of `group` maps, and every rank's address
-    of its copy, in rank order (a collective: every rank calls it in the same order)."""
+    of its copy, in rank order (a collective: every rank calls it in the same order). The ranks'
+    tensors may differ in size (rank 0's arena holds the row-parallel biases): every rank allocates
+    the largest, as the rendezvous needs one size."""
+    import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None and getattr(enable, "__deprecated__", None) is None:
         enable(group.group_name)        # older torch needs it; newer ones deprecate it
-    out = symm_mem.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    out.copy_(tensor.reshape(-1))
+    sizes = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sizes, tensor.numel(), group=group)
+    out = symm_mem.empty(max(sizes), dtype=tensor.dtype, device=tensor.device)
+    mine = out[:tensor.numel()]
+    mine.copy_(tensor.reshape(-1))
     handle = symm_mem.rendezvous(out, group)
-    return out.view(tensor.shape), [int(p) for p in handle.buffer_ptrs]
+    return mine.view(tensor.shape), [int(p) for p in handle.buffer_ptrs]
 
 
 class StreamExecutor:
