@@ -1,7 +1,7 @@
 """The streaming decoder under tensor parallelism against one GPU (issue 36, item 2): ms a token of
 a 32-step greedy decode loop in the kernel, batch 1, Llama-3.1-8B shapes (random bf16 weights), for
 each world size asked, each in fresh processes (one a rank and a GPU, NCCL group for the symmetric
-memory set-up); the floor is each rank's streamed bytes (its layer shards plus the whole lm_head)
+memory set-up); the floor is each rank's streamed bytes (its layer shards and its vocabulary shard of the lm_head)
 over the measured copy bandwidth. Prints one JSON object; `speedup` is world 1's ms over each.
 
     python scripts/stream_tp_time.py --worlds 1,2 [--model llama-3.1-8b|small] [--runs 10]
