@@ -34,7 +34,9 @@ def run_together(engine, requests) -> dict[int, list[int]]:
 
 
 def test_tiny_model_greedy_through_the_engine_matches_torch_backend():
-    params = SamplingParams(max_tokens=4, temperature=0.0)
+    """The embedded model end to end: its first decode step from the prefill's token, the next from the
+    graph's own (three tokens: each step of this model costs the CPU executor seconds)."""
+    params = SamplingParams(max_tokens=3, temperature=0.0)
     outs = {}
     for name in ("torch", "megakernel"):
         with Engine.from_model("tiny", device="cpu", backend=name, max_num_seqs=2, num_kv_blocks=64,
@@ -42,7 +44,7 @@ def test_tiny_model_greedy_through_the_engine_matches_torch_backend():
             outs[name] = engine.generate("def main(", params).token_ids
             if name == "megakernel":
                 assert engine.backend.last is not None, "decode steps did not run on the graph"
-    assert len(outs["torch"]) == 4 and outs["megakernel"] == outs["torch"]
+    assert len(outs["torch"]) == 3 and outs["megakernel"] == outs["torch"]
 
 
 def test_unknown_backend_name_is_refused_before_loading():
@@ -50,37 +52,44 @@ def test_unknown_backend_name_is_refused_before_loading():
         Engine.from_model("tiny", device="cpu", backend="mega")
 
 
-def _engine_runs(backend: str, **options):
-    """Requests through an engine on the tiny model: (each request's tokens, the engine's stats)."""
-    with Engine.from_model("tiny", device="cpu", backend=backend, progress=False, **options) as engine:
-        if options.get("enable_prefix_caching", True):
-            prefix = "import os\nimport sys\nimport json\n" * 3     # 34 tokens: two full blocks of 16
-            first = engine.generate(prefix + "def a(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
-            second = engine.generate(prefix + "def b(", SamplingParams(max_tokens=3, temperature=0.0)).token_ids
+def _engine_runs(backend: str, num_kv_blocks: int, block_size: int, max_num_seqs: int,
+                 enable_prefix_caching: bool) -> tuple[list[list[int]], dict]:
+    """Requests through an engine on the small random model (a step of the tiny model costs the
+    CPU executor several times as much): (each request's tokens, the engine's stats)."""
+    cfg, weights = LLAMA_GQA, model_weights(LLAMA_GQA)
+    layout = KVCacheLayout(cfg.num_layers, num_kv_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, "float32")
+    context = num_kv_blocks * block_size
+    model = TorchBackend(cfg, weights, layout, "cpu", context) if backend == "torch" else \
+        MegakernelBackend(cfg, weights, layout, "cpu", context)
+    with Engine(cfg, model, None, max_context=context, max_num_seqs=max_num_seqs,
+                enable_prefix_caching=enable_prefix_caching) as engine:
+        if enable_prefix_caching:
+            prefix = [7, 3, 9, 12, 5, 40, 2, 8] * 4 + [30, 31]      # 34 tokens: two full blocks of 16
+            params = SamplingParams(max_tokens=3, temperature=0.0)
+            first = engine.generate(prefix + [100, 101], params).token_ids
+            second = engine.generate(prefix + [200, 201], params).token_ids
             return [first, second], engine.stats()
         # two requests at once, longer than the pool holds together: one is preempted and resumed
-        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-        outs = run_together(engine, [(engine.tokenizer.encode(p), params) for p in ("def main(", "class A:\n")])
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        outs = run_together(engine, [([3, 1, 4], params), ([9, 2, 6], params)])
         return [outs[0], outs[1]], engine.stats()
 
 
 def test_prefix_cache_hits_read_the_cached_kv_on_the_graph():
     """A second prompt sharing a cached prefix (two full blocks) skips its prefill there; the
     megakernel's decode steps then read KV the per-op prefill wrote for another request."""
-    want, _ = _engine_runs("torch", max_num_seqs=1, num_kv_blocks=32, block_size=16)
-    got, stats = _engine_runs("megakernel", max_num_seqs=1, num_kv_blocks=32, block_size=16)
+    want, _ = _engine_runs("torch", 32, 16, max_num_seqs=1, enable_prefix_caching=True)
+    got, stats = _engine_runs("megakernel", 32, 16, max_num_seqs=1, enable_prefix_caching=True)
     assert stats["prefix_cache_hit_tokens"] == 32 and got == want
 
 
 def test_preemption_between_graph_steps_keeps_tokens_equal():
     """Two sequences in a pool too small for both: the scheduler preempts one between decode steps
     (its blocks freed, recomputed later) and the graph's block tables change under it."""
-    want, ref_stats = _engine_runs("torch", max_num_seqs=2, num_kv_blocks=3, block_size=8,
-                                   enable_prefix_caching=False)
-    got, stats = _engine_runs("megakernel", max_num_seqs=2, num_kv_blocks=3, block_size=8,
-                              enable_prefix_caching=False)
+    want, ref_stats = _engine_runs("torch", 3, 4, max_num_seqs=2, enable_prefix_caching=False)
+    got, stats = _engine_runs("megakernel", 3, 4, max_num_seqs=2, enable_prefix_caching=False)
     assert stats["preemptions"] > 0 and ref_stats["preemptions"] > 0
-    assert got == want and all(len(t) == 12 for t in got)
+    assert got == want and all(len(t) == 6 for t in got)
 
 
 def test_engine_runs_batch_1_on_the_graph_and_larger_batches_per_op():

@@ -26,28 +26,38 @@ def pair():
 
 
 PROMPTS = [[5, 6, 7, 8, 9], [11] * 6]
+STEPS = 4       # row 1 takes a block at the second step, row 0 at the third
 
 
-def test_a_loop_request_gives_the_tokens_of_single_steps_and_takes_blocks_at_boundaries(pair):
+@pytest.fixture(scope="module")
+def single(pair):
+    """STEPS greedy single steps of PROMPTS on the graph, before any loop: each row's tokens, and how
+    many blocks each row took (the tokens do not depend on which blocks the pool holds)."""
+    _, mk = pair
+    want, blocks = single_steps(mk, PROMPTS, list(range(128)), steps=STEPS)
+    return want, [len(b) for b in blocks]
+
+
+def test_a_loop_request_gives_the_tokens_of_single_steps_and_takes_blocks_at_boundaries(pair, single):
     _, mk = pair
     pool = torch.randperm(128, generator=torch.Generator().manual_seed(3)).tolist()
-    want, want_blocks = single_steps(mk, PROMPTS, pool, steps=6)
-    tokens, blocks, status, rows, free = loop(mk, PROMPTS, pool, steps=6)
-    assert status == LOOP_STEPS and tokens.shape == (6, 2)
+    want, want_blocks = single
+    tokens, blocks, status, rows, free = loop(mk, PROMPTS, pool, steps=STEPS)
+    assert status == LOOP_STEPS and tokens.shape == (STEPS, 2)
     for i in range(2):
         assert rows.tokens[i] + tokens[:, i].tolist() == want[i]
     # blocks come off the free list in step order, row order within a step, where a token starts a block
-    taken = [(s, i, int(blocks[s, i])) for s in range(6) for i in range(2) if blocks[s, i] >= 0]
+    taken = [(s, i, int(blocks[s, i])) for s in range(STEPS) for i in range(2) if blocks[s, i] >= 0]
     assert [b for _, _, b in taken] == free[:len(taken)]
     for s, i, _ in taken:
         assert (len(rows.tokens[i]) + s) % BS == 0
-    assert len(taken) == sum(len(b) for b in want_blocks) > 0
+    assert len(taken) == sum(want_blocks) > 0
 
 
-def test_rows_stop_at_a_stop_id_or_their_budget_and_the_request_ends_when_all_have(pair):
+def test_rows_stop_at_a_stop_id_or_their_budget_and_the_request_ends_when_all_have(pair, single):
     _, mk = pair
     pool = list(range(20, 128))
-    want, _ = single_steps(mk, PROMPTS, pool, steps=6)
+    want, _ = single
     first = [want[i][len(PROMPTS[i]) + 1:] for i in range(2)]        # each row's loop tokens, unstopped
     stop = first[0][3]
     k = first[0].index(stop)                                          # the first time row 0 makes it
@@ -93,14 +103,15 @@ def test_a_row_the_graph_cannot_draw_ends_the_request_for_host_sampling():
         mk.close()
 
 
-def test_single_steps_after_a_loop_leave_the_loop_off(pair):
+def test_single_steps_after_a_loop_leave_the_loop_off(pair, single):
     _, mk = pair
     pool = list(range(40, 128))
-    loop(mk, PROMPTS, pool, steps=3)
-    want, _ = single_steps(mk, PROMPTS, pool, steps=3)
+    loop(mk, PROMPTS, pool, steps=2)
+    got, _ = single_steps(mk, PROMPTS, pool, steps=2)
+    assert got == [t[:len(t) - STEPS + 2] for t in single[0]]       # the tokens of steps run before any loop
     assert int(mk.graphs[2].buffers.loop[0]) == 0
-    again, _ = single_steps(mk, PROMPTS, pool, steps=3)
-    assert again == want
+    again, _ = single_steps(mk, PROMPTS, pool, steps=2)
+    assert again == got
 
 
 def test_the_loop_block_refuses_what_does_not_fit():

@@ -65,9 +65,9 @@ def test_a_seed_repeats_and_different_seeds_differ(graphs):
     _, narrow = graphs
     n = 96
     x = torch.zeros(n, 16)                     # uniform: every draw is the noise's
-    same = [RowSampling(1.0, seed=1234, counter=5)] * n
-    a = narrow.draw(x, same)
-    assert a == narrow.draw(x, same) and len(set(a)) == 1
+    same = [RowSampling(1.0, seed=1234, counter=5)] * 16       # one seed in 16 rows: one token
+    a = narrow.draw(x[:16], same)
+    assert a == narrow.draw(x[:16], same) and len(set(a)) == 1
     spread = narrow.draw(x, [RowSampling(1.0, seed=s, counter=5) for s in range(n)])
     assert len(set(spread)) == 16            # 96 seeds over 16 equal tokens reach all of them
     later = narrow.draw(x, [RowSampling(1.0, seed=s, counter=6) for s in range(n)])
@@ -187,13 +187,23 @@ def test_backend_samples_in_the_graph_greedy_seeded_and_falls_back(model):
     assert not math.isnan(float(tokens.sum()))
 
 
-def test_tiny_model_seeded_sampling_through_the_engine_repeats():
-    from warploop.llm.engine import Engine
+def test_seeded_sampling_through_the_engine_repeats():
+    """A seeded request drawn on the graph, through the engine, gives the same tokens again (the small
+    random model: a step of the tiny model costs the CPU executor several times as much)."""
+    from mk_helpers import LLAMA_GQA, model_weights
 
+    from warploop.llm.engine import Engine
+    from warploop.llm.kv_cache import KVCacheLayout
+    from warploop.llm.mk.backend import MegakernelBackend
+
+    cfg = LLAMA_GQA
+    layout = KVCacheLayout(cfg.num_layers, 16, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
+    backend = MegakernelBackend(cfg, model_weights(cfg), layout, "cpu", 64)
     params = SamplingParams(max_tokens=3, temperature=0.9, top_k=20, seed=11, ignore_eos=True)
-    with Engine.from_model("tiny", device="cpu", backend="megakernel", max_num_seqs=1, num_kv_blocks=64,
-                           progress=False) as engine:
-        first = engine.generate("def main(", params).token_ids
+    # a prompt shorter than a block: the second request gets no prefix-cache hit (one that left a single
+    # prompt token uncached would send it to the graph's sampler, not the host's: another draw)
+    with Engine(cfg, backend, None, max_context=64, max_num_seqs=1) as engine:
+        first = engine.generate([3, 1, 4], params).token_ids
         assert engine.backend.last is not None, "decode steps did not run on the graph"
         assert int(engine.backend.last.buffers.tokens[0]) == first[-1]      # the graph drew the last token
-        assert engine.generate("def main(", params).token_ids == first
+        assert engine.generate([3, 1, 4], params).token_ids == first

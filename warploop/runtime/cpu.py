@@ -88,10 +88,17 @@ class CpuExecutor:
             return True
         if self.ctl(L.C_GRAPH_DONE) != self.ctl(L.C_RUN_SEQ) * self.workers:
             return False
-        if self.ctl(L.C_RUN_SEQ) < self.ctl(L.C_GREQ_END) or self.ctl(L.C_GREQ_HEAD) > self.ctl(L.C_GREQ_DONE):
+        if self.ctl(L.C_GREQ_HEAD) > self.ctl(L.C_GREQ_DONE):
+            return True
+        # repeats left, unless a node ended the request early (graphs_step reads the same halt word)
+        if self.ctl(L.C_RUN_SEQ) < self.ctl(L.C_GREQ_END) and not self._halted(self.ctl(L.C_RUN_GID)):
             return True
         ghead = self.ctl(L.C_GREQ_HEAD)    # requests taken so far
         return h[hl.greq + (ghead % L.GREQ_SLOTS) * L.GREQ_WORDS] == to_i32(ghead + 1)
+
+    def _halted(self, gid: int) -> bool:
+        """A node of graph `gid` set its halt word (Graph.halt_address): no further repeat runs."""
+        return self.a[self.layout.graphs + gid * L.GRAPH_WORDS + L.G_HALT] != 0
 
     def _graph_step(self) -> bool:
         runs = self.ctl(L.C_RUN_SEQ)

@@ -10,6 +10,7 @@ that would spin forever on a machine running one program at a time: `join`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import types
 from collections.abc import Callable
@@ -31,6 +32,7 @@ _orig_interp_call = InterpretedFunction.__call__
 _orig_patch_tensor = interpreter._patch_lang_tensor
 _orig_set_attr = interpreter._LangPatchScope.set_attr
 _orig_patch_lang = interpreter._patch_lang
+_orig_options = None        # the interpreter builder's options while the bridge runs with its own
 _touched: dict = {}      # (id(obj), name) -> (obj, name, value before the first patch)
 _interrupts: dict[int, type[BaseException]] = {}   # thread id -> what it raises at its next operation
 _MISSING = object()
@@ -141,6 +143,14 @@ _BITWISE = {name: getattr(_semantic.TritonSemantic, name) for name in ("and_", "
             if hasattr(getattr(_semantic, "TritonSemantic", None), name)}
 
 
+def _unsanitized(options):
+    """The interpreter's options without its integer overflow check, unless in debug mode. Triton checks
+    every 32-bit add, sub and mul by redoing it in int64 and comparing with the bounds (six more
+    operations each, a quarter of a graph step on the CPU executor), then hands the result to
+    device_assert, which drops it when `debug` is off: the check changes nothing but the time."""
+    return options if options.debug else dataclasses.replace(options, sanitize_overflow=False)
+
+
 def _twin(raw) -> InterpretedFunction:
     fn = _twins.get(raw)
     if fn is None:
@@ -163,11 +173,13 @@ def _call(self, *args, **kwargs):
 
 @contextlib.contextmanager
 def _patched(overrides: dict):
-    global _depth
+    global _depth, _orig_options
     with _lock:
         saved = dict(_overrides)
         _overrides.update(overrides)
         if _depth == 0:
+            _orig_options = interpreter.interpreter_builder.options
+            interpreter.interpreter_builder.options = _unsanitized(_orig_options)
             JITFunction.__call__ = _call
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
@@ -182,6 +194,7 @@ def _patched(overrides: dict):
             _depth -= 1
             if _depth == 0:
                 _patched_fns.clear()
+                interpreter.interpreter_builder.options = _orig_options
                 JITFunction.__call__ = _orig_jit_call
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
