@@ -28,11 +28,12 @@ def check(steps, tol=1e-4):
 def test_random_models_match_per_op_backend_batch_1_and_3(cfg):
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4)
     try:
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
+        # two steps: the second reads KV the graph wrote, and a row's context enters a new 4-token block
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         # three sequences (bucket 4: one padding row), one long enough to split its attention over
         # both splits (130 tokens > one 64-token tile per split), one spanning few blocks
         prompts = [list(range(1, 131)), [7, 8, 9], [11] * 20]
-        check(run_steps(ref, mk, prompts, steps=3, seed=1))
+        check(run_steps(ref, mk, prompts, steps=2, seed=1))
     finally:
         mk.close()
 
@@ -70,7 +71,7 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles, depth):
         nodes = mk.graphs[1].kinds
         assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
         assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])
-        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=3))
+        check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
     finally:
         mk.close()

@@ -48,6 +48,7 @@ class Graph:
         self.params: dict[str, Param] = {}
         self.schedule: Schedule | None = None
         self._tensors = None
+        self._last_after: tuple = (None, ())     # add's last `after` and its deps (holding it keeps its id)
 
     # -- recording -------------------------------------------------------------------------------
     def param(self, name: str, type: str) -> Param:
@@ -73,7 +74,11 @@ class Graph:
                                 f"{spec.name!r} is {spec.type}")
             if not isinstance(value, Param):
                 self.runtime._check_arg(spec, value)
-        deps = tuple(sorted({n.index if isinstance(n, Node) else int(n) for n in (after or ())}))
+        if type(after) is tuple and after is self._last_after[0]:
+            deps = self._last_after[1]          # the tiles of one stage: one tuple of thousands of nodes, once
+        else:
+            deps = tuple(sorted({n.index if isinstance(n, Node) else int(n) for n in (after or ())}))
+            self._last_after = (after, deps)
         node = Node(len(self.nodes), t, tuple(args), deps, t.cost if cost is None else float(cost), worker)
         self.nodes.append(node)
         return node

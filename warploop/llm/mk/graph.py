@@ -20,6 +20,7 @@ of it.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 
@@ -160,6 +161,7 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     def gemv(kind, rows_per_tile, after, **fields):
         """The nodes of one GEMV, as (span of output rows, node): its output rows (the kind's `rows`
         field) cut into spans, each a node's row0 and count."""
+        after = tuple(after)        # one tuple for every tile: Graph.add works out its deps once
         return [(sp, add(kind, after=after, row0=sp[0], count=sp[1], **fields))
                 for sp in gemv_spans(plan, fields[KINDS[kind].rows], rows_per_tile, gemv_nodes, per)]
 
@@ -197,7 +199,11 @@ def build_decode_graph(rt, tasks: MkTasks, plan: Plan, cfg: ModelConfig, weights
     heads = gemv("lm_head", tn["TND"], prev, inp=inp, w=weights.lm_head, res=b.res, norm_w=weights.norm,
                  logits=b.logits, k=d, vocab=cfg.vocab_size, eps=eps)
     vocab_spans = sample_spans(plan, cfg.vocab_size, gemv_nodes)
-    tiles = [add("sample_tile", after=[n for h, n in heads if _overlaps(h, [(s[0], s[0] + s[1])])], inp=inp,
+    # the lm_head nodes each sample tile reads: heads are in row order, so those overlapping a span are
+    # a run of them, found by bisection (thousands of each on a GPU plan)
+    starts, ends = [h[0] for h, _ in heads], [h[0] + h[1] for h, _ in heads]
+    tiles = [add("sample_tile", after=[n for _, n in heads[bisect.bisect_right(ends, s[0]):
+                                                           bisect.bisect_left(starts, s[0] + s[1])]], inp=inp,
                  logits=b.logits, fstat=b.fstat, istat=b.istat, vocab=cfg.vocab_size, row0=s[0], count=s[1], tile=t,
                  ntiles=len(vocab_spans))
              for t, s in enumerate(vocab_spans)]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+import numpy as np
+
 from warploop.llm.mk.kinds import KINDS, Access
 from warploop.llm.mk.layout import Plan
 
@@ -33,12 +35,27 @@ class Hazard:
 
 
 def ancestors(deps: list[tuple[int, ...]]) -> list[int]:
-    """Bit sets: bit a of result[b] is set when node a reaches node b through dependency edges."""
+    """Bit sets: bit a of result[b] is set when node a reaches node b through dependency edges.
+
+    Nodes with one deps tuple (a stage's tiles) share one set, worked out once: from each distinct
+    set among its dependencies once, and each run of consecutive dependencies as one mask."""
     out: list[int] = []
+    memo: dict[tuple[int, ...], int] = {}
     for ds in deps:
-        bits = 0
-        for d in ds:
-            bits |= out[d] | (1 << d)
+        bits = memo.get(ds)
+        if bits is None:
+            bits = 0
+            for a in {id(out[d]): out[d] for d in ds}.values():
+                bits |= a
+            run = sorted(set(ds))
+            i = 0
+            while i < len(run):
+                j = i
+                while j + 1 < len(run) and run[j + 1] == run[j] + 1:
+                    j += 1
+                bits |= ((1 << (j - i + 1)) - 1) << run[i]
+                i = j + 1
+            memo[ds] = bits
         out.append(bits)
     return out
 
@@ -84,6 +101,34 @@ class _Interval:
             self.row_readers.setdefault(row, []).append(node)
 
 
+class _Meeting:
+    """One node's tests of the earlier nodes it meets: whether it comes after each (a node meets
+    the same others over many intervals: each is tested once), and the hazards of those it does not."""
+
+    __slots__ = ("node", "mine", "worker_of", "workers", "above", "after", "found")
+
+    def __init__(self, node: int, worker_of: list[int], workers: np.ndarray, above: np.ndarray, found: dict):
+        self.node, self.mine, self.worker_of, self.workers = node, worker_of[node], worker_of, workers
+        self.above, self.after, self.found = above, {node: True}, found     # above: the ancestors' bits, bytes
+
+    def ordered(self, o: int) -> bool:
+        ok = self.after.get(o)
+        if ok is None:
+            ok = self.after[o] = self.worker_of[o] == self.mine or bool(self.above[o >> 3] >> (o & 7) & 1)
+        return ok
+
+    def all_ordered(self, others: set[int]) -> bool:
+        if len(others) < 8:
+            return all(self.ordered(o) for o in others)
+        o = np.fromiter(others, np.int64, len(others))
+        return bool(((self.workers[o] == self.mine) | (self.above[o >> 3] >> (o & 7) & 1 == 1)).all())
+
+    def meet(self, others, kind: str, buffer: int, columns: tuple[int, int]) -> None:
+        for o in others:
+            if not self.ordered(o):
+                self.found.setdefault((o, self.node, kind), Hazard(kind, o, self.node, buffer, columns))
+
+
 def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list[Access]]) -> list[Hazard]:
     """Every pair of nodes that touch the same columns of a buffer in a common row, one of them
     writing, must be ordered: by dependency edges (transitively) when on different workers; on
@@ -94,38 +139,73 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
     the readers since (_Interval): checking a new access against those suffices, as every earlier
     access was checked against them in turn and the order is transitive. (Checking a pair more
     than needed reports nothing false: any two conflicting accesses must be ordered.)
+
+    A buffer no access of one row touches (most: all but the attention's) keeps its intervals'
+    last writers and readers in two flat lists instead, so that an access over many intervals (a
+    GEMV tile reading all of its input) meets their distinct nodes once, as slices and sets; the
+    intervals are walked one by one, in the same order, only to name the pairs of an access that
+    meets an unordered node.
     """
     anc = ancestors(deps)
     cuts: dict[int, list[int]] = {}
+    rowful: set[int] = set()
     for accs in accesses:
         for a in accs:
             cuts.setdefault(a.buffer, set()).update((a.lo, a.hi))
+            if a.row >= 0:
+                rowful.add(a.buffer)
     cuts = {b: sorted(c) for b, c in cuts.items()}
-    state = {b: [_Interval() for _ in range(len(c) - 1)] for b, c in cuts.items()}
+    state = {b: [_Interval() for _ in range(len(c) - 1)] for b, c in cuts.items() if b in rowful}
+    writer = {b: [None] * (len(c) - 1) for b, c in cuts.items() if b not in rowful}
+    readers = {b: [[] for _ in range(len(c) - 1)] for b, c in cuts.items() if b not in rowful}
+    nbytes = (len(deps) + 7) // 8
+    bits_of: dict[int, np.ndarray] = {}     # id of an ancestor set -> its bytes, to test many bits at once
+    workers = np.asarray(worker_of)
     found: dict[tuple[int, int, str], Hazard] = {}
 
     for node, accs in enumerate(accesses):
-        # whether node comes after each earlier node it meets: a node meets the same others over
-        # many intervals, and a test of its ancestors' bit shifts an integer of one bit a node
-        after = {node: True}
-        mine, above = worker_of[node], anc[node]
-        updates = []
+        above = anc[node]
+        above_bytes = bits_of.get(id(above))
+        if above_bytes is None:
+            above_bytes = bits_of[id(above)] = np.frombuffer(above.to_bytes(nbytes, "little"), np.uint8)
+        meeting = _Meeting(node, worker_of, workers, above_bytes, found)
+        meet = meeting.meet
+        updates, flat = [], []
         for a in accs:
-            cut, ivs, row = cuts[a.buffer], state[a.buffer], a.row
+            cut, row = cuts[a.buffer], a.row
             lo, hi = bisect.bisect_left(cut, a.lo), bisect.bisect_left(cut, a.hi)
             first = "WAW" if a.write else "RAW"
+            if a.buffer in writer:
+                ws, rs = writer[a.buffer], readers[a.buffer]
+                met = set(ws[lo:hi])
+                met.discard(None)
+                if a.write:
+                    met.update(*rs[lo:hi])
+                if not meeting.all_ordered(met):
+                    for k in range(lo, hi):
+                        columns = (cut[k], cut[k + 1])
+                        if ws[k] is not None:
+                            meet((ws[k],), first, a.buffer, columns)
+                        if a.write:
+                            meet(rs[k], "WAR", a.buffer, columns)
+                flat.append((ws, rs, lo, hi, a.write))
+                continue
+            ivs = state[a.buffer]
             for k in range(lo, hi):
                 iv = ivs[k]
-                met = ((iv.writers_met(row), first), (iv.readers_met(row), "WAR")) if a.write else \
-                    ((iv.writers_met(row), first),)
-                for others, kind in met:
-                    for o in others:
-                        ok = after.get(o)
-                        if ok is None:
-                            ok = after[o] = worker_of[o] == mine or bool((above >> o) & 1)
-                        if not ok:
-                            found.setdefault((o, node, kind), Hazard(kind, o, node, a.buffer, (cut[k], cut[k + 1])))
+                columns = (cut[k], cut[k + 1])
+                meet(iv.writers_met(row), first, a.buffer, columns)
+                if a.write:
+                    meet(iv.readers_met(row), "WAR", a.buffer, columns)
                 updates.append((iv, row, a.write))
+        for ws, rs, lo, hi, write in flat:
+            if write:
+                ws[lo:hi] = [node] * (hi - lo)
+                rs[lo:hi] = [[] for _ in range(lo, hi)]
+        for _, rs, lo, hi, write in flat:
+            if not write:
+                for r in rs[lo:hi]:
+                    r.append(node)
         for iv, row, write in updates:
             if write:
                 iv.record(node, row, True)
@@ -166,8 +246,17 @@ def unrealised_edges(deps: list[tuple[int, ...]], schedule) -> list[tuple[int, i
         if s >= 0:
             signallers[s] = signallers.get(s, 0) + 1
     worker_of = schedule.worker_of
+    # the counter waits that would realise the edges of each deps tuple (None: a node that signals
+    # none); where all lie among i's waits every edge is realised, whatever the workers (a stage's
+    # tiles share one tuple of many nodes that signal one counter)
+    needs: dict[tuple[int, ...], set] = {}
     missing = []
     for i, ds in enumerate(deps):
+        need = needs.get(ds)
+        if need is None:
+            need = needs[ds] = {(signal[d], signallers[signal[d]]) if signal[d] >= 0 else None for d in ds}
+        if None not in need and need <= waits_of[i]:
+            continue
         for d in ds:
             local = worker_of[d] == worker_of[i] and position[d] < position[i]
             counted = signal[d] >= 0 and (signal[d], signallers[signal[d]]) in waits_of[i]
