@@ -40,6 +40,8 @@ def backends(cfg: ModelConfig, weights, max_num_seqs: int, block_size: int = 4, 
         from warploop.llm.mk.plans import env_options
         plan = {**env_options(), **plan}
     plan.setdefault("graph_rows", 0)     # every batch on the graph (a GPU's default leaves batches per op)
+    if device == "cpu":                  # the interpreter on CI's 2 loaded cores ran a big graph's step for over
+        plan.setdefault("timeout", 300.0)   # the default 60 s watchdog (Plan.timeout); a hang still ends the test
     mk = MegakernelBackend(cfg, weights, layout, device, max_context, **plan)
     ref.warmup(max_num_seqs)
     mk.warmup(max_num_seqs)
