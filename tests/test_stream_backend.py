@@ -166,18 +166,19 @@ def test_batches_run_decode_loops_on_the_stream_and_give_each_rows_own_tokens(st
     launch = StreamDecoder.launch_rows
     monkeypatch.setattr(StreamDecoder, "launch_rows", lambda self, tokens, *a, **kw: (
         launches.append((self.batch, len(tokens))), launch(self, tokens, *a, **kw)))
-    plain = [("def main(", SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))]
+    plain = [("def main(", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))]
     tokens = _run("torch", plain, max_num_seqs=1, num_kv_blocks=64)[0][0]
-    budgets = (5, 17, 40, 33, 12)
+    # budgets up to 18 tokens: two rows' loops cross into a second block of 16
+    budgets = (3, 9, 18, 15, 6)
     requests = [(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
                 for p, n in zip(("def main(", "class A:\n", "import os", "x = [", "# note"), budgets, strict=True)]
-    requests.append(("def main(", SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
-                                                 stop_token_ids=[tokens[9]])))
-    alone = [_run("stream", [r], max_num_seqs=1, num_kv_blocks=128)[0][0] for r in requests]
+    requests.append(("def main(", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                 stop_token_ids=[tokens[4]])))
+    alone = _run("stream", requests, max_num_seqs=1, num_kv_blocks=128)[0]      # one at a time: batch 1
     launches.clear()
     got, stats = _run("stream", requests, max_num_seqs=8, num_kv_blocks=128)
-    assert got == alone and [len(t) for t in got] == [*budgets, 10]
-    assert got[0] == tokens[:5] and got[-1] == tokens[:10]        # the per-op backend's, on this prompt
+    assert got == alone and [len(t) for t in got] == [*budgets, 5]
+    assert got[0] == tokens[:3] and got[-1] == tokens[:5]        # the per-op backend's, on this prompt
     assert stats["decode_loops"] >= 3 and stats["kv_blocks_used"] == 0
     assert any(rows == 8 and live >= 2 for rows, live in launches)       # batches ran on the 8-row program
 
