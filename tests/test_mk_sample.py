@@ -200,10 +200,14 @@ def test_seeded_sampling_through_the_engine_repeats():
     layout = KVCacheLayout(cfg.num_layers, 16, 4, cfg.num_kv_heads, cfg.head_dim, "float32")
     backend = MegakernelBackend(cfg, model_weights(cfg), layout, "cpu", 64)
     params = SamplingParams(max_tokens=3, temperature=0.9, top_k=20, seed=11, ignore_eos=True)
-    # a prompt shorter than a block: the second request gets no prefix-cache hit (one that left a single
-    # prompt token uncached would send it to the graph's sampler, not the host's: another draw)
     with Engine(cfg, backend, None, max_context=64, max_num_seqs=1) as engine:
         first = engine.generate([3, 1, 4], params).token_ids
         assert engine.backend.last is not None, "decode steps did not run on the graph"
         assert int(engine.backend.last.buffers.tokens[0]) == first[-1]      # the graph drew the last token
         assert engine.generate([3, 1, 4], params).token_ids == first
+        # a prompt of a block and one token: the second time its block is cached and its prefill is one
+        # token, a decode row's shape; its first token is still the host sampler's, so it repeats
+        once = engine.generate([3, 1, 4, 1, 5], params).token_ids
+        hits = engine.stats()["prefix_cache_hit_tokens"]
+        assert engine.generate([3, 1, 4, 1, 5], params).token_ids == once
+        assert engine.stats()["prefix_cache_hit_tokens"] - hits == 4

@@ -67,5 +67,12 @@ def test_the_engine_decodes_temperature_requests_in_loops_and_repeats_them():
         top_k = engine.generate("def add(a, b):", SamplingParams(max_tokens=8, temperature=0.8, top_k=5, seed=11,
                                                                   ignore_eos=True))
         assert engine.stats()["decode_loops"] == 1 and len(top_k.token_ids) == 8   # top-k: host steps
+        # a block and one token: the second time only the last prompt token is prefilled, a decode row's
+        # shape, and its first token is still the host sampler's (backend.first_token_rows): it repeats
+        prompt = list(range(5, 5 + engine.blocks.block_size + 1))
+        once = engine.generate(prompt, params).token_ids
+        hits = engine.stats()["prefix_cache_hit_tokens"]
+        assert engine.generate(prompt, params).token_ids == once
+        assert engine.stats()["prefix_cache_hit_tokens"] - hits == engine.blocks.block_size
     assert other != outs[0]
     assert torch.tensor(outs[0]).unique().numel() > 3

@@ -23,6 +23,14 @@ from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout
 
 
+def first_token_rows(batch: ModelBatch, seqs) -> list[int]:
+    """Rows of `batch` that draw their sequence's first completion token (the step ends at the
+    prompt's last token). A prefill whose other tokens were cached runs one token, the shape of a
+    decode row: a backend that samples decode rows on the device sends these to the host sampler, as
+    every prefill's, so a seeded request's first token does not depend on a prefix-cache hit."""
+    return [i for i, (seq, n) in enumerate(zip(seqs, batch.context_lens, strict=True)) if n == seq.num_prompt_tokens]
+
+
 @dataclasses.dataclass
 class ModelBatch:
     token_ids: list[int] | object     # flat over sequences: the tokens to run this step (a device

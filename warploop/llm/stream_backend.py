@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from warploop.llm.backend import Backend, ModelBatch
+from warploop.llm.backend import Backend, ModelBatch, first_token_rows
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import KVCacheLayout, cdiv
@@ -139,7 +139,10 @@ class StreamBackend(Backend):
         return p.temperature, p.seed if p.seed is not None else int(self.seeds.integers(0, 2 ** 63))
 
     def forward_sample(self, batch: ModelBatch, seqs: list):
-        if self.on_stream(batch) and batch.num_seqs == 1 and device_sampled(seqs[0]):
+        # a prompt's first token (one uncached prompt token is a decode row's shape) samples on the host, as
+        # every prefill's does (backend.first_token_rows)
+        if (self.on_stream(batch) and batch.num_seqs == 1 and device_sampled(seqs[0])
+                and not first_token_rows(batch, seqs)):
             self.decoder.step(_tokens(batch)[0], batch.positions[0], batch.block_tables[0],
                               sampling=self._sampling(seqs[0]))
             return torch.tensor(self.decoder.tokens(1), dtype=torch.int64, device=self.device)

@@ -25,7 +25,7 @@ import threading
 import numpy as np
 import torch
 
-from warploop.llm.backend import Backend, ModelBatch
+from warploop.llm.backend import Backend, ModelBatch, first_token_rows
 from warploop.llm.backend_torch import TorchBackend
 from warploop.llm.config import ModelConfig
 from warploop.llm.cuda_graphs import buckets
@@ -205,7 +205,10 @@ class MegakernelBackend(Backend):
             self.copy_stream.synchronize()
             tokens = self.host_tokens[:n]
         tokens = tokens.to(torch.int64)
-        missed = (tokens < 0).nonzero().flatten().tolist()
+        # rows the graph could not draw, and rows drawing a prompt's first token (a prefill whose other
+        # tokens were cached is one token, a decode batch's shape): every first token comes from the host
+        # sampler, so a seeded request draws the same whether or not its prefix was cached
+        missed = sorted(set((tokens < 0).nonzero().flatten().tolist()) | set(first_token_rows(batch, seqs)))
         if missed:      # the graph already applied these rows' penalty to the logits
             if self.device.type == "cuda":
                 self.last.graph.runtime.park()  # the host sampler's kernels need SM slots (it may hold all)
