@@ -58,7 +58,7 @@ def make_cases(np: Any) -> dict[str, tuple[list, tuple, int, Any, float]]:
                      f64["gate"] / (1 + np.exp(-f64["gate"])) * f64["up"], 1e-2),
         # a sum's relative error grows with its condition number, sum |x| / |sum x| (the random x may sum near 0)
         "reduce_sum": ([(x, f32), (np.zeros(1, np.float32), f32), n], (5,), 1, f64["x"].sum().reshape(1),
-                       1e-5 * np.abs(f64["x"]).sum() / max(abs(f64["x"].sum()), 1e-30)),
+                       float(1e-5 * np.abs(f64["x"]).sum() / max(abs(f64["x"].sum()), 1e-30))),
         "softmax": ([(m, f32), poisoned(rows, cols), cols, cols], (rows,), 1, e / e.sum(1, keepdims=True), 1e-5),
         "cumsum": ([(m, f32), poisoned(rows, cols), cols, cols], (rows,), 1, f64["m"].cumsum(1), 1e-5),
         "layernorm": ([(m, f32), (w, f32), (b, f32), poisoned(rows, cols), cols, cols, 1e-5], (rows,), 3,
@@ -78,7 +78,7 @@ def check(np: Any, got: Any, ref: Any, tol: float) -> tuple[bool, float]:
     if not np.isfinite(got).all():
         return False, float("nan")
     err = float(np.linalg.norm(got - ref) / max(float(np.linalg.norm(ref)), 1e-30))
-    return err <= tol, err
+    return bool(err <= tol), err
 
 
 def _torch_side(device: str | None) -> tuple[Any, Any, Any]:
