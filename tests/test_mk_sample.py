@@ -138,8 +138,10 @@ def test_filters_that_reach_past_the_candidates_are_left_to_the_host(graphs):
     assert 0 <= got[3] < 258
 
 
-def fake_seq(tokens, **params):
-    return types.SimpleNamespace(params=SamplingParams(**params), token_ids=list(tokens), generator=None)
+def fake_seq(tokens, prompt_len, **params):
+    """A sequence as the backend sees it: its tokens so far, the first `prompt_len` of them its prompt."""
+    return types.SimpleNamespace(params=SamplingParams(**params), token_ids=list(tokens), generator=None,
+                                 num_prompt_tokens=prompt_len)
 
 
 @pytest.fixture(scope="module")
@@ -169,18 +171,18 @@ def test_backend_samples_in_the_graph_greedy_seeded_and_falls_back(model):
     ref.forward(prefill)
     mk.forward(prefill)
     want = ref.forward(step).argmax(-1).tolist()
-    seqs = [fake_seq(p + [p[-1]], temperature=0.0) for p in prompts]
+    seqs = [fake_seq(p + [p[-1]], len(p), temperature=0.0) for p in prompts]
     assert mk.forward_sample(step, seqs).tolist() == want        # greedy: the per-op backend's argmax
-    seeded = [fake_seq(p + [p[-1]], temperature=1.0, seed=7) for p in prompts]
+    seeded = [fake_seq(p + [p[-1]], len(p), temperature=1.0, seed=7) for p in prompts]
     first = mk.forward_sample(step, seeded).tolist()             # the same step again: same KV, same draw
     assert mk.forward_sample(step, seeded).tolist() == first
     # launched ahead (engine overlap), a sequence has not got its newest token on the host yet: the
     # draw keys on the batch's context length, so it is the same
-    behind = [fake_seq(p, temperature=1.0, seed=7) for p in prompts]
+    behind = [fake_seq(p, len(p), temperature=1.0, seed=7) for p in prompts]
     assert mk.forward_sample(step, behind).tolist() == first
-    others = [fake_seq(p + [p[-1]], temperature=1.0, seed=8 + i) for i, p in enumerate(prompts)]
+    others = [fake_seq(p + [p[-1]], len(p), temperature=1.0, seed=8 + i) for i, p in enumerate(prompts)]
     assert mk.forward_sample(step, others).tolist() != first
-    flat = [fake_seq(p + [p[-1]], temperature=50.0, top_p=0.999, seed=1) for p in prompts]
+    flat = [fake_seq(p + [p[-1]], len(p), temperature=50.0, top_p=0.999, seed=1) for p in prompts]
     tokens = mk.forward_sample(step, flat)
     assert mk.last.buffers.tokens[:3].tolist() == [-1, -1, -1]    # drawn on the host instead
     assert tokens.dtype == torch.int64 and all(0 <= t < ref.config.vocab_size for t in tokens.tolist())
