@@ -24,10 +24,6 @@ import pytest
 # one moved away from its module's other tests would set that fixture up a second time.
 START_FIRST = (
     "tests/test_mk_compile.py::test_resident_decode_kernel_compiles_without_a_gpu",
-    # about a minute each, mostly waiting (a 40 s soak; pip resolving against an index): begun first, they
-    # overlap the other worker's busy start instead of standing alone at the end
-    "tests/test_soak.py::test_short_soak_leaks_nothing",
-    "tests/test_install.py::test_resolves_beside_the_newest_torch",
 )
 
 
