@@ -28,6 +28,9 @@ def test_bench_decode_on_cpu_prints_the_contract_keys(capsys, tmp_path):
     split = entry["warploop"]["ttft_split_ms_1024"]            # TTFT's parts: queue + prefill, then a step
     assert split["queue"] >= 0 and split["prefill"] > 0 and split["first_step"] > 0
     assert split["queue"] + split["prefill"] <= 1.5 * entry["warploop"]["ttft_ms_1024"]
+    for system in ("warploop", "hf_eager"):         # TTFT's spread over its runs
+        p10, p90 = entry[system]["ttft_p10_p90_ms_1024"]
+        assert 0 < p10 <= entry[system]["ttft_ms_1024"] <= p90
     assert "skipped" in entry["torch_compile"] and "skipped" in entry["megakernel"] and "skipped" in entry["stream"]
     assert entry["ratios"]["floor_over_warploop_bs1"] > 0
 

@@ -98,10 +98,11 @@ def test_staging_alternates_host_buffers_and_copies_what_was_filled():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("backend", ["torch", "stream"])
+@pytest.mark.parametrize("backend", ["torch", "stream", "megakernel"])
 def test_engine_prefills_through_graphs_by_default_on_a_gpu(monkeypatch, backend):
     """With no setting, an engine on a GPU prefills prompts of up to 2,048 tokens through PrefillGraphs
-    (the stream backend through its per-op half), and its tokens are those of WARPLOOP_PREFILL_GRAPHS=0."""
+    (the stream and megakernel backends through their per-op half), and its tokens are those of
+    WARPLOOP_PREFILL_GRAPHS=0."""
     from warploop import config
     from warploop.llm.engine import Engine, SamplingParams
 

@@ -259,7 +259,7 @@ def _measure_engine(engine, prompts, repeats: int, steps: int, batches=BATCHES[1
         two = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         engine.generate(prompts(1, TTFT_LEN)[0].tolist(), two)
         runs = [engine.generate(prompts(1, TTFT_LEN)[0].tolist(), two) for _ in range(max(repeats, TTFT_RUNS))]
-        out["ttft_ms_1024"] = round(statistics.median(c.ttft_ms for c in runs), 3)
+        out.update(_ttft([c.ttft_ms for c in runs]))
         # its parts: waiting for admission, the prompt's steps to the first token; then the first decode step
         out["ttft_split_ms_1024"] = {part: round(statistics.median(getattr(c, f"{part}_ms") for c in runs), 3)
                                      for part in ("queue", "prefill", "first_step")}
@@ -308,8 +308,7 @@ def _measure_hf(model, prompts, repeats: int, steps: int, batches=BATCHES[1:], t
         out[f"tok_s_bs{batch}"] = _median(repeats, lambda b=batch: b * steps / decode_s(b))
     if ttft:
         hf_generate_s(model, prompts(1, TTFT_LEN), 1)
-        out["ttft_ms_1024"] = _median(max(repeats, TTFT_RUNS),
-                                      lambda: hf_generate_s(model, prompts(1, TTFT_LEN), 1) * 1e3)
+        out.update(_ttft([hf_generate_s(model, prompts(1, TTFT_LEN), 1) * 1e3 for _ in range(max(repeats, TTFT_RUNS))]))
     return out
 
 
@@ -332,14 +331,21 @@ def _measure_compiled(cfg, device, dtype, prompts, repeats: int, steps: int, bat
         t0 = time.perf_counter()
         decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64)
         compile_s["prefill_1024"] = round(time.perf_counter() - t0, 1)
-        out["ttft_ms_1024"] = _median(max(repeats, TTFT_RUNS),
-                                      lambda: decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64) * 1e3)
+        out.update(_ttft([decoder.ttft_s(prompts(1, TTFT_LEN), TTFT_LEN + 64) * 1e3
+                          for _ in range(max(repeats, TTFT_RUNS))]))
     out["compile_s"] = compile_s
     return out
 
 
 def _median(repeats: int, fn) -> float:
     return round(statistics.median(fn() for _ in range(repeats)), 3)
+
+
+def _ttft(ms: list[float]) -> dict:
+    """TTFT runs' median and their 10th and 90th percentiles (p90 / p10: how far one run can be trusted)."""
+    deciles = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
+    return {"ttft_ms_1024": round(statistics.median(ms), 3),
+            "ttft_p10_p90_ms_1024": [round(deciles[0], 3), round(deciles[-1], 3)]}
 
 
 def _ratios(entry: dict, batches=BATCHES[1:]) -> dict:

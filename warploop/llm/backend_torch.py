@@ -64,11 +64,18 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             self.warm_prefill()
         if self.use_cuda_graphs:
-            from warploop.llm.cuda_graphs import DecodeGraphs, PrefillGraphs
+            from warploop.llm.cuda_graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self, max_num_seqs)
-            tokens = min(env_config.get().prefill_graphs, self.max_context)
-            if tokens:
-                self.prefill_graphs = PrefillGraphs(self, tokens)
+            self.graph_prefills()
+
+    def graph_prefills(self) -> None:
+        """Prefill prompts of up to WARPLOOP_PREFILL_GRAPHS tokens through CUDA graphs (PrefillGraphs),
+        where the GPU's Triton kernels run: warmup does it with use_cuda_graphs, and a backend whose
+        per-op half takes only prefills (the megakernel's) calls it itself."""
+        from warploop.llm.cuda_graphs import PrefillGraphs
+        tokens = min(env_config.get().prefill_graphs, self.max_context)
+        if tokens and self.prefill_graphs is None and self.device.type == "cuda" and self.use_triton:
+            self.prefill_graphs = PrefillGraphs(self, tokens)
 
     def warm_prefill(self, tokens: int = 8) -> None:
         """One throwaway prefill (and the host sampler's argmax), so the first real one does not

@@ -111,6 +111,8 @@ class MegakernelBackend(Backend):
         if rows < max_num_seqs and self.device.type == "cuda" and self.per_op.use_triton and self.use_cuda_graphs:
             self.per_op.use_cuda_graphs = True      # the batches the graph leaves to the per-op path
         self.per_op.warmup(max_num_seqs)     # on a GPU: a throwaway prefill (TorchBackend.warm_prefill)
+        if self.use_cuda_graphs:
+            self.per_op.graph_prefills()     # prefills replay CUDA graphs (captured while the kernel is parked)
         self.buckets = buckets(rows)
         # a start that compiles (the first of a model shape: minutes on a GPU) says so instead of
         # looking hung; one served from Triton's cache returns before the notice is due

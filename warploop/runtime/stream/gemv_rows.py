@@ -50,11 +50,11 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
               XS: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
     out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
-    of mma tiles (x as a bf16 hi + lo pair, about 16 bits of the fp32), the tile's BR weight rows
-    the N side, fp32 accumulation. Each row is RMS-normalised on its own, as batch 1: its sum of
-    squares accumulates over the chunks and scales its sums at the end. A narrow tile (its rows at
-    two consecutive column blocks a chunk) takes the top half's sums against one x block and the
-    bottom's against the next. Returns the ring's chunk count and `failed`."""
+    of mma tiles (x times its norm weights, rounded to bf16 as the per-op backend's activations
+    are), the tile's BR weight rows the N side, fp32 accumulation. Each row is RMS-normalised on
+    its own, as batch 1: its sum of squares accumulates over the chunks and scales its sums at the
+    end. A narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
+    against one x block and the bottom's against the next. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
     WK: gl.constexpr = NKS if NKS < CW else CW
@@ -138,19 +138,13 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
         nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
         xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
         ss += gl.sum(xr * xr, axis=2)
-        xa = xr * nw[:, None, :]
-        xh = xa.to(gl.bfloat16)
-        xl = (xa - xh.to(gl.float32)).to(gl.bfloat16)
-        acc = mma_v2(xl, wt, mma_v2(xh, wt, acc))
+        acc = mma_v2((xr * nw[:, None, :]).to(gl.bfloat16), wt, acc)
         if narrow:
             nw2 = nq.index((qa + 1) % XS).load(gl.SliceLayout(1, XA)) + one
             xr2 = xq.index((qa + 1) % XS).load(XA)
             xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
             ss += gl.sum(xr2 * xr2, axis=2)
-            xb = gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0)
-            xh = xb.to(gl.bfloat16)
-            xl = (xb - xh.to(gl.float32)).to(gl.bfloat16)
-            acc2 = mma_v2(xl, wt, mma_v2(xh, wt, acc2))
+            acc2 = mma_v2(gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0).to(gl.bfloat16), wt, acc2)
         # every warp is done with the slot and the x stages before one thread frees the slot (and
         # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
         _barrier()

@@ -210,14 +210,18 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     br = tile_rows(f, program.config.block_rows)
     k, batch = f["k"], f["batch"]
     xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
+    scale = 1.0
     if f["norm"] >= 0:
-        xs = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"]) * arena[f["norm"]:f["norm"] + k]
+        scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
+        xs = xs * arena[f["norm"]:f["norm"] + k]
+    if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
+        xs = xs.to(torch.bfloat16).float()
     pool = program.pools[f["pool"]]
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
         y = xs @ pool[first:first + count, :k].float().to(arena.device).T                 # [batch, rows]
         ys.append(torch.cat([y, y.new_zeros(batch, count - y.shape[1])], 1))   # rows past the pool: zeros (TMA)
-    ys = torch.cat(ys, 1)
+    ys = torch.cat(ys, 1) * scale
     n = f["rows"]
     for b in range(batch):
         y, out = ys[b], f["out"] + b * f["ostride"]
