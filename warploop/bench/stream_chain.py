@@ -56,10 +56,10 @@ def layer_chain(model, cfg: StreamConfig, device="cpu", layers: int | None = Non
     ATTN node per KV head, cfg.head_dim set): a decode token at position context - 1 over a random
     paged bf16 KV cache of `context` tokens whose block table is shuffled, each KV head's context in
     `splits` shares, the last to finish merging them. narrow: the stages
-    llm.stream_step.narrow picks run as narrow tiles (else every tile is BR rows)."""
+    llm.stream_record.narrow picks run as narrow tiles (else every tile is BR rows)."""
     import torch
 
-    from warploop.llm.stream_step import narrow as narrow_for
+    from warploop.llm.stream_record import narrow as narrow_for
     thin = lambda rows: narrow and narrow_for(rows, cfg)
     hidden, q, kv, inter = model.hidden_size, model.num_heads * model.head_dim, \
         model.num_kv_heads * model.head_dim, model.intermediate_size

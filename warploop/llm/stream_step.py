@@ -2,8 +2,9 @@
 
 Every layer's qkv (input norm, bias), attention (q/k norm, RoPE, the paged KV write, GQA in splits),
 o_proj (added into the residual), gate/up (post norm, SiLU x up) and down (added), then lm_head
-(final norm), placed once and run every step: on a Hopper GPU by the streaming kernel, elsewhere by
-the CPU reference. Weights stream as bf16; activations are float32; the KV cache is bf16.
+(final norm), recorded once (llm/stream_record.py), placed once and run every step: on a Hopper GPU
+by the streaming kernel, elsewhere by the CPU reference. Weights stream as bf16; activations are
+float32; the KV cache is bf16.
 
 A step starts with the token's embedding row (an EMBED node) and ends with the greedy token (each
 lm_head tile's largest logit, reduced by a SAMPLE node), and the next step's EMBED waits for that
@@ -22,14 +23,13 @@ from warploop import config as settings
 from warploop.llm.config import ModelConfig
 from warploop.llm.kv_cache import cdiv
 from warploop.llm.rope import cos_sin_table
-from warploop.llm.stream_pools import Packed, pack_pools
+from warploop.llm.stream_pools import pack_pools
+from warploop.llm.stream_record import record_step
 from warploop.llm.stream_shipped import first_executor, prebuilt_folder
 from warploop.llm.stream_tp import rank_config
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.kinds import SAMP_WORDS
-from warploop.runtime.stream.program import StreamProgram
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
@@ -71,12 +71,6 @@ def split_levels(cfg: ModelConfig, config: StreamConfig, max_context: int, ctas:
     ms a step with 2 shares a KV head, 0.999 with 15; SmolLM2-135M 0.554 with 2, 0.702 with 32)."""
     top = attention_splits(cfg, config, max_context, ctas, rows)
     return sorted({1 << k for k in range(top.bit_length()) if 1 << k < top} | {top})
-
-
-def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
-    """Whether a stage of `rows` output rows runs as narrow tiles (BR/2 rows): when even its narrow
-    tiles do not outnumber the SMs, so halving the tiles' rows halves the stage's time."""
-    return 2 * -(-rows // config.block_rows) <= ctas
 
 
 def attention_splits(cfg: ModelConfig, config: StreamConfig, context: int, ctas: int = 132, rows: int = 1) -> int:
@@ -155,7 +149,7 @@ class StreamDecoder:
         # the one a short first request runs; the others defer until build_deferred or a launch
         head = self.levels[0] if defer and tp is None else self.splits
         self._deferred = [s for s in self.levels if s != head] if defer and tp is None else []
-        self._record_level = lambda s: self._record(weights, packed, embed, rope, s)
+        self._record_level = lambda s: record_step(self, weights, packed, embed, rope, s)
         self.programs = {s: self._record_level(s) for s in self.levels if s not in self._deferred}
         self.program = self.programs[head]        # every level declares the same regions
         self.regions = self.program.regions
@@ -182,101 +176,6 @@ class StreamDecoder:
             self.executors = {s: first if s == head else self._executor_for(p) for s, p in self.programs.items()}
             self.arena, self.ints = first.arena, first.ints
         self.executor = self.executors.get(head)     # the launch in flight's (set by each launch)
-
-    def _record(self, weights: ModelWeights, packed: Packed, embed, rope, splits: int) -> StreamProgram:
-        """The step's program with `splits` attention shares per KV head (every level's program
-        declares the same regions: the partials' region holds the largest level's)."""
-        import torch
-        cfg, max_context, rows = self.cfg, self.max_context, self.batch
-        p = StreamProgram(self.config)
-        f32 = lambda t: t.detach().to(device=self.device, dtype=torch.float32)
-        index = {k: p.pool(pool) for k, pool in packed.pools.items()}
-        at = [(index[k], row) for k, row in packed.at]
-        hd, kvh, h = cfg.head_dim, cfg.num_kv_heads, cfg.num_heads
-        p.kv_cache(self.kv)
-        world = self.world
-        vocab = cfg.vocab_size if world == 1 else weights.lm_head.shape[0]     # this rank's logits
-        per = cdiv(vocab, self.config.block_rows)                             # the lm_head tiles' amax pairs
-        width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
-                 "act": cfg.intermediate_size, "logits": vocab, "pairs": 2 * per * world, "step": self.step_words,
-                 "token": 1, "tokens": self.MAX_STEPS, "part": kvh * self.splits * (h // kvh) * (hd + 2)}
-        r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
-        if world > 1:             # each rank's partial sums, one region an all-reduce a layer (two
-            # regions, so a rank overwrites one only after a later all-reduce, whose signals the
-            # peers send once they are done reading it: on a GPU they read it in place); the
-            # embedding row (the token's rank's, zeros elsewhere) and the ranks' gathered amax pairs
-            r |= {name: p.buffer(name, rows * cfg.hidden_size) for name in ("red_attn", "red_mlp", "red_emb")}
-            r["pairs_all"] = p.buffer("pairs_all", width["pairs"])
-        cos, sin = rope
-        r["cos"], r["sin"] = p.buffer("cos", cos.numel(), init=cos), p.buffer("sin", sin.numel(), init=sin)
-        r |= {name: p.ints(name, rows * width[name]) for name in ("step", "token", "tokens")}
-        if rows == 1:             # the row's sampling words (kinds.SAMP_WORDS): the host writes the first
-            # four a launch; the last is the token id of this rank's first logit less their offset
-            first = 0 if world == 1 else self.tp.rank * vocab
-            r["samp"] = p.ints("samp", len(SAMP_WORDS), init=[0] * (len(SAMP_WORDS) - 1) + [first - r["logits"].offset])
-        if world == 1:
-            r["pairs"] = p.buffer("pairs", rows * width["pairs"])
-        else:                     # this rank's tiles fill its run of pairs; a run's pairs past the tiles
-            # hold -inf (the last shard's fewer rows), other ranks' runs zeros: the all-reduce's sum is
-            # then every rank's pairs, exactly
-            rank, tiles = self.tp.rank, cdiv(min(vocab, cfg.vocab_size - self.tp.rank * vocab), self.config.block_rows)
-            init = torch.zeros(width["pairs"])
-            init[2 * (rank * per + tiles):2 * (rank + 1) * per:2] = float("-inf")
-            r["pairs"] = p.buffer("pairs", width["pairs"], init=init)
-        p.embedding(embed)
-        if self.splits > 1:
-            r["part"] = p.buffer("part", rows * width["part"])
-        row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
-        vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
-        eps = cfg.rms_norm_eps
-        if world == 1:
-            firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
-            prev: list[int] = firsts
-        else:                     # the token's rank has its row, the others zeros: their sum is the row
-            firsts = [p.embed(row("token", 0), r["red_emb"], cfg.hidden_size, first=self.tp.rank * vocab)]
-            prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=self.tp.rank, after=firsts)
-        for i, lw in enumerate(weights.layers):
-            (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
-            a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
-                       narrow=narrow(cfg.q_size + 2 * cfg.kv_size, self.config), batch=rows,
-                       norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
-            qn, kn = vec(f"qn{i}", lw.q_norm), vec(f"kn{i}", lw.k_norm)
-            a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
-                             layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
-                             part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
-            # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
-            # all-reduce nodes add every rank's into the residual
-            b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"] if world == 1 else r["red_attn"],
-                       epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
-                       narrow=narrow(cfg.hidden_size, self.config), batch=rows, after=a)
-            if world > 1:
-                b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
-                                epi="add", after=b)
-            c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
-                       eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
-            prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"] if world == 1 else r["red_mlp"],
-                          epi="add" if world == 1 else "store", after=c, batch=rows,
-                          narrow=narrow(cfg.hidden_size, self.config))
-            if world > 1:
-                prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=self.tp.rank,
-                                   epi="add", after=prev)
-        if world == 1:
-            head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                          amax=r["pairs"], batch=rows, after=prev, samp=r.get("samp"))
-            samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
-                                after=head) for b in range(rows)]
-        else:                     # this rank's shard of the vocabulary (the last shard's real rows), its
-            # pairs gathered from every rank, then every rank samples the same token
-            rank = self.tp.rank
-            real = min(vocab, cfg.vocab_size - rank * vocab)
-            mine = Region(r["pairs"].offset + 2 * rank * per, 2 * per)
-            head = p.gemv(*at[-1], real, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                          amax=mine, after=prev, samp=r["samp"])
-            gathered = p.allreduce(r["pairs"], r["pairs_all"], width["pairs"], world=world, rank=rank, after=head)
-            samples = [p.sample(r["pairs_all"], world * per, r["logits"], row("token", 0), row("tokens", 0),
-                                after=gathered, per=per, shard=vocab)]
-        p.decode_loop(samples, firsts)
-        return p
 
     def build_deferred(self) -> bool:
         """One half of the smallest split level still deferred (defer=True): its program's recording,
