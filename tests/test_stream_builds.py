@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from test_stream_program import layer_chain
 
-from warploop.runtime.stream import program as prog
+from warploop.runtime.stream import builds
 
 
 def test_a_build_cache_gives_the_same_arrays_without_placing_again(tmp_path, monkeypatch):
@@ -22,8 +22,8 @@ def test_a_build_cache_gives_the_same_arrays_without_placing_again(tmp_path, mon
                 and b.counters == want.counters and b.counter_sizes == want.counter_sizes)
 
     checks = []
-    monkeypatch.setattr(prog, "place", lambda *a, **k: pytest.fail("a cached build placed again"))
-    monkeypatch.setattr(prog, "check_hazards", checks.append)
+    monkeypatch.setattr(builds, "place", lambda *a, **k: pytest.fail("a cached build placed again"))
+    monkeypatch.setattr(builds, "check_hazards", checks.append)
     hit = p.build(ctas=8, cache=tmp_path)
     assert same(hit) and hit.schedule is None and hit.instruction_count == len(want.instructions)
     assert checks == []                                        # checked when it was written
@@ -37,7 +37,7 @@ def test_a_build_cache_gives_the_same_arrays_without_placing_again(tmp_path, mon
     unchecked = layer_chain(context=5, splits=1).program
     unchecked.build(ctas=8, check=False, cache=tmp_path)
     checks = []
-    monkeypatch.setattr(prog, "check_hazards", checks.append)
+    monkeypatch.setattr(builds, "check_hazards", checks.append)
     unchecked.build(ctas=8, cache=tmp_path)
     assert checks == [unchecked]                                # a hit written unchecked is checked once
     monkeypatch.undo()
