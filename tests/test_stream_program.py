@@ -297,7 +297,7 @@ def test_ancestry_by_class_equals_the_transitive_closure():
     import random
     from collections import namedtuple
 
-    from warploop.runtime.stream.hazards import ancestors
+    from warploop.runtime.ancestry import ancestors
     N = namedtuple("N", "index deps")
     rng = random.Random(7)
     for _ in range(30):
@@ -311,7 +311,7 @@ def test_ancestry_by_class_equals_the_transitive_closure():
                 deps = tuple(sorted(rng.sample(range(i), rng.randint(0, min(i, 4))))) if i else ()
                 tuples.append(deps)
             nodes.append(N(i, tuple(list(deps))))   # equal tuples, not the same object
-        cls, anc = ancestors(nodes)
+        cls, anc = ancestors([n.deps for n in nodes])
         want_anc = [0] * len(nodes)
         for n in nodes:
             for d in n.deps:

@@ -19,6 +19,7 @@ import numpy as np
 
 from warploop.llm.mk.kinds import KINDS, Access
 from warploop.llm.mk.layout import Plan
+from warploop.runtime.ancestry import ancestors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,32 +33,6 @@ class Hazard:
     def describe(self, labels: list[str]) -> str:
         return (f"{self.kind} on buffer {self.buffer:#x} columns {self.columns[0]}:{self.columns[1]}: node "
                 f"{self.first} ({labels[self.first]}) and node {self.second} ({labels[self.second]}) are not ordered")
-
-
-def ancestors(deps: list[tuple[int, ...]]) -> list[int]:
-    """Bit sets: bit a of result[b] is set when node a reaches node b through dependency edges.
-
-    Nodes with one deps tuple (a stage's tiles) share one set, worked out once: from each distinct
-    set among its dependencies once, and each run of consecutive dependencies as one mask."""
-    out: list[int] = []
-    memo: dict[tuple[int, ...], int] = {}
-    for ds in deps:
-        bits = memo.get(ds)
-        if bits is None:
-            bits = 0
-            for a in {id(out[d]): out[d] for d in ds}.values():
-                bits |= a
-            run = sorted(set(ds))
-            i = 0
-            while i < len(run):
-                j = i
-                while j + 1 < len(run) and run[j + 1] == run[j] + 1:
-                    j += 1
-                bits |= ((1 << (j - i + 1)) - 1) << run[i]
-                i = j + 1
-            memo[ds] = bits
-        out.append(bits)
-    return out
 
 
 class _Interval:
@@ -146,7 +121,8 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
     intervals are walked one by one, in the same order, only to name the pairs of an access that
     meets an unordered node.
     """
-    anc = ancestors(deps)
+    cls, by_class = ancestors(deps)
+    anc = [by_class[c] for c in cls]         # a stage's tiles share one set (one int object)
     cuts: dict[int, list[int]] = {}
     rowful: set[int] = set()
     for accs in accesses:

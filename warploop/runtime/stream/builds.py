@@ -37,7 +37,7 @@ class Built:
 
 # the modules whose code decides what a build holds and whether it is checked (a cached build's key)
 _BUILD_CODE = ("warploop.runtime.placement", "warploop.runtime.descriptor", "warploop.runtime.stream.kinds",
-               "warploop.runtime.stream.hazards", "warploop.runtime.stream.compiled",
+               "warploop.runtime.stream.hazards", "warploop.runtime.ancestry", "warploop.runtime.stream.compiled",
                "warploop.runtime.stream.program", __name__)
 
 

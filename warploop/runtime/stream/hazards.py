@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from warploop.runtime.ancestry import ancestors
+
 
 class HazardError(ValueError):
     pass
@@ -29,7 +31,7 @@ def check_hazards(program) -> None:
     one run of that writer's class's ancestors holds it. All of it is array work; the naming then
     looks at the one segment found."""
     nodes, br = program.nodes, program.config.block_rows
-    cls, anc = ancestors(nodes)
+    cls, anc = ancestors([n.deps for n in nodes])
     flat, counts = [], []                        # every range, and each node's number of reads, writes
     for n in nodes:
         reads, writes = n.kind.footprint(n.fields, br)
@@ -116,35 +118,3 @@ class _Runs:
         """Whether class c[k]'s ancestors hold every node from lo[k] to hi[k], for every k."""
         k = np.searchsorted(self.keys, c * self.stride + lo, "right") - 1
         return (self.keys[k] >= c * self.stride) & (hi < self.ends[k])
-
-
-def ancestors(nodes) -> tuple[list[int], list[int]]:
-    """Each node's class (the number of its deps tuple, in order of first use) and each class's
-    ancestors as a bitset (bit j: node j), for nodes in recording order (each with .deps, its
-    dependencies recorded earlier). Nodes with one deps tuple (a stage's tiles) have one set of
-    ancestors: each is worked out once per tuple, from each class among its dependencies once and
-    each run of consecutive ones (a stage's tiles) as one mask."""
-    cls: list[int] = []
-    anc: list[int] = []
-    number: dict[tuple[int, ...], int] = {}
-    same: dict[int, int] = {}                    # id(deps) -> class: a stage's tiles share one tuple, hashed once
-    for n in nodes:
-        c = same.get(id(n.deps))
-        if c is None:
-            c = same[id(n.deps)] = number.get(n.deps, len(anc))
-        if c == len(anc):
-            number[n.deps] = c
-            a = 0
-            for k in {cls[d] for d in n.deps}:
-                a |= anc[k]
-            ds = sorted(set(n.deps))
-            i = 0
-            while i < len(ds):
-                j = i
-                while j + 1 < len(ds) and ds[j + 1] == ds[j] + 1:
-                    j += 1
-                a |= ((1 << (j - i + 1)) - 1) << ds[i]
-                i = j + 1
-            anc.append(a)
-        cls.append(c)
-    return cls, anc
