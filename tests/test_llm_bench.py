@@ -175,3 +175,24 @@ def test_transformers_peer_has_the_same_random_weights_every_run():
     cfg = dataclasses.replace(GPU_MODELS["smollm2-135m"][1], num_layers=1, vocab_size=512)
     a, b = hf_model(cfg, "cpu", torch.float32), hf_model(cfg, "cpu", torch.float32)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_bench_decode_keeps_the_models_it_finished_when_a_later_one_fails(monkeypatch, tmp_path, capsys):
+    """A run cut short (a later model's crash; a timeout the same way) leaves the finished models in
+    the --save file, marked partial, instead of nothing."""
+    from warploop.bench import decode
+
+    def model(title, *args):
+        if title == "second":
+            raise RuntimeError("the second model's run broke")
+        return {"model": title}
+
+    monkeypatch.setattr(decode, "_parse_models", lambda text, gpu: {"one": ("first", None), "two": ("second", None)})
+    monkeypatch.setattr(decode, "_bench_model", model)
+    monkeypatch.setattr(decode, "_copy_gbps", lambda device: 1.0)
+    save = tmp_path / "decode.json"
+    assert cli.main(["bench", "decode", "--json", "--save", str(save)]) != 0
+    assert "the second model's run broke" in capsys.readouterr().err
+    got = json.loads(save.read_text())
+    assert got["partial"] is True and list(got["models"]) == ["one"] and got["models"]["one"]["model"] == "first"
+    assert not (tmp_path / "decode.json.tmp").exists()

@@ -133,9 +133,10 @@ def test_split_levels_and_the_level_a_context_runs():
     big = stream_config(cfg)
     top = attention_splits(cfg, big, 100_000)
     assert top == (132 - 2) // 2 and split_levels(cfg, big, 100_000) == [1, 2, 4, 8, 16, 32, 64, top]
-    # a batch's rows each take their KV heads' attention nodes: fewer shares a row
-    assert attention_splits(cfg, big, 100_000, rows=8) == (132 - 16) // 16
-    assert split_levels(cfg, big, 100_000, rows=32) == [1] and attention_splits(cfg, big, 10, rows=70) == 1
+    # a batch's rows each take their KV heads' attention nodes: fewer shares a row, on every SM
+    assert attention_splits(cfg, big, 100_000, rows=8) == 132 // 16
+    assert attention_splits(cfg, big, 100_000, rows=32) == 132 // 64
+    assert split_levels(cfg, big, 100_000, rows=32) == [1, 2] and attention_splits(cfg, big, 10, rows=70) == 1
     w = bf16_exact_weights(cfg)
     dec = StreamDecoder(cfg, w, max_context=128, block_size=4, config=config)
     assert dec.splits == 4 and list(dec.programs) == [1, 2, 4]

@@ -51,7 +51,19 @@ def emit(data: dict, save_to: str | None = None) -> None:
     text = json.dumps(data, indent=2, sort_keys=False)
     print(text)
     if save_to:
-        os.makedirs(os.path.dirname(save_to) or ".", exist_ok=True)
-        with open(save_to, "w") as f:
-            f.write(text + "\n")
+        _write(text, save_to)
+
+
+def checkpoint(data: dict, save_to: str | None) -> None:
+    """Write what a long bench has so far to `save_to`, marked "partial": true, so a run cut short (a
+    timeout, a later model's crash) keeps the models it finished; emit overwrites it at the end."""
+    if save_to:
+        _write(json.dumps({**data, "partial": True}, indent=2, sort_keys=False), save_to)
+
+
+def _write(text: str, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text + "\n")
+    os.replace(path + ".tmp", path)     # whole or not at all: a reader never sees half a file
 

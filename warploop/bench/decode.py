@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from warploop.bench.common import emit, header, result_path
+from warploop.bench.common import checkpoint, emit, header, result_path
 from warploop.bench.decode_check import check_logits
 from warploop.bench.timing import seconds
 from warploop.llm.config import ModelConfig
@@ -98,12 +98,14 @@ def main(args: argparse.Namespace) -> int:
         "check": "decode-step logits vs transformers in float32 on the same weights (max relative L2 error)"}
     result["copy_gbps"] = round(_copy_gbps(device), 1)
     result["models"] = {}
+    save = args.save or (result_path("decode") if gpu else None)
     for name, (title, cfg) in models.items():
         say(f"== {name}")
         entry = result["models"][name] = _bench_model(title, cfg, device, gpu, skip, steps, args.repeats, batches,
                                                       not args.no_ttft, result["copy_gbps"], say)
         entry["ratios"] = _ratios(entry, batches)
-    emit(result, args.save or (result_path("decode") if gpu else None))
+        checkpoint(result, save)
+    emit(result, save)
     return 0
 
 

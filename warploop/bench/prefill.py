@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from warploop.bench.common import emit, header, result_path
+from warploop.bench.common import checkpoint, emit, header, result_path
 from warploop.bench.timing import seconds
 from warploop.llm.shapes import CPU_MODELS, GPU_MODELS
 
@@ -96,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
         "itl": f"{args.streams} greedy streams' inter-token gaps from a {long}-token prompt's arrival to its "
                f"first token, p50 and p99, chunked (max_prefill_tokens {chunk}) and in one step"}
     result["models"] = {}
+    save = args.save or (result_path("prefill") if gpu else None)
     for name in names:
         title, cfg = known[name]
         say(f"== {name}")
@@ -110,7 +111,8 @@ def main(args: argparse.Namespace) -> int:
                     entry[f"prefill_over_torch_compile_{n}"] = round(ours["tok_s"] / theirs["tok_s"], 3)
         entry["itl"] = _itl(cfg, device, dtype, args.streams, long, chunk, say)
         torch.cuda.empty_cache() if gpu else None
-    emit(result, args.save or (result_path("prefill") if gpu else None))
+        checkpoint(result, save)
+    emit(result, save)
     return 0
 
 
