@@ -18,6 +18,9 @@
 #           caches, Triton blocked (scripts/serve_cold.py; the wheels from .carry/whl) -> $OUT/cold.json
 #   faults  faults injected into the kernel's words under `--backend stream` (tests/test_server_gpu_faults.py;
 #           the wheels from .carry/whl, as the server part)
+#   ncu     Nsight Compute on one launch of $NCU_MODEL's (default llama-3.2-1b) step at $NCU_BATCH rows (default 8),
+#           context $STEP_CONTEXT: the full set, then per-SASS-instruction stall samples (where the consumer's
+#           warps wait) -> $OUT/ncu.ncu-rep, ncu-details.txt, ncu-sass.csv
 #   bash scripts/device_stream.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
@@ -82,6 +85,16 @@ e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/dec
     faults) wheels
             (cd tests && timeout "${FAULT_S:-400}" python -m pytest -q --timeout=300 test_server_gpu_faults.py) \
               || echo "faults: rc $?" ;;
+    ncu) command -v ncu >/dev/null || { echo "ncu: not on the PATH"; continue; }
+         timeout "${NCU_S:-420}" ncu --clock-control none -k regex:stream_kernel --launch-skip 2 --launch-count 1 \
+           --set full -f -o "$OUT/ncu" python scripts/stream_step_time.py --model "${NCU_MODEL:-llama-3.2-1b}" \
+           --context "${STEP_CONTEXT:-512}" --batch "${NCU_BATCH:-8}" --runs 1 --loop 1 > "$OUT/ncu.stdout" 2>&1 \
+           || { echo "ncu: rc $?"; tail -n 20 "$OUT/ncu.stdout"; }
+         if [ -f "$OUT/ncu.ncu-rep" ]; then
+           ncu --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu-details.txt" 2>&1
+           ncu --import "$OUT/ncu.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-sass.csv" 2>&1
+           grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall|Memory Throughput" "$OUT/ncu-details.txt" | head -n 30
+         fi ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;
