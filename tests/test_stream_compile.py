@@ -13,8 +13,10 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
 @pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
-                                 StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16)],
-                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16"])
+                                 StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
+                                 StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128)],
+                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
+                              "batch32_four_x_stages"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -22,7 +24,7 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     for marker in PTX_MARKERS:
         assert r["ptx"][marker] > 0, f"{marker} missing from the PTX"
     assert r["roles"]["loader"] == LOADER_REGS.value and r["roles"]["consumer"] > 2 * LOADER_REGS.value
-    assert r["shared"] >= cfg.shared_bytes
+    assert cfg.shared_bytes <= r["shared"] <= 227 * 1024       # an H100's or H200's most for one CTA
     if r["spill_bytes"] is not None:       # cuobjdump ships with Triton's NVIDIA backend
         assert r["spill_bytes"] == 0, f"the kernel spills {r['spill_bytes']} bytes"
     if cfg.head_dim:
@@ -42,3 +44,14 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     if not mma and triton.__version__.startswith("3.6."):
         norms = ptx.count("ld.global.v4.b32")        # x's .cg loads have the same shape as its norm weights'
         assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"
+
+
+def test_x_stages_are_what_their_shared_memory_holds_in_a_power_of_two():
+    assert StreamConfig().x_stages == 0
+    assert StreamConfig(batch_rows=16).x_stages == 4 and StreamConfig(batch_rows=32).x_stages == 2
+    assert StreamConfig(batch_rows=32, ring=4, x_stage_kb=128).x_stages == 4
+    assert StreamConfig(batch_rows=32, ring=6, x_stage_kb=96).x_stages == 2      # 3 fit: the stages are a power of two
+    with pytest.raises(ValueError, match="x_stage_kb must be at least 1"):
+        StreamConfig(batch_rows=16, x_stage_kb=0)
+    with pytest.raises(ValueError, match="over 220 KB"):
+        StreamConfig(batch_rows=32, x_stage_kb=128)              # with the default 8 ring slots

@@ -19,7 +19,6 @@ PTX_MARKERS = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "
 
 
 SWIZZLE_COLS = 64                 # bf16 columns in 128 bytes: a swizzled TMA box's width
-X_STAGE_BYTES = 64 * 1024         # shared memory for a batched kernel's stages of x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +34,7 @@ class StreamConfig:
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
+    x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -53,6 +53,9 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
+        if self.x_stage_kb < 1:
+            raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
+                             f"not {self.x_stage_kb}")
         if not 2 <= self.ring <= 32:
             raise ValueError(f"ring must hold 2 to 32 slots, not {self.ring}")
         if self.kmax % self.block_k or self.kmax <= 0 or self.kmax & (self.kmax - 1):
@@ -71,10 +74,11 @@ class StreamConfig:
     @property
     def x_stages(self) -> int:
         """With batch_rows: the [batch_rows, block_k] fp32 blocks of x in flight (cp.async) ahead of
-        the mmas, as many as X_STAGE_BYTES hold, 2 to 4 (0 without batch_rows)."""
+        the mmas, as many as x_stage_kb holds: 2 or 4 (a power of two: the stages are one
+        [stages, ...] shared view; 0 without batch_rows)."""
         if not self.batch_rows:
             return 0
-        return max(2, min(4, X_STAGE_BYTES // (self.batch_rows * self.block_k * 4)))
+        return 4 if self.x_stage_kb * 1024 // (self.batch_rows * self.block_k * 4) >= 4 else 2
 
     @property
     def kv_tokens(self) -> int:
