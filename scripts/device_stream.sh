@@ -8,8 +8,10 @@
 #   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and 8 -> $OUT/decode.json
 #   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
-#   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT
-#           -> $OUT/batch-MODEL-B.json (tokens_per_s; `bench decode`'s per-op and torch.compile are the peers)
+#   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT,
+#           for each StreamConfig override in $BATCH_CONFIGS (space-separated JSON objects, default '{}'; e.g.
+#           '{} {"ring":4,"x_stage_kb":128}') -> $OUT/batch-MODEL-B-cN.json (tokens_per_s; `bench decode`'s per-op
+#           and torch.compile are the peers)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -59,12 +61,14 @@ print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.
 {s: (e[s].get('ms_per_token_bs1'), e[s].get('ms_per_token_sampled_bs1')) for s in ('stream', 'torch_compile')}, \
 e['ratios']) for n, e in r['models'].items()]" \
               "$OUT/decode.json" ;;
-    batch) for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+    batch) n=0; for cfg in ${BATCH_CONFIGS:-'{}'}; do n=$((n + 1))
+           for bt in ${BATCHES:-8 32}; do for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+             f="$OUT/batch-$m-$bt-c$n.json"
              timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
-               --loop 8 --runs 20 > "$OUT/batch-$m-$bt.json" || echo "batch $m $bt: rc $?"
-             python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], 'batch', d['batch'], \
-round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', round(d['floor_ms'], 4))" "$OUT/batch-$m-$bt.json"
-           done; done ;;
+               --loop 8 --runs 20 --config "$cfg" > "$f" || echo "batch $m $bt $cfg: rc $?"
+             python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], 'batch', d['batch'], sys.argv[2], \
+round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', round(d['floor_ms'], 4))" "$f" "$cfg"
+           done; done; done ;;
     prebuilt) (cd tests && timeout 200 python -m pytest -q --timeout=180 test_stream_gpu.py -k "prebuilt or shipped") \
                 || echo "prebuilt test: rc $?"
               TRITON_CACHE_DIR="$(mktemp -d)" WARPLOOP_STREAM_PREBUILT="${PREBUILT:-auto}" timeout 300 \

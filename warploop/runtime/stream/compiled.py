@@ -74,11 +74,12 @@ class StreamConfig:
     @property
     def x_stages(self) -> int:
         """With batch_rows: the [batch_rows, block_k] fp32 blocks of x in flight (cp.async) ahead of
-        the mmas, as many as x_stage_kb holds: 2 or 4 (a power of two: the stages are one
+        the mmas, as many as x_stage_kb holds: 2, 4 or 8 (a power of two: the stages are one
         [stages, ...] shared view; 0 without batch_rows)."""
         if not self.batch_rows:
             return 0
-        return 4 if self.x_stage_kb * 1024 // (self.batch_rows * self.block_k * 4) >= 4 else 2
+        fit = self.x_stage_kb * 1024 // (self.batch_rows * self.block_k * 4)
+        return 8 if fit >= 8 else 4 if fit >= 4 else 2
 
     @property
     def kv_tokens(self) -> int:
