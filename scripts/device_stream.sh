@@ -9,7 +9,8 @@
 #   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
 #   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT,
-#           for each StreamConfig override in $BATCH_CONFIGS (space-separated JSON objects, default '{}'; e.g.
+#           for each StreamConfig override in $BATCH_CONFIGS (JSON objects with no spaces inside, space-separated;
+#           default '{}'; e.g.
 #           '{} {"ring":4,"x_stage_kb":128}') -> $OUT/batch-MODEL-B-cN.json (tokens_per_s; `bench decode`'s per-op
 #           and torch.compile are the peers)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
