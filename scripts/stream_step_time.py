@@ -54,6 +54,15 @@ def anatomy(ex) -> dict:
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 
+def _value(like, text: str):
+    """`text` as the type of `like` (a bool from 0/1/false/true: bool("0") is True)."""
+    if isinstance(like, bool):
+        if text.lower() not in ("0", "1", "false", "true"):
+            raise SystemExit(f"--ab: {text!r} is not a bool (0, 1, false, true)")
+        return text.lower() in ("1", "true")
+    return type(like)(text)
+
+
 def compare(dec, spec: str, runs: int, step) -> dict:
     """Each value of one StreamConfig field (`FIELD=V1,V2`) on dec's programs, the kernel timed in
     interleaved rounds; the step's arena after each value must match the first value's (1e-3
@@ -64,7 +73,7 @@ def compare(dec, spec: str, runs: int, step) -> dict:
     for r in range(ROUNDS):
         for v in values.split(","):
             for s, e in dec.executors.items():
-                e.program.config = dataclasses.replace(base[s], **{field: type(getattr(base[s], field))(v)})
+                e.program.config = dataclasses.replace(base[s], **{field: _value(getattr(base[s], field), v)})
             if r == 0:
                 step()
                 dec.executor.wait()
