@@ -16,9 +16,31 @@ Marks, applied here so that they hold for every file (pyproject.toml registers t
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 import pytest
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker's math libraries get its share of the cores, not all of them.
+
+    torch (OpenMP) and NumPy's BLAS start a thread per core in every process, and their threads
+    spin while they wait for each other. With CI's two workers on two cores, four such threads
+    took turns on two cores: a test of small torch ops took 70 s beside another worker's, 9 s
+    with one thread each. Set before torch or NumPy is imported (this file is imported first);
+    the subprocesses tests start (servers, interpreter children) inherit it. A value the caller
+    set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 1:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = str(max(1, cores // workers))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, threads)
+
+
+_share_the_cores()
 
 # node ids (with or without parameters), longest first. Only tests that share no module-scoped fixture:
 # one moved away from its module's other tests would set that fixture up a second time.
