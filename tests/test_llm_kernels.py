@@ -235,6 +235,22 @@ def test_triton_kernels_match_torch_ops_on_gpu():
     check_backend_with_kernels("cuda")
 
 
+def launch_through_the_interpreter_bridge() -> None:
+    """The child's per-op kernels run through warploop's interpreter bridge (runtime/interp.py, the
+    CPU executor's) rather than straight from `kernel[grid]`: the same kernels in the same Triton
+    interpreter, but triton.language is patched once a launch instead of at every device-function
+    call, and the integer overflow check, whose result the interpreter drops without TRITON_DEBUG,
+    is not computed. The children take 60% of the time (the backend's: 31 s -> 18 s on one core)."""
+    from warploop.llm import ops_kernels, ops_prebuilt
+    from warploop.runtime import interp
+
+    def jit_launch(name, grid, args, constexprs, num_warps):    # num_warps: nothing to the interpreter
+        interp.launch(getattr(ops_kernels, name), grid, *args, **constexprs)
+
+    ops_prebuilt.jit_launch = jit_launch
+
+
 if __name__ == "__main__":
+    launch_through_the_interpreter_bridge()
     {"kernels": check_kernels, "backend": check_backend_with_kernels}[sys.argv[1]]("cpu")
     print(f"{sys.argv[1]} ok")
