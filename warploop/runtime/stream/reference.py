@@ -220,8 +220,10 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
         y = xs @ pool[first:first + count, :k].float().to(arena.device).T                 # [batch, rows]
-        ys.append(torch.cat([y, y.new_zeros(batch, count - y.shape[1])], 1))   # rows past the pool: zeros (TMA)
-    ys = torch.cat(ys, 1) * scale
+        if y.shape[1] < count:                  # rows past the pool: zeros (TMA)
+            y = torch.cat([y, y.new_zeros(batch, count - y.shape[1])], 1)
+        ys.append(y)
+    ys = (ys[0] if len(ys) == 1 else torch.cat(ys, 1)) * scale
     n = f["rows"]
     for b in range(batch):
         y, out = ys[b], f["out"] + b * f["ostride"]
