@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
+import math
 import threading
 import types
 from collections.abc import Callable
@@ -110,13 +112,105 @@ def clear_interrupt(thread_id: int) -> None:
 
 
 def _checked(fn):
-    def checked(*args, **kwargs):
+    body, semantic = _builtin_parts(fn)
+    if body is None:
+        def checked(*args, **kwargs):
+            if _interrupts:
+                exc = _interrupts.pop(threading.get_ident(), None)
+                if exc is not None:
+                    raise exc
+            return fn(*args, **kwargs)
+        return checked
+
+    def direct(*args, **kwargs):
         if _interrupts:
             exc = _interrupts.pop(threading.get_ident(), None)
             if exc is not None:
                 raise exc
-        return fn(*args, **kwargs)
-    return checked
+        kwargs["_semantic"] = semantic
+        return body(*args, **kwargs)
+    return direct
+
+
+def _builtin_parts(fn):
+    """(the builtin's own function, the interpreter's semantic) behind the wrapper Triton's _patch_attr
+    puts on a builtin, or (None, None) where `fn` is not one such wrapper.
+
+    Triton's wrapper (`lambda *args, member=member, **kwargs`) copies the keywords without
+    `_semantic` and calls the builtin's wrapper (core.builtin) with the interpreter's semantic, which
+    checks that `_semantic` was given and calls the builtin: two more Python calls and a dict for
+    every operation of an interpreted kernel (a tenth of a graph step on the CPU executor). The
+    direct call sets `_semantic` itself and calls the builtin."""
+    member = (getattr(fn, "__kwdefaults__", None) or {}).get("member")
+    if getattr(fn, "__name__", "") != "<lambda>" or member is None or not tl.core.is_builtin(member):
+        return None, None
+    body = getattr(member, "__wrapped__", None)
+    if body is None:
+        return None, None
+    semantic = next((c.cell_contents for c in fn.__closure__ or ()
+                     if isinstance(c.cell_contents, _semantic.TritonSemantic)), None)   # Triton 3.6
+    if semantic is None and "interpreter_semantic" in fn.__code__.co_names:            # 3.7 on: a global
+        semantic = getattr(interpreter, "interpreter_semantic", None)
+    return (body, semantic) if semantic is not None else (None, None)
+
+
+_orig_np_dtype = getattr(interpreter, "_get_np_dtype", None)
+_np_dtypes: dict = {}
+_U64 = np.dtype(np.uint64)
+
+
+def _np_dtype(tt_dtype):
+    """Triton's _get_np_dtype (the NumPy dtype of a Triton type), which builds a dict of twenty types at
+    every call, a few times an operation; remembered per element type here."""
+    if isinstance(tt_dtype, tl.block_type):
+        tt_dtype = tt_dtype.element_ty
+    if isinstance(tt_dtype, tl.pointer_type):       # unhashable; always uint64
+        return _U64
+    try:
+        return _np_dtypes[tt_dtype]
+    except KeyError:
+        value = _np_dtypes[tt_dtype] = _orig_np_dtype(tt_dtype)
+        return value
+
+
+_orig_tensor_init = tl.core.tensor.__init__
+_shapes: dict = {}
+
+
+def _tensor_init(self, handle, type) -> None:
+    """tl.tensor.__init__ of Triton 3.6 to 3.9 (which _TENSOR_INIT checks), with the constexprs of its
+    shape and numel made once per shape: every operation of an interpreted kernel makes a tensor.
+    Its shape is a tuple of triton.language's own (`tuple` in core.py), each tensor its own."""
+    self.handle = handle
+    shape = type.shape if type.is_block() else ()
+    known = _shapes.get(shape)
+    if known is None:
+        elems = [_constexpr(s) for s in shape]
+        known = _shapes[shape] = (elems, _tl_tuple(elems).type, _constexpr(math.prod(shape)))
+    elems, elems_type, self.numel = known
+    self.type = type
+    self.dtype = type.scalar
+    self.shape = _tl_tuple(elems, elems_type)
+
+
+_constexpr = _orig_tensor_init.__globals__.get("constexpr")
+_tl_tuple = _orig_tensor_init.__globals__.get("tuple")
+
+
+def _source(fn) -> str:
+    try:
+        return " ".join(line.split("#")[0].strip() for line in inspect.getsource(fn).splitlines()
+                        if line.strip() and not line.strip().startswith(("#", '"""')))
+    except (OSError, TypeError):
+        return ""
+
+
+# The body _tensor_init reproduces; another Triton's tensor.__init__ keeps its own.
+_TENSOR_INIT = ("def __init__(self, handle, type: dtype): super().__init__() self.handle = handle "
+                "self.shape = type.shape if type.is_block() else () self.numel = constexpr(math.prod(self.shape)) "
+                "self.type = type self.dtype = type.scalar self.shape = tuple([constexpr(s) for s in self.shape])")
+_FAST_TENSOR_INIT = (_source(_orig_tensor_init) == _TENSOR_INIT and _constexpr is tl.constexpr
+                     and _tl_tuple is getattr(tl.core, "tuple", None))
 
 
 def _patch_tensor(tensor, scope) -> None:
@@ -180,6 +274,10 @@ def _patched(overrides: dict):
         if _depth == 0:
             _orig_options = interpreter.interpreter_builder.options
             interpreter.interpreter_builder.options = _unsanitized(_orig_options)
+            if _orig_np_dtype is not None:
+                interpreter._get_np_dtype = _np_dtype
+            if _FAST_TENSOR_INIT:
+                tl.core.tensor.__init__ = _tensor_init
             JITFunction.__call__ = _call
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
@@ -195,6 +293,9 @@ def _patched(overrides: dict):
             if _depth == 0:
                 _patched_fns.clear()
                 interpreter.interpreter_builder.options = _orig_options
+                if _orig_np_dtype is not None:
+                    interpreter._get_np_dtype = _orig_np_dtype
+                tl.core.tensor.__init__ = _orig_tensor_init
                 JITFunction.__call__ = _orig_jit_call
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
