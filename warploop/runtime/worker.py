@@ -205,8 +205,12 @@ def same_stage(ha, hb, valid_b):
 @triton.jit
 def graph_run_start(arena, ctx, worker):
     """Read the released run (CPU executor): (first instruction, end, instructions, counters, ncounters,
-    params, epoch). Volatile: these words change between runs, and L1 is not coherent with the front."""
-    gid, epoch = uload_ctl2(arena, L.C_RUN_GID, L.C_RUN_EPOCH)
+    params, epoch). Volatile: these words change between runs, and L1 is not coherent with the front.
+    Two plain loads, not a uload: the CPU executor runs a program as one block (no warps to agree),
+    and the uload's [128, 2] masked load, reduction and picks were the interpreter's most costly part
+    of an instruction's overhead."""
+    gid = tl.load(ctl(arena, L.C_RUN_GID), volatile=True)
+    epoch = tl.load(ctl(arena, L.C_RUN_EPOCH), volatile=True)
     first, end, insts, counters, ncounters, params = graph_lookup(arena, gid, worker)
     tl.store(p64(ctx + L.X_TASK), i64(-1))
     tl.store(p64(ctx + L.X_COUNTERS), counters.to(tl.int64))
