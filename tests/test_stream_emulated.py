@@ -3,8 +3,6 @@ program, the ring filled as the loader fills it, every other node run by the CPU
 arena and the KV cache they leave against the reference's. This checks what the bodies compute
 (indices, masks, the ring's chunk count, the online softmax) before any GPU run; the GPU tests
 check the rest (tests/test_stream_gpu.py)."""
-import types
-
 import numpy as np
 import pytest
 import torch
@@ -61,41 +59,14 @@ def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
     return out
 
 
-def _stages_of(arena: np.ndarray, g, config) -> tuple[np.ndarray, np.ndarray]:
-    """What gemv_rows' stages hold once node g's first x_stages blocks are copied (those of its k):
-    x's rows as [stages, BK / SB, batch_rows, SB] and the norm weights as [stages, BK]; zeros past k
-    and g's rows (and for no norm)."""
-    xs_, nb, bk, sb = config.x_stages, config.batch_rows, config.block_k, gemv_rows.SB.value
-    k, x, norm, rows = g["k"], g["x"], g["norm"], g["batch"]
-    want_x, want_n = np.zeros((xs_, bk // sb, nb, sb), np.float32), np.zeros((xs_, bk), np.float32)
-    for q in range(min(xs_, -(-k // bk))):
-        cols = np.arange(q * bk, min((q + 1) * bk, k // 4 * 4))
-        row = np.zeros((nb, bk), np.float32)
-        for b in range(rows):
-            row[b, :len(cols)] = arena[x + b * k + cols]
-        want_x[q] = row.reshape(nb, bk // sb, sb).transpose(1, 0, 2)
-        if norm >= 0:
-            want_n[q, :len(cols)] = arena[norm + cols]
-    return want_x, want_n
-
-
-def _writes_input_of(f, g) -> bool:
-    """Whether batched GEMV f's outputs (rows at out + b * ostride) reach g's input rows."""
-    end = f["out"] + (f["batch"] - 1) * f["ostride"] + f["rows"]
-    return f["out"] < g["x"] + g["batch"] * g["k"] and g["x"] < end
-
-
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("batch", [2, 17, 32])
 @pytest.mark.parametrize("block_rows, block_k", [(32, 128), (64, 128)])
 @pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
-def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch, prefetch):
+def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch):
     """Every batched GEMV of a decoder's step (qkv with its norm and narrow tiles, o_proj with bias
     and add, gate/up with SiLU, down, lm_head with each row's amax pair) through gemv_rows: the
     arena within fp32 accumulation of the reference's (x times its norm weights enters the mmas as
-    bf16, in both). With x_prefetch, each tile whose next node is a batched GEMV it does not feed
-    copies that node's first blocks of x, and that node starts from them (stages the tile before
-    left, not fresh ones)."""
+    bf16, in both)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
     config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch))
@@ -111,20 +82,9 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
     # node by node from the reference's own arena: each batched GEMV runs the body on a copy of it
     # and its outputs are compared at once (x times the norm weights is rounded to bf16 on both sides,
     # so a GEMV fed another's fp32 order could flip a rounding: each is fed the same input)
-    arena, ints_r, kv_r, ran, prefetched, pre = p.arena(), ints.clone(), kv.clone(), 0, 0, 0
-    # the stages are free once a tile's last copy is waited for (wait_group(0), after its last chunk):
-    # they are poisoned there, so a block the next tile reads must be one this tile copied for it
-    stages = []
-
-    def free(n=0):
-        if n == 0:
-            for a in stages:
-                a.a[...] = np.nan
-
-    body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None,
-                    async_copy=types.SimpleNamespace(commit_group=lambda: None, wait_group=free))
-    nodes = p.nodes
-    for j, node in enumerate(nodes):
+    arena, ints_r, kv_r, ran = p.arena(), ints.clone(), kv.clone(), 0
+    body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    for node in p.nodes:
         f = node.fields
         if node.kind is not GEMV or f["batch"] == 1:
             run_node(p, arena, node, ints_r, kv_r, 0)
@@ -133,35 +93,19 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
         ring = gemv_chunks(p, f, block_rows, block_k)
         ring = ring.reshape(len(ring), block_rows, -1, gemv_rows.SB.value).transpose(0, 2, 1, 3).copy()
         none = S(np.zeros((len(ring), 1)))
-        if not pre:       # fresh stages hold NaN: a block read before it was copied shows in the outputs
-            xs = S(np.full((config.x_rows, block_k), np.nan, np.float32))
-            ns = S(np.full((config.x_stages, block_k), np.nan, np.float32))
-        ys = S(np.full((config.batch_rows, block_rows), np.nan, np.float32))
-        stages[:] = [xs, ns]
-        nxt_node = nodes[j + 1] if j + 1 < len(nodes) else None
-        g = nxt_node.fields if nxt_node is not None else {}
-        nxt = bool(prefetch and nxt_node is not None and nxt_node.kind is GEMV and g["batch"] > 1
-                   and not _writes_input_of(f, g))
+        xs = S(np.full((config.x_rows, block_k), np.nan, np.float32))
+        ns = S(np.full((config.x_stages, block_k), np.nan, np.float32))
         got = arena.clone()
-        it, failed, fetched = body(
-            S(ring), none, none, xs, ns, ys, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0, None, -1, 0,
-            -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]), T(f["out"]),
-            T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), T(pre), T(nxt), T(g.get("x", 0)),
-            T(g.get("norm", -1)), T(g.get("k", 0)), T(g.get("batch", 0)), block_rows, block_k, len(ring), SPIN, False,
-            config.batch_rows, kernel.CW.value, config.x_stages, prefetch)
-        assert int(it) == len(ring) and failed == 0 and int(fetched) == (config.x_stages if nxt else 0)
-        if nxt:     # the stages hold the next node's first blocks (those it has), each where that node reads it
-            want_x, want_n = _stages_of(got.numpy(), g, config)
-            held, blocks = xs.a.reshape(-1)[:want_x.size].reshape(want_x.shape), -(-g["k"] // block_k)
-            np.testing.assert_array_equal(held[:blocks], want_x[:blocks])
-            np.testing.assert_array_equal(ns.a[:blocks], want_n[:blocks])
-        pre, prefetched = int(fetched), prefetched + nxt
+        it, failed = body(S(ring), none, none, xs, ns, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
+                          None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]),
+                          T(f["out"]), T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows,
+                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value, config.x_stages)
+        assert int(it) == len(ring) and failed == 0
         run_node(p, arena, node, ints_r, kv_r, 0)
         # only fp32 summation order differs
         torch.testing.assert_close(got, arena, rtol=1e-4, atol=1e-4)
         ran += 1
     assert ran > 4 * cfg.num_layers
-    assert prefetched > 2 * cfg.num_layers if prefetch else prefetched == 0
 
 
 def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, launch_pos: int) -> np.ndarray:

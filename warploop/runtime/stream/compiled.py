@@ -35,7 +35,6 @@ class StreamConfig:
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
-    x_prefetch: bool = False      # with batch_rows: a tile copies the next tile's x (same run) under its epilogue
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -102,15 +101,14 @@ class StreamConfig:
 
     @property
     def shared_bytes(self) -> int:
-        sums = self.batch_rows * self.block_rows * 4 if self.x_prefetch else 0   # gemv_rows' ys, off x's stages
-        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + self.x_stages) * self.block_k * 4 + sums
+        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + self.x_stages) * self.block_k * 4
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel, XP=self.x_prefetch)
+                    XR=self.x_rows, TP=self.tensor_parallel)
 
 
 def smem_layout(swizzled: bool = False):

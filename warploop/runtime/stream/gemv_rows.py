@@ -44,20 +44,17 @@ def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.c
 
 
 @gluon.jit
-def gemv_rows(bufs, full, empty, xs, ns, ys_buf, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0,
-              w1, n1, k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, pre, nxt, n_x, n_norm, n_k, n_nrows,
-              BR: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
-              NB: gl.constexpr, CW: gl.constexpr, XS: gl.constexpr, XP: gl.constexpr):
+def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
+              k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
+              NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
+              XS: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
     out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
     of mma tiles (x times its norm weights, rounded to bf16 as the per-op backend's activations
     are), the tile's BR weight rows the N side, fp32 accumulation. Each row is RMS-normalised on
     its own, as batch 1: its sum of squares accumulates over the chunks and scales its sums at the
     end. A narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
-    against one x block and the bottom's against the next. `pre`: the blocks of x the tile before
-    copied for this one; with XP and `nxt`, this tile copies the next one's first blocks (n_x,
-    n_norm, n_k, n_nrows) under its epilogue. Returns the ring's chunk count, `failed` and the
-    blocks copied for the next tile."""
+    against one x block and the bottom's against the next. Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
     WK: gl.constexpr = NKS if NKS < CW else CW
@@ -115,7 +112,7 @@ def gemv_rows(bufs, full, empty, xs, ns, ys_buf, it, base, arena, counters, err,
     one = (norm < 0).to(gl.float32)
     # chunk c holds the tile's two row halves at x block c, or a narrow tile's rows at blocks 2c
     # (the top half) and 2c + 1 (the bottom half); blocks up to XS past the chunk's first are in flight
-    issued = pre                      # the blocks the tile before copied for this one (x_prefetch)
+    issued = 0
     c = 0
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
@@ -155,24 +152,11 @@ def gemv_rows(bufs, full, empty, xs, ns, ys_buf, it, base, arena, counters, err,
         it += 1
         c += 1
     async_copy.wait_group(0)
-    # x_prefetch: the next tile's first XS blocks (and their norm weights) start copying now, into
-    # the stages every warp is done with, under this tile's epilogue (kernel.py decides that its x
-    # is final); it starts with them issued
-    fetched = 0
-    if XP:
-        if nxt:
-            n_xrow = gl.multiple_of(n_x + bc * n_k, 4)[None, :, None]
-            n_rowok = (bc < n_nrows)[None, :, None]
-            for q in gl.static_range(XS):
-                _x_fetch(xq, nq, q, (n_k + BK - 1) // BK, arena, n_xrow, cols, ncols, n_k, n_rowok, n_norm, BK, XS)
-            fetched = XS
-    # the sums go through shared memory into the epilogue's halves (the slabs' sums added across the
-    # warps): a narrow tile's output row r is its top half's column r plus its bottom half's column
-    # r + HALF. With XP their own buffer, else stage 0 (free now)
+    # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
+    # tile's output row r is its top half's column r plus its bottom half's column r + HALF
+    # the slabs' sums added across the warps
     y = gl.where((wcol < HALF)[None, :] | (narrow == 0), gl.sum(acc, axis=0), gl.sum(acc2, axis=0))
-    if XP:
-        ys = ys_buf
-    elif PUBLIC_REINTERPRET:
+    if PUBLIC_REINTERPRET:
         ys = xs.slice(0, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
         ys = xs.slice(0, NB)._reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -204,4 +188,4 @@ def gemv_rows(bufs, full, empty, xs, ns, ys_buf, it, base, arena, counters, err,
                         gl.min(gl.where(vb == top[:, None], at_a + HALF, 2 ** 30), axis=1))
         gl.store(arena + amx + bo * astride, top, mask=bo < nrows)
         gl.store(arena + amx + bo * astride + 1, at.to(gl.float32), mask=bo < nrows)
-    return it, failed, fetched
+    return it, failed

@@ -165,11 +165,11 @@ def _words(base):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, ns, ys, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
+def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, XP: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -191,7 +191,6 @@ def _consumer(bufs, full, empty, xs, ns, ys, instr, n, steps, arena, ints, kv, e
     staged_x = -1
     staged_norm = -2
     staged_k = -1
-    pre = 0                   # a batched tile's blocks of x the tile before it copied (x_prefetch)
     scale = 1.0               # the staged input's RMSNorm scale (1: no norm)
     # The instruction's words are loaded one instruction ahead (off the critical path). While
     # loops, not range(): Triton 3.6 drops a loop-carried scalar from the outer loop when its only
@@ -208,14 +207,9 @@ def _consumer(bufs, full, empty, xs, ns, ys, instr, n, steps, arena, ints, kv, e
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
             if op == OP_GEMV:
                 nrows = gl.load(instr + i * W + G_BATCH)
-                # x_prefetch: the next instruction is a tile of this one's run (a GEMV of this step
-                # with no waits: placement dropped them as this run's first tile's cover them), so
-                # its x is final now and its first blocks are copied under this tile's epilogue
-                nxt = (n_op == OP_GEMV) & (i + 1 < n) & (n_w0 < 0) & (n_w1 < 0)
-                it, failed, pre = gemv_rows(bufs, full, empty, xs, ns, ys, it, instr + i * W, arena, counters, err,
-                                            epoch, failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n,
-                                            out, bias, epi, narrow, nrows, pre, nxt, n_x, n_norm, n_k,
-                                            gl.load(nb + G_BATCH), BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, XP)
+                it, failed = gemv_rows(bufs, full, empty, xs, ns, it, instr + i * W, arena, counters, err, epoch,
+                                       failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias,
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
         if (op == OP_GEMV) & (NB > 0):
             staged_x = -1
         elif op == OP_GEMV:
@@ -373,7 +367,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, XP: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -382,9 +376,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     # the staged input: a batch-1 GEMV's x (KMAX floats), or a batched kernel's stages of x (gemv_rows)
     xs = gl.allocate_shared_memory(gl.float32, [XR, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     ns = gl.allocate_shared_memory(gl.float32, [XS if XS > 0 else 1, BK],   # its norm weights' stages
-                                   gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    # a batched tile's sums on their way to its epilogue (gemv_rows: with XP, off the stages of x)
-    ys = gl.allocate_shared_memory(gl.float32, [NB if NB > 0 else 1, BR],
                                    gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -398,9 +389,9 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
         mbarrier.init(pub_empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, ns, ys, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
+        (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, XP, pub_full, pub_empty)),
+                     TP, pub_full, pub_empty)),
         (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
