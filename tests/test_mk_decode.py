@@ -53,24 +53,27 @@ def test_one_split_runs_each_groups_attention_as_one_node():
         mk.close()
 
 
-@pytest.mark.parametrize("cfg, tiles, depth", [
-    (LLAMA_TAIL, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}, 4),
-    (QWEN3_LIKE, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16}, 8)],
-    ids=["llama_gqa_tail_chunk_depth4", "qwen3_qknorm_bias_depth8"])
-def test_gemv_tiles_match_per_op_backend(cfg, tiles, depth):
+def check_gemv_tiles(mk, cfg, tiles: dict, depth: int) -> None:
+    """The plan's tile constexprs and depth, and the batch-1 graph's gate_up and lm_head nodes (one a tile)."""
+    got = mk.plan.tile_constexprs()
+    assert {k: got[k] for k in tiles} == tiles and mk.plan.constexprs()["DEPTH"] == depth
+    nodes = mk.graphs[1].kinds
+    assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
+    assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])
+
+
+def test_gemv_tiles_match_per_op_backend():
     """The GPU's GEMV tiles (Plan.tile_kb: one node per tile of rows, at most 8 chunks in
     straight-line code, the first `depth` before the wait) on the interpreter, 4 KB tiles of fp32:
-    [16, 16] chunks. Llama-like with intermediate size 72: down's 5 chunks end in a masked tail.
-    Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8, all 8 issued before the wait (depth
-    8, the GPU default). Batch 2 takes the tl.dot blocks inside each tile."""
+    [16, 16] chunks. Qwen3-like: qkv 4 chunks, gate_up 8 (gate and up), o_proj 8, all 8 issued before
+    the wait (depth 8, the GPU default). Batch 2 takes the tl.dot blocks inside each tile. The
+    Llama-like tail config at depth 4 (down's 5 chunks ending in a masked tail) is the next test's:
+    the same plan and steps, and more rows."""
+    cfg = QWEN3_LIKE
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=2, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, depth=depth, workers=3)
+                       inter=cfg.intermediate_size, tile_kb=4, depth=8, workers=3)
     try:
-        got = mk.plan.tile_constexprs()
-        assert {k: got[k] for k in tiles} == tiles and mk.plan.constexprs()["DEPTH"] == depth
-        nodes = mk.graphs[1].kinds
-        assert nodes["gate_up"] == cfg.num_layers * cfg.intermediate_size // tiles["TNS"]
-        assert nodes["lm_head"] == -(-cfg.vocab_size // tiles["TND"])
+        check_gemv_tiles(mk, cfg, {"TND": 16, "TKD": 16, "TNS": 8, "TKS": 16, "TNQ": 8, "TKQ": 16}, 8)
         check(run_steps(ref, mk, [[3, 1, 4, 1, 5, 9, 2]], steps=2))
         check(run_steps(ref, mk, [[5, 6, 7], list(range(1, 40))], steps=2, seed=2))
     finally:
@@ -78,14 +81,17 @@ def test_gemv_tiles_match_per_op_backend(cfg, tiles, depth):
 
 
 def test_batch_graphs_give_each_gemv_node_several_tiles():
-    """In the graphs of more than one row a GEMV node owns BATCH_TILES (2) tiles (its rows through
+    """GEMV tiles of the Llama-like config with intermediate size 72, 4 KB tiles of fp32 ([16, 16]
+    chunks), the first 4 before the wait (depth 4): down's 5 chunks end in a masked tail. In the
+    graphs of more than one row a GEMV node owns BATCH_TILES (2) tiles (its rows through
     tl.dot blocks), also where that does not divide the rows (intermediate 72 in 8-row gate_up tiles:
     9 tiles, the last node's second tile past the end); the batch-1 graph keeps one tile a node.
     Tokens equal the per-op backend's at batches 1, 2 and 3. batch_tiles is no option any more."""
     cfg = LLAMA_TAIL
     ref, mk = backends(cfg, model_weights(cfg), max_num_seqs=4, bn=16, bk=32, hidden=cfg.hidden_size,
-                       inter=cfg.intermediate_size, tile_kb=4, workers=3)
+                       inter=cfg.intermediate_size, tile_kb=4, depth=4, workers=3)
     try:
+        check_gemv_tiles(mk, cfg, {"TND": 16, "TKD": 16, "TNS": 8, "TNF": 8, "TKF": 16}, 4)
         assert BATCH_TILES == 2
         t = mk.plan.tile_constexprs()
         one, more = mk.graphs[1].kinds, mk.graphs[2].kinds
