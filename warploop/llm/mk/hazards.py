@@ -117,9 +117,9 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
 
     A buffer no access of one row touches (most: all but the attention's) keeps its intervals'
     last writers and readers in two flat lists instead, so that an access over many intervals (a
-    GEMV tile reading all of its input) meets their distinct nodes once, as slices and sets; the
-    intervals are walked one by one, in the same order, only to name the pairs of an access that
-    meets an unordered node.
+    GEMV tile reading all of its input) meets their distinct nodes once, as slices and sets. Either
+    way the nodes an access meets are tested together, and the intervals are walked one by one, in
+    the same order, only to name the pairs of an access that meets an unordered node.
     """
     cls, by_class = ancestors(deps)
     anc = [by_class[c] for c in cls]         # a stage's tiles share one set (one int object)
@@ -167,13 +167,20 @@ def check(deps: list[tuple[int, ...]], worker_of: list[int], accesses: list[list
                 flat.append((ws, rs, lo, hi, a.write))
                 continue
             ivs = state[a.buffer]
+            met = set()
             for k in range(lo, hi):
                 iv = ivs[k]
-                columns = (cut[k], cut[k + 1])
-                meet(iv.writers_met(row), first, a.buffer, columns)
+                met.update(iv.writers_met(row))
                 if a.write:
-                    meet(iv.readers_met(row), "WAR", a.buffer, columns)
+                    met.update(iv.readers_met(row))
                 updates.append((iv, row, a.write))
+            if not meeting.all_ordered(met):      # as for the flat buffers: name the pairs only then
+                for k in range(lo, hi):
+                    iv = ivs[k]
+                    columns = (cut[k], cut[k + 1])
+                    meet(iv.writers_met(row), first, a.buffer, columns)
+                    if a.write:
+                        meet(iv.readers_met(row), "WAR", a.buffer, columns)
         for ws, rs, lo, hi, write in flat:
             if write:
                 ws[lo:hi] = [node] * (hi - lo)
