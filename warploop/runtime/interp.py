@@ -195,6 +195,37 @@ def _tensor_init(self, handle, type) -> None:
 
 _constexpr = _orig_tensor_init.__globals__.get("constexpr")
 _tl_tuple = _orig_tensor_init.__globals__.get("tuple")
+_orig_block_init = tl.core.block_type.__init__
+_blocks: dict = {}
+
+
+def _block_type_init(self, element_ty, shape) -> None:
+    """tl.block_type.__init__ of Triton 3.6 to 3.9 (which _BLOCK_INIT checks) for a shape of ints or
+    constexprs of ints, with what it derives from the shape (its tuple's type, numel, text) made once
+    per shape; anything else, and a shape's first time (so its errors are Triton's), goes to Triton's
+    own. Most operations of an interpreted kernel make a block type, and the shape's unwrapping and
+    checks were a fifth of a graph step."""
+    if type(shape) is list:
+        dims = shape
+    elif type(shape) is _tl_tuple:
+        dims = shape.values
+    else:
+        return _orig_block_init(self, element_ty, shape)
+    dims = [d.value if type(d) is _constexpr else d for d in dims]
+    for d in dims:
+        if type(d) is not int:
+            return _orig_block_init(self, element_ty, shape)
+    key = tuple(dims)
+    known = _blocks.get(key)
+    if known is None:
+        _orig_block_init(self, element_ty, shape)
+        _blocks[key] = (self.shape.type, self.numel, str(self.shape))
+        return None
+    elems_type, self.numel, text = known
+    self.element_ty = element_ty
+    self.shape = _tl_tuple(dims, elems_type)
+    self.name = f"<{text}, {element_ty}>"
+    return None
 
 
 def _source(fn) -> str:
@@ -211,6 +242,11 @@ _TENSOR_INIT = ("def __init__(self, handle, type: dtype): super().__init__() sel
                 "self.type = type self.dtype = type.scalar self.shape = tuple([constexpr(s) for s in self.shape])")
 _FAST_TENSOR_INIT = (_source(_orig_tensor_init) == _TENSOR_INIT and _constexpr is tl.constexpr
                      and _tl_tuple is getattr(tl.core, "tuple", None))
+_BLOCK_INIT = ("def __init__(self, element_ty: dtype, shape: List): self.element_ty = element_ty "
+               "assert (isinstance(shape, (list, tuple))) self.shape = tuple(_unwrap_shape(shape)) "
+               "if not self.shape: raise TypeError('0d block_type is forbidden') "
+               "self.numel = validate_block_shape(self.shape) self.name = f'<{self.shape}, {self.element_ty}>'")
+_FAST_BLOCK_INIT = _FAST_TENSOR_INIT and _source(_orig_block_init) == _BLOCK_INIT
 
 
 def _patch_tensor(tensor, scope) -> None:
@@ -278,6 +314,8 @@ def _patched(overrides: dict):
                 interpreter._get_np_dtype = _np_dtype
             if _FAST_TENSOR_INIT:
                 tl.core.tensor.__init__ = _tensor_init
+            if _FAST_BLOCK_INIT:
+                tl.core.block_type.__init__ = _block_type_init
             JITFunction.__call__ = _call
             InterpretedFunction.__call__ = _call
             interpreter._patch_lang_tensor = _patch_tensor
@@ -296,6 +334,7 @@ def _patched(overrides: dict):
                 if _orig_np_dtype is not None:
                     interpreter._get_np_dtype = _orig_np_dtype
                 tl.core.tensor.__init__ = _orig_tensor_init
+                tl.core.block_type.__init__ = _orig_block_init
                 JITFunction.__call__ = _orig_jit_call
                 InterpretedFunction.__call__ = _orig_interp_call
                 interpreter._patch_lang_tensor = _orig_patch_tensor
