@@ -166,11 +166,13 @@ def _np_dtype(tt_dtype):
         tt_dtype = tt_dtype.element_ty
     if isinstance(tt_dtype, tl.pointer_type):       # unhashable; always uint64
         return _U64
-    try:
-        return _np_dtypes[tt_dtype]
-    except KeyError:
-        value = _np_dtypes[tt_dtype] = _orig_np_dtype(tt_dtype)
-        return value
+    name = getattr(tt_dtype, "name", None)          # Triton's dtypes are equal when their names are
+    value = _np_dtypes.get(name)
+    if value is None:
+        value = _orig_np_dtype(tt_dtype)
+        if name is not None:
+            _np_dtypes[name] = value
+    return value
 
 
 _orig_tensor_init = tl.core.tensor.__init__
@@ -182,11 +184,15 @@ def _tensor_init(self, handle, type) -> None:
     shape and numel made once per shape: every operation of an interpreted kernel makes a tensor.
     Its shape is a tuple of triton.language's own (`tuple` in core.py), each tensor its own."""
     self.handle = handle
-    shape = type.shape if type.is_block() else ()
-    known = _shapes.get(shape)
+    if type.is_block():
+        shape = type.shape      # keyed by its values: a Triton tuple's == builds tuples to compare
+        key = tuple(shape.values) if shape.__class__ is _tl_tuple else tuple(shape)
+    else:
+        shape = key = ()
+    known = _shapes.get(key)
     if known is None:
         elems = [_constexpr(s) for s in shape]
-        known = _shapes[shape] = (elems, _tl_tuple(elems).type, _constexpr(math.prod(shape)))
+        known = _shapes[key] = (elems, _tl_tuple(elems).type, _constexpr(math.prod(shape)))
     elems, elems_type, self.numel = known
     self.type = type
     self.dtype = type.scalar
