@@ -15,9 +15,10 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128)],
+                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
+                                 StreamConfig(head_dim=64, attn_mma=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
-                              "batch32_four_x_stages", "batch16_eight_x_stages"])
+                              "batch32_four_x_stages", "batch16_eight_x_stages", "attention_mma"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -35,16 +36,25 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
         assert r["ptx"]["cp.async.bulk.tensor"] >= 2 * boxes + 1
     # batch_rows: the batched GEMV's products are tensor-core mmas fed from the ring slot by
     # ldmatrix, and x comes by 16-byte cp.async; neither in the batch-1 kernel
+    # (attn_mma: attention's chunk products are mmas too, their operands read from the plain-row slot)
     ptx = ck.asm["ptx"]
     mma = bool(cfg.batch_rows)
     assert ("cp.async.cg.shared.global" in ptx) == mma
-    assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == mma
-    assert ("ldmatrix" in ptx) == mma
+    assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == (mma or cfg.attn_mma)
+    assert ("ldmatrix" in ptx) == mma or cfg.attn_mma
     # the batch-1 consumer stages x (.cg) and its norm weights 16 bytes a load, not 4, under the Triton
     # the GPU machines and the shipped kernels use (3.6.0; 3.9.0's compile here leaves them 4-byte loads)
     if not mma and triton.__version__.startswith("3.6."):
         norms = ptx.count("ld.global.v4.b32")        # x's .cg loads have the same shape as its norm weights'
         assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"
+
+
+def test_attn_mma_needs_chunks_of_a_multiple_of_64_tokens():
+    assert StreamConfig(head_dim=64, attn_mma=True).kv_tokens == 64
+    assert StreamConfig(head_dim=16, attn_mma=True).kv_tokens == 128
+    for bad in (dict(head_dim=128), dict(head_dim=0), dict(head_dim=64, block_rows=16)):
+        with pytest.raises(ValueError, match="attn_mma needs attention compiled in with ring chunks of a multiple"):
+            StreamConfig(attn_mma=True, **bad)
 
 
 def test_x_stages_are_what_their_shared_memory_holds_in_a_power_of_two():

@@ -148,9 +148,21 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size)
     a shuffled block table, the context streamed by the loader in TMA boxes of up to a block, the
     shares merged by the last one to finish) against the reference, node by node, and the KV caches
     they leave."""
+    check_attention_layers(ATTN_SHAPES[name], context, splits, block_size, attn_mma=False)
+
+
+@pytest.mark.parametrize("context, splits, block_size", [(1, 1, 4), (37, 1, 4), (5, 4, 4), (300, 7, 16),
+                                                         (1000, 5, 16)])
+@pytest.mark.parametrize("name", [next(iter(SHAPES)), "llama_hd64"])
+def test_gpu_attention_on_tensor_cores_equals_reference(name, context, splits, block_size):
+    """The same with StreamConfig.attn_mma (the chunks' products on tensor cores, each warp its own
+    tokens; q and the probabilities as bf16, as the reference rounds them)."""
+    check_attention_layers(ATTN_SHAPES[name], context, splits, block_size, attn_mma=True)
+
+
+def check_attention_layers(m, context: int, splits: int, block_size: int, attn_mma: bool) -> None:
     import dataclasses
-    m = ATTN_SHAPES[name]
-    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
+    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8, attn_mma=attn_mma)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
                                       splits=splits)
     p = chain.program

@@ -31,7 +31,6 @@ from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
 
-
 # A batched kernel's shape where it differs from StreamConfig's defaults, by batch_rows: at 32 rows a
 # stage of x is 32 KB, so four ring slots make room for four stages instead of two (H200,
 # Llama-3.2-1B, context 512: 3.12 -> 3.00 ms a step; at 16 rows the same trade measured 1.593 -> 1.612)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
 
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
@@ -24,6 +24,8 @@ OP_ATTN = gl.constexpr(ATTN.opcode)
 # a ring chunk of keys and values as the loader's TMA wrote it: plain rows (the ring's own layout is
 # 128-byte swizzled in a batched kernel, for its weight chunks)
 KV_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+KV_LAYOUT3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))   # the same plain rows, 3-D
+WT = gl.constexpr(16)           # with attn_mma: a warp's tokens a step (an mma's K side in the output products)
 A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
 A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhead"], A["group"]
 A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
@@ -123,9 +125,9 @@ def _rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
 @gluon.jit
 def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, AM: gl.constexpr):
     """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
-    count and `failed`."""
+    count and `failed`. AM (StreamConfig.attn_mma): the chunks' products on tensor cores (_attend_mma)."""
     HALF: gl.constexpr = HD // 2
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
     # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
@@ -199,11 +201,15 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     busy = lo < hi
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     # q heads of the group in the scores' row layout; the new k and v as row 0 of a [1, HD] tile.
-    # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line
-    src = qkv + (head0 + jq) * HD
-    q = _rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
-              gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wq, wqp,
-              csq, snq, eps, qn >= 0, HD, dq)
+    # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line (with AM, q's rows
+    # padded to an mma's 16, in _attend_mma's layout)
+    if AM:
+        q = _q_rows(arena, qkv, head0, grp, busy, csq, snq, wq, wqp, eps, qn, CW, HD)
+    else:
+        src = qkv + (head0 + jq) * HD
+        q = _rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+                  gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wq, wqp,
+                  csq, snq, eps, qn >= 0, HD, dq)
     ksrc = qkv + (heads + g) * HD + one
     knew = _rope(gl.load(arena + ksrc[:, None] + dk[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
                  gl.load(arena + ksrc[:, None] + dkp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wk, wkp,
@@ -214,84 +220,228 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
-    knew = knew.to(gl.float32)
-    vnew = vnew.to(gl.float32)
-    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
-    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+    if AM:
+        it = _attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0, grp, scale, split,
+                         splits, part, ticket, n_ctx, lo, hi, busy, fresh, f0, f1, ca, cb,
+                         row_a, in_a, row_b, in_b, ints, step, bs, row_words, g, kc, vc, knew, vnew, NBUF, TRACE,
+                         CW, HD, GP, KVT)
+    else:
+        knew = knew.to(gl.float32)
+        vnew = vnew.to(gl.float32)
+        tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+        ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
+        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+        l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+        acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+        t0 = lo
+        while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
+            b = it % NBUF               # the ring slot (s is the step)
+            mbarrier.wait(full.index(b), (it // NBUF) & 1)
+            if TRACE:
+                if t0 == lo:
+                    gl.store(trace + i * TRACE_WORDS + 2, now())
+            if PUBLIC_REINTERPRET:
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+            else:
+                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+            if fresh & (t0 < f1) & (t0 + KVT > f0):
+                # one round trip for the chunk's rows of this launch, written over the ring's copy
+                if t0 == ca:
+                    rows_f, in_f = row_a, in_a
+                elif t0 == cb:
+                    rows_f, in_f = row_b, in_b
+                else:                   # a chunk between the first and the last (more steps than a chunk)
+                    rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
+                m2 = in_f[:, None]
+                at = rows_f[:, None] + df[None, :]
+                k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
+                v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
+                k_r = chunk.slice(0, KVT).load(FL)
+                v_r = chunk.slice(KVT, KVT).load(FL)
+                chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
+                chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
+                barrier()               # the patched rows before any warp reads them
+            for sub in gl.static_range(KVT // TILE):
+                toks = t0 + sub * TILE + tk
+                live = (toks < hi)[:, None]
+                new = (toks == n_ctx - 1)[:, None]
+                # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+                kt = gl.where(new, knew,
+                              gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                vt = gl.where(new, vnew,
+                              gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+                sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+                p = gl.exp(sc - m_new[:, None])
+                alpha = gl.exp(m_i - m_new)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+                acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+                m_i = m_new
+            barrier()                   # every warp is done with the slot before one thread frees it
+            fence_async_shared()
+            mbarrier.arrive(empty.index(b))
+            it += 1
+            t0 += KVT
+        jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+        if splits == 1:
+            o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+            gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+        elif busy:
+            pb = arena + part + split * grp * (HD + 2)
+            gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+            js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+            gl.store(pb + grp * HD + js, m_i, mask=js < grp)
+            gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+            _ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
+    return it, failed
+
+
+@gluon.jit
+def _ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW: gl.constexpr, HD: gl.constexpr,
+            GP: gl.constexpr, KVT: gl.constexpr):
+    """After a share stored its partials: take the KV head's ticket (if it has one), and merge if
+    it is the last. The share that takes the head's last ticket merges the shares the context
+    fills: the acq_rel add publishes these partials to it, and orders the other shares' before its
+    reads. It sets the ticket back to 0 for the next run; its signal (a release after this) orders
+    that before any share of the next run takes one."""
+    if ticket >= 0:
+        barrier()
+        taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
+        live = live_shares(n_ctx, splits, KVT)
+        if taken + 1 == live:
+            merge(arena, part, out, head0, grp, live, CW, HD, GP)
+            gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _q_rows(arena, qkv, head0, grp, busy, csq, snq, wq, wqp, eps, qn, CW: gl.constexpr, HD: gl.constexpr):
+    """The group's q heads normed and rotated as attn's, padded to an mma's 16 rows (the padding
+    repeats the last head), in the layout _attend_mma makes every warp's copy from."""
+    HALF: gl.constexpr = HD // 2
+    QM: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [CW, 1, 1],
+                                                          [2, 1, 0]))
+    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QM))
+    dqp = gl.where(dq < HALF, dq + HALF, dq - HALF)
+    jq = gl.minimum(gl.arange(0, 16, layout=gl.SliceLayout(1, QM)), grp - 1)
+    src = qkv + (head0 + jq) * HD
+    return _rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+                 gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+                 gl.convert_layout(wq, gl.SliceLayout(0, QM)), gl.convert_layout(wqp, gl.SliceLayout(0, QM)),
+                 gl.convert_layout(csq, gl.SliceLayout(0, QM)), gl.convert_layout(snq, gl.SliceLayout(0, QM)),
+                 eps, qn >= 0, HD, dq)
+
+
+@gluon.jit
+def _attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0, grp, scale, split, splits, part,
+                ticket, n_ctx, lo, hi, busy, fresh, f0, f1, ca, cb, row_a, in_a, row_b,
+                in_b, ints, step, bs, row_words, g, kc, vc, knew, vnew, NBUF: gl.constexpr, TRACE: gl.constexpr,
+                CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, KVT: gl.constexpr):
+    """attn's chunks with their products on tensor cores (StreamConfig.attn_mma), after its waits,
+    the new k and v stored: returns the ring's chunk count.
+
+    The group's q heads (rounded to bf16, padded to an mma's 16 rows) against each warp's own WT
+    tokens a step (a chunk is KVT // (WT * CW) steps): scores by one mma over HD, fp32; each warp
+    keeps its own running max, sum and output over its tokens (the softmax's reductions stay inside
+    the warp); the probabilities enter the output mma as bf16, their sum stays fp32. The warps'
+    states merge once, after the share's last chunk. The ring slot is read as the mmas' operands,
+    so the rows this launch wrote (earlier steps' and the new token's) are patched into it first."""
+    NST: gl.constexpr = KVT // (WT * CW)
+    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[CW, 1, 1], instr_shape=[1, 16, 8])
+    QA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [CW, 16, HD]: q, every warp the same
+    KB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [CW, HD, WT]: a warp's keys, transposed
+    PA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [CW, 16, WT]: a warp's probabilities
+    VB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [CW, WT, HD]: a warp's values
+    L3M: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [CW, 1, 1], [2, 1, 0])
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
+    q3 = q[None, :, :] + gl.zeros([CW, 16, HD], gl.float32, layout=L3M)
+    qa = gl.convert_layout(q3.to(gl.bfloat16), QA)
+    # each element's token, less the step's first: warp w holds tokens w * WT + [0, WT)
+    wv = gl.arange(0, CW, layout=gl.SliceLayout(1, gl.SliceLayout(2, MB)))[:, None, None]
+    jv = gl.arange(0, WT, layout=gl.SliceLayout(0, gl.SliceLayout(1, MB)))[None, None, :]
+    tok_s = wv * WT + jv                                    # [CW, 1, WT]: the scores' columns
+    wb = gl.arange(0, CW, layout=gl.SliceLayout(1, gl.SliceLayout(2, VB)))[:, None, None]
+    jb = gl.arange(0, WT, layout=gl.SliceLayout(0, gl.SliceLayout(2, VB)))[None, :, None]
+    tok_v = wb * WT + jb                                    # [CW, WT, 1]: the values' rows
+    rf = gl.arange(0, KVT, layout=gl.SliceLayout(1, FL))
+    df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
+    k_new = gl.convert_layout(knew, FL)                     # [1, HD], bf16 as stored
+    v_new = gl.convert_layout(vnew, FL)
+    m_i = gl.full([CW, 16], float("-inf"), gl.float32, layout=gl.SliceLayout(2, MB))
+    l_i = gl.zeros([CW, 16], gl.float32, layout=gl.SliceLayout(2, MB))
+    acc = gl.zeros([CW, 16, HD], gl.float32, layout=MB)
+    last = n_ctx - 1
     t0 = lo
-    while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
-        b = it % NBUF               # the ring slot (s is the step)
+    while t0 < hi:                    # a ring chunk: KVT keys, then their KVT values
+        b = it % NBUF
         mbarrier.wait(full.index(b), (it // NBUF) & 1)
         if TRACE:
             if t0 == lo:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
         if PUBLIC_REINTERPRET:
             chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+            kv3 = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT // WT, WT, HD], KV_LAYOUT3)
         else:
             chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-        if fresh & (t0 < f1) & (t0 + KVT > f0):
-            # one round trip for the chunk's rows of this launch, written over the ring's copy
+            kv3 = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT // WT, WT, HD], KV_LAYOUT3)
+        stale = fresh & (t0 < f1) & (t0 + KVT > f0)
+        if stale | ((t0 <= last) & (last < t0 + KVT)):
+            # the chunk's rows of this launch (one round trip) and the new token's, over the ring's copy
             if t0 == ca:
                 rows_f, in_f = row_a, in_a
             elif t0 == cb:
                 rows_f, in_f = row_b, in_b
-            else:                   # a chunk between the first and the last (more steps than a chunk)
+            else:
                 rows_f, in_f = _fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
-            m2 = in_f[:, None]
+            m2 = (in_f & stale)[:, None]
             at = rows_f[:, None] + df[None, :]
             k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
             v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
+            is_new = (t0 + rf == last)[:, None]
             k_r = chunk.slice(0, KVT).load(FL)
             v_r = chunk.slice(KVT, KVT).load(FL)
-            chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
-            chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
-            barrier()               # the patched rows before any warp reads them
-        for sub in gl.static_range(KVT // TILE):
-            toks = t0 + sub * TILE + tk
-            live = (toks < hi)[:, None]
-            new = (toks == n_ctx - 1)[:, None]
-            # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
-            kt = gl.where(new, knew, gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-            vt = gl.where(new, vnew, gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-            sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-            p = gl.exp(sc - m_new[:, None])
-            alpha = gl.exp(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-            acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            chunk.slice(0, KVT).store(gl.where(is_new, k_new, gl.where(m2, k_f, k_r)))
+            chunk.slice(KVT, KVT).store(gl.where(is_new, v_new, gl.where(m2, v_f, v_r)))
+            barrier()                 # the patched rows before any warp reads them
+        for st in gl.static_range(NST):
+            base = t0 + st * (WT * CW)
+            kt = kv3.slice(st * CW, CW).permute((0, 2, 1)).load(KB)                 # [CW, HD, WT]
+            sc = mma_v2(qa, kt, gl.zeros([CW, 16, WT], gl.float32, layout=MB)) * scale
+            # tokens past the share are zeros or another share's: masked, so a NaN cannot leak
+            sc = gl.where(base + tok_s < hi, sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=2))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no token yet
+            p = gl.exp(sc - m_safe[:, :, None])
+            alpha = gl.exp(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, axis=2)
+            vt = kv3.slice(KVT // WT + st * CW, CW).load(VB)                          # [CW, WT, HD]
+            vt = gl.where(base + tok_v < hi, vt, 0.0)
+            acc = mma_v2(gl.convert_layout(p.to(gl.bfloat16), PA), vt, acc * alpha[:, :, None])
             m_i = m_new
-        barrier()                   # every warp is done with the slot before one thread frees it
+        barrier()                     # every warp is done with the slot before one thread frees it
         fence_async_shared()
         mbarrier.arrive(empty.index(b))
         it += 1
         t0 += KVT
-    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    # the warps' states into the share's: M the largest running max, each warp's sums scaled to it
+    big = gl.max(m_i, axis=0)
+    w = gl.exp(m_i - gl.where(big == float("-inf"), 0.0, big)[None, :])
+    den = gl.sum(l_i * w, axis=0)                                                   # [16]
+    num = gl.sum(acc * w[:, :, None], axis=0)                                       # [16, HD]
+    jo = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(0, MB)))
+    do = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(0, MB)))
     if splits == 1:
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+        o = num / gl.convert_layout(den, gl.SliceLayout(1, gl.SliceLayout(0, MB)))[:, None]
+        gl.store(arena + out + (head0 + jo)[:, None] * HD + do[None, :], o, mask=(jo < grp)[:, None])
     elif busy:
         pb = arena + part + split * grp * (HD + 2)
-        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
-        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
-        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-        if ticket >= 0:
-            # the share that takes the head's last ticket merges the shares the context fills:
-            # the acq_rel add publishes these partials to it, and orders the other shares' before
-            # its reads. It sets the ticket back to 0 for the next run; its signal (a release after
-            # this) orders that before any share of the next run takes one
-            barrier()
-            taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
-            live = live_shares(n_ctx, splits, KVT)
-            if taken + 1 == live:
-                merge(arena, part, out, head0, grp, live, CW, HD, GP)
-                gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")
-    return it, failed
+        gl.store(pb + jo[:, None] * HD + do[None, :], num, mask=(jo < grp)[:, None])
+        js = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MB)))
+        gl.store(pb + grp * HD + js, big, mask=js < grp)
+        gl.store(pb + grp * HD + grp + js, den, mask=js < grp)
+        _ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
+    return it
 
 
 @gluon.jit
