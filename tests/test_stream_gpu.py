@@ -180,12 +180,13 @@ def check_attention_layers(m, context: int, splits: int, block_size: int, attn_m
     torch.testing.assert_close(ex.kv.float(), want_kv.float(), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits, mma", [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("name", STEP_CONFIGS)
-def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
-    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
+def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits, mma):
+    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens (mma:
+    with attention on tensor cores, StreamConfig.attn_mma)."""
     cfg = STEP_CONFIGS[name]
-    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg))
+    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg, attn_mma=mma))
     assert tokens == ref_tokens
     assert looped == ref_tokens             # the decode loop in one launch
     assert err < 2e-2

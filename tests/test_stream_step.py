@@ -71,9 +71,11 @@ def greedy(cfg, device, steps=10, **decoder_options):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
-    tokens, ref_tokens, err, looped = greedy(CONFIGS[name], "cpu", splits=splits)
+@pytest.mark.parametrize("splits, mma", [(1, False), (3, False), (3, True)])
+def test_stream_step_greedy_tokens_equal_per_op_backend(name, splits, mma):
+    """mma: StreamConfig.attn_mma's rounding (q and the probabilities as bf16) keeps the tokens."""
+    config = stream_config(CONFIGS[name], attn_mma=mma)
+    tokens, ref_tokens, err, looped = greedy(CONFIGS[name], "cpu", splits=splits, config=config)
     assert tokens == ref_tokens
     assert looped == ref_tokens             # the decode loop: embedding, sampling and steps in one run
     assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"
