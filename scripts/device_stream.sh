@@ -14,7 +14,7 @@
 #           '{} {"ring":4,"x_stage_kb":128}') -> $OUT/batch-MODEL-B-cN.json (tokens_per_s; `bench decode`'s per-op
 #           and torch.compile are the peers)
 #   attn    StreamConfig.attn_mma (attention on tensor cores) against the default: each of $ATTN_MODELS' (default
-#           llama-3.2-1b smollm2-135m) step, the two in alternating processes twice, then the GPU tests that run it
+#           the three bench models) step, the two in alternating processes twice, then the GPU tests that run it
 #           (-k "tensor_cores or greedy_tokens") -> $OUT/attn-MODEL-{off,on}-N.json
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
@@ -103,7 +103,7 @@ e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/dec
            ncu --import "$OUT/ncu.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-sass.csv" 2>&1
            grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall|Memory Throughput" "$OUT/ncu-details.txt" | head -n 30
          fi ;;
-    attn) for m in ${ATTN_MODELS:-llama-3.2-1b smollm2-135m}; do for n in 1 2; do
+    attn) for m in ${ATTN_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for n in 1 2; do
             for v in off on; do cfg='{}'; [ "$v" = on ] && cfg='{"attn_mma":true}'
               f="$OUT/attn-$m-$v-$n.json"
               timeout 100 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --runs 20 \

@@ -16,9 +16,11 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
                                  StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, attn_mma=True)],
+                                 StreamConfig(head_dim=64, attn_mma=True),
+                                 StreamConfig(head_dim=128, attn_group=2, attn_mma=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
-                              "batch32_four_x_stages", "batch16_eight_x_stages", "attention_mma"])
+                              "batch32_four_x_stages", "batch16_eight_x_stages", "attention_mma",
+                              "attention_mma_hd128"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -49,11 +51,10 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
         assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"
 
 
-def test_attn_mma_needs_chunks_of_a_multiple_of_64_tokens():
-    assert StreamConfig(head_dim=64, attn_mma=True).kv_tokens == 64
-    assert StreamConfig(head_dim=16, attn_mma=True).kv_tokens == 128
-    for bad in (dict(head_dim=128), dict(head_dim=0), dict(head_dim=64, block_rows=16)):
-        with pytest.raises(ValueError, match="attn_mma needs attention compiled in with ring chunks of a multiple"):
+def test_attn_mma_needs_chunks_of_a_warps_tokens():
+    assert [StreamConfig(head_dim=hd, attn_mma=True).kv_tokens for hd in (16, 64, 128, 256)] == [128, 64, 32, 16]
+    for bad in (dict(head_dim=0), dict(head_dim=256, block_rows=16, block_k=128)):
+        with pytest.raises(ValueError, match="attn_mma needs attention compiled in with ring chunks of at least 16"):
             StreamConfig(attn_mma=True, **bad)
 
 

@@ -137,14 +137,14 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name, mma", [("qwen3_hd16", False), ("llama_hd128", False), ("qwen3_hd16", True),
-                                       ("llama_hd64", True)])
+                                       ("llama_hd64", True), ("llama_hd128", True)])
 def test_attention_body_gives_the_reference_outputs(name, mma, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
     out (the cache holds NaN past the context), the shares' partials and their merge; arena and
     cache against the reference's. mma: StreamConfig.attn_mma (_attend_mma: a warp's own tokens,
     q and the probabilities as bf16, as the reference rounds them; 128-token chunks of two steps
-    at head_dim 16)."""
+    at head_dim 16, 32-token chunks of two token warps at head_dim 128)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
     config = stream_config(cfg, attn_mma=mma)

@@ -153,7 +153,7 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size)
 
 @pytest.mark.parametrize("context, splits, block_size", [(1, 1, 4), (37, 1, 4), (5, 4, 4), (300, 7, 16),
                                                          (1000, 5, 16)])
-@pytest.mark.parametrize("name", [next(iter(SHAPES)), "llama_hd64"])
+@pytest.mark.parametrize("name", [next(iter(SHAPES)), "llama_hd64", "qwen3_hd128"])
 def test_gpu_attention_on_tensor_cores_equals_reference(name, context, splits, block_size):
     """The same with StreamConfig.attn_mma (the chunks' products on tensor cores, each warp its own
     tokens; q and the probabilities as bf16, as the reference rounds them)."""

@@ -341,36 +341,39 @@ def _attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0,
     """attn's chunks with their products on tensor cores (StreamConfig.attn_mma), after its waits,
     the new k and v stored: returns the ring's chunk count.
 
-    The group's q heads (rounded to bf16, padded to an mma's 16 rows) against each warp's own WT
-    tokens a step (a chunk is KVT // (WT * CW) steps): scores by one mma over HD, fp32; each warp
-    keeps its own running max, sum and output over its tokens (the softmax's reductions stay inside
-    the warp); the probabilities enter the output mma as bf16, their sum stays fp32. The warps'
-    states merge once, after the share's last chunk. The ring slot is read as the mmas' operands,
+    The group's q heads (rounded to bf16, padded to an mma's 16 rows) against each token warp's own
+    WT tokens a step (TW token warps, a chunk KVT // (WT * TW) steps; with fewer than CW token warps,
+    a chunk of under 64 tokens, the others split the mmas' N side): scores by one mma over HD, fp32;
+    each token warp keeps its own running max, sum and output over its tokens; the probabilities
+    enter the output mma as bf16, their sum stays fp32. The token warps' states merge once, after
+    the share's last chunk. The ring slot is read as the mmas' operands,
     so the rows this launch wrote (earlier steps' and the new token's) are patched into it first."""
-    NST: gl.constexpr = KVT // (WT * CW)
-    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[CW, 1, 1], instr_shape=[1, 16, 8])
-    QA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [CW, 16, HD]: q, every warp the same
-    KB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [CW, HD, WT]: a warp's keys, transposed
-    PA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [CW, 16, WT]: a warp's probabilities
-    VB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [CW, WT, HD]: a warp's values
+    TW: gl.constexpr = KVT // WT if KVT // WT < CW else CW   # warps on tokens; the rest split the N side
+    NST: gl.constexpr = KVT // (WT * TW)
+    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[TW, 1, CW // TW],
+                                                 instr_shape=[1, 16, 8])
+    QA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [TW, 16, HD]: q, every warp the same
+    KB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [TW, HD, WT]: a warp's keys, transposed
+    PA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)       # [TW, 16, WT]: a warp's probabilities
+    VB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)       # [TW, WT, HD]: a warp's values
     L3M: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [CW, 1, 1], [2, 1, 0])
     FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
-    q3 = q[None, :, :] + gl.zeros([CW, 16, HD], gl.float32, layout=L3M)
+    q3 = q[None, :, :] + gl.zeros([TW, 16, HD], gl.float32, layout=L3M)
     qa = gl.convert_layout(q3.to(gl.bfloat16), QA)
     # each element's token, less the step's first: warp w holds tokens w * WT + [0, WT)
-    wv = gl.arange(0, CW, layout=gl.SliceLayout(1, gl.SliceLayout(2, MB)))[:, None, None]
+    wv = gl.arange(0, TW, layout=gl.SliceLayout(1, gl.SliceLayout(2, MB)))[:, None, None]
     jv = gl.arange(0, WT, layout=gl.SliceLayout(0, gl.SliceLayout(1, MB)))[None, None, :]
-    tok_s = wv * WT + jv                                    # [CW, 1, WT]: the scores' columns
-    wb = gl.arange(0, CW, layout=gl.SliceLayout(1, gl.SliceLayout(2, VB)))[:, None, None]
+    tok_s = wv * WT + jv                                    # [TW, 1, WT]: the scores' columns
+    wb = gl.arange(0, TW, layout=gl.SliceLayout(1, gl.SliceLayout(2, VB)))[:, None, None]
     jb = gl.arange(0, WT, layout=gl.SliceLayout(0, gl.SliceLayout(2, VB)))[None, :, None]
-    tok_v = wb * WT + jb                                    # [CW, WT, 1]: the values' rows
+    tok_v = wb * WT + jb                                    # [TW, WT, 1]: the values' rows
     rf = gl.arange(0, KVT, layout=gl.SliceLayout(1, FL))
     df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
     k_new = gl.convert_layout(knew, FL)                     # [1, HD], bf16 as stored
     v_new = gl.convert_layout(vnew, FL)
-    m_i = gl.full([CW, 16], float("-inf"), gl.float32, layout=gl.SliceLayout(2, MB))
-    l_i = gl.zeros([CW, 16], gl.float32, layout=gl.SliceLayout(2, MB))
-    acc = gl.zeros([CW, 16, HD], gl.float32, layout=MB)
+    m_i = gl.full([TW, 16], float("-inf"), gl.float32, layout=gl.SliceLayout(2, MB))
+    l_i = gl.zeros([TW, 16], gl.float32, layout=gl.SliceLayout(2, MB))
+    acc = gl.zeros([TW, 16, HD], gl.float32, layout=MB)
     last = n_ctx - 1
     t0 = lo
     while t0 < hi:                    # a ring chunk: KVT keys, then their KVT values
@@ -405,9 +408,9 @@ def _attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0,
             chunk.slice(KVT, KVT).store(gl.where(is_new, v_new, gl.where(m2, v_f, v_r)))
             barrier()                 # the patched rows before any warp reads them
         for st in gl.static_range(NST):
-            base = t0 + st * (WT * CW)
-            kt = kv3.slice(st * CW, CW).permute((0, 2, 1)).load(KB)                 # [CW, HD, WT]
-            sc = mma_v2(qa, kt, gl.zeros([CW, 16, WT], gl.float32, layout=MB)) * scale
+            base = t0 + st * (WT * TW)
+            kt = kv3.slice(st * TW, TW).permute((0, 2, 1)).load(KB)                 # [TW, HD, WT]
+            sc = mma_v2(qa, kt, gl.zeros([TW, 16, WT], gl.float32, layout=MB)) * scale
             # tokens past the share are zeros or another share's: masked, so a NaN cannot leak
             sc = gl.where(base + tok_s < hi, sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=2))
@@ -415,7 +418,7 @@ def _attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0,
             p = gl.exp(sc - m_safe[:, :, None])
             alpha = gl.exp(m_i - m_safe)
             l_i = l_i * alpha + gl.sum(p, axis=2)
-            vt = kv3.slice(KVT // WT + st * CW, CW).load(VB)                          # [CW, WT, HD]
+            vt = kv3.slice(KVT // WT + st * TW, TW).load(VB)                          # [TW, WT, HD]
             vt = gl.where(base + tok_v < hi, vt, 0.0)
             acc = mma_v2(gl.convert_layout(p.to(gl.bfloat16), PA), vt, acc * alpha[:, :, None])
             m_i = m_new

@@ -35,7 +35,7 @@ class StreamConfig:
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
-    attn_mma: bool = False        # attention's chunk products on tensor cores (kv_tokens a multiple of 64)
+    attn_mma: bool = False        # attention's chunk products on tensor cores (kv_tokens at least 16)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -54,10 +54,10 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
-        if self.attn_mma and (not self.head_dim or self.kv_tokens % 64):
-            raise ValueError(f"attn_mma needs attention compiled in with ring chunks of a multiple of 64 tokens "
-                             f"(16 a warp), not head_dim {self.head_dim} ({self.kv_tokens} tokens a chunk): "
-                             f"a head_dim of at most 64 at the default block_rows and block_k")
+        if self.attn_mma and (not self.head_dim or self.kv_tokens < 16):
+            raise ValueError(f"attn_mma needs attention compiled in with ring chunks of at least 16 tokens (a "
+                             f"warp's), not head_dim {self.head_dim} ({self.kv_tokens} tokens a chunk): a larger "
+                             f"block_rows or block_k")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")

@@ -172,17 +172,19 @@ MMA_WARPS, MMA_TOKENS = 4, 16     # attention.py's _attend_mma: the consumer's w
 def _warp_softmax(sc, vals, tile: int):
     """A share's (max, sum, output) as _attend_mma makes them (StreamConfig.attn_mma): the share's
     tokens (scores sc [heads, n], values [n, hd]) in ring chunks of `tile`, each chunk in steps of
-    MMA_WARPS x MMA_TOKENS; warp w takes tokens w * MMA_TOKENS + [0, MMA_TOKENS) of a step and keeps
-    its own running max, fp32 sum and output, the probabilities entering the output as bf16
-    (relative to the warp's running max at that step); the warps' states merge at the end."""
+    warps x MMA_TOKENS (warps: MMA_WARPS, or fewer where a chunk holds fewer tokens); warp w takes
+    tokens w * MMA_TOKENS + [0, MMA_TOKENS) of a step and keeps its own running max, fp32 sum and
+    output, the probabilities entering the output as bf16 (relative to the warp's running max at
+    that step); the warps' states merge at the end."""
     import torch
     heads, n = sc.shape
-    step = MMA_WARPS * MMA_TOKENS
-    m = torch.full((MMA_WARPS, heads), float("-inf"))
-    l = torch.zeros(MMA_WARPS, heads)
-    acc = torch.zeros(MMA_WARPS, heads, vals.shape[1])
+    warps = min(MMA_WARPS, tile // MMA_TOKENS)
+    step = warps * MMA_TOKENS
+    m = torch.full((warps, heads), float("-inf"))
+    l = torch.zeros(warps, heads)
+    acc = torch.zeros(warps, heads, vals.shape[1])
     for t0 in range(0, n, step):
-        for w in range(MMA_WARPS):
+        for w in range(warps):
             a, b = t0 + w * MMA_TOKENS, min(t0 + (w + 1) * MMA_TOKENS, n)
             if a >= b:
                 continue
