@@ -45,9 +45,12 @@ def anatomy(ex) -> dict:
         d["n"] += 1
         d["loader_blocked"] += stamps[j, 5] / 1e3
         d["wait"] += s[j, 1] - s[j, 0]
-        d["to_first"] += s[j, 2] - s[j, 1]
-        d["to_published"] += s[j, 3] - s[j, 2]
-        d["pub"].append(s[j, 3] - s[j, 2])
+        # a node with no chunk (an attention share past the context) stamps no first chunk this launch:
+        # its time after the wait counts as "to published"
+        first = s[j, 2] if stamps[j, 2] >= stamps[j, 1] else s[j, 1]
+        d["to_first"] += first - s[j, 1]
+        d["to_published"] += s[j, 3] - first
+        d["pub"].append(s[j, 3] - first)
     return {"span_us": round(float(s[:, 3].max()), 1), "ctas": ex.ctas,
             "kinds": {k: {"n": d["n"], **{p: round(d[p] / ex.ctas, 1)
                                           for p in ("wait", "to_first", "to_published", "loader_blocked")},
