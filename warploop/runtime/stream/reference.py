@@ -212,11 +212,18 @@ def merge_shares(arena, f, splits: int) -> None:
     arena[out:out + grp * hd] = ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1)
 
 
-def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: RankExchange | None = None) -> None:
+def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: RankExchange | None = None,
+             normed: dict | None = None) -> None:
     """Node `node` of step s of a launch (a decode loop's step; 0 for a single run). exchange: this
-    rank's side of the ranks' Exchange, for a tensor-parallel program's all-reduce nodes."""
+    rank's side of the ranks' Exchange, for a tensor-parallel program's all-reduce nodes.
+
+    normed: kept between the nodes of one run (reference() passes it): a GEMV's normed input and
+    its scale, which every tile of its stage would otherwise compute again, until a node writes
+    where that input or its norm weights lie."""
     if node.kind is NOP:
         return
+    if normed and node.kind is not GEMV and node.kind is not SAMPLE:     # SAMPLE writes ints only
+        normed.clear()
     if node.kind is ALLREDUCE:
         f = node.fields
         if exchange is None or exchange.world != f["world"]:
@@ -254,13 +261,23 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     f = node.fields
     br = tile_rows(f, program.config.block_rows)
     k, batch = f["k"], f["batch"]
-    xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
-    scale = 1.0
-    if f["norm"] >= 0:
-        scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
-        xs = xs * arena[f["norm"]:f["norm"] + k]
-    if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
-        xs = xs.to(torch.bfloat16).float()
+    key = (f["x"], batch * k, f["norm"], k, f["eps"])
+    kept = None if normed is None else normed.get(key)
+    if kept is None:
+        xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
+        scale = 1.0
+        if f["norm"] >= 0:
+            scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
+            xs = xs * arena[f["norm"]:f["norm"] + k]
+        if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
+            xs = xs.to(torch.bfloat16).float()
+        if normed is not None:
+            normed.clear()
+            normed[key] = (xs, scale)
+    else:
+        xs, scale = kept
+    if normed:
+        _forget_written(normed, f)
     pool = program.pools[f["pool"]]
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
@@ -287,6 +304,18 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
             best, at = int(y.argmax()), f["amax"] + b * f["astride"]
             arena[at] = y[best]
             arena[at + 1] = float(out + best)
+
+
+def _forget_written(normed: dict, f: dict) -> None:
+    """Drop the kept input if this GEMV node's outputs (each row's, and its largest value's pair)
+    overlap that input or its norm weights (its values are read before; the next node's are not)."""
+    writes = [(f["out"] + b * f["ostride"], f["rows"]) for b in range(f["batch"])]
+    if f["amax"] >= 0:
+        writes += [(f["amax"] + b * f["astride"], 2) for b in range(f["batch"])]
+    for x, xn, norm, k, _ in list(normed):
+        if any(o < x + xn and x < o + n or norm >= 0 and o < norm + k and norm < o + n for o, n in writes):
+            normed.clear()
+            return
 
 
 def _raced(y, f, out: int, ints, s: int):
@@ -316,9 +345,10 @@ def reference(program, arena=None, ints=None, kv=None, steps: int = 1, exchange:
     ints = given.cpu()
     if kv is None and program.kv is not None:
         kv = program.kv.detach().clone()
+    normed: dict = {}
     for s in range(steps):
         for node in program.nodes:
-            run_node(program, arena, node, ints, kv, s, exchange)
+            run_node(program, arena, node, ints, kv, s, exchange, normed)
     if ints is not given:
         given.copy_(ints)
     return arena
