@@ -16,6 +16,8 @@
 #   attn    StreamConfig.attn_mma (attention on tensor cores) against the default: each of $ATTN_MODELS' (default
 #           the three bench models) step, the two in alternating processes twice, then the GPU tests that run it
 #           (-k "tensor_cores or greedy_tokens") -> $OUT/attn-MODEL-{off,on}-N.json
+#   prefetch  StreamConfig.word_prefetch (instruction words prefetched into L1) at 0, 2, 4 and 8 instructions
+#           ahead, each of $STEP_MODELS' step, rounds interleaved in one process (--ab) -> $OUT/wp-MODEL.json
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -113,6 +115,11 @@ round(d['kernel_ms'], 4), 'ms, loop', round(d['loop_ms_per_token'], 4))" "$f" "$
             done; done; done
           (cd tests && timeout "${TEST_S:-200}" python -m pytest -q --timeout=120 test_stream_gpu.py \
              -k "tensor_cores or greedy_tokens") || echo "attn tests: rc $?" ;;
+    prefetch) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
+                timeout 150 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --runs 20 \
+                  --loop 8 --ab word_prefetch=0,2,4,8 > "$OUT/wp-$m.json" || echo "prefetch $m: rc $?"
+                python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['ab_kernel_ms'])" \
+                  "$OUT/wp-$m.json"; done ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;

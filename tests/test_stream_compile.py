@@ -51,6 +51,15 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
         assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"
 
 
+def test_word_prefetch_puts_an_l1_prefetch_in_the_loader_and_the_consumer():
+    """StreamConfig.word_prefetch: each role prefetches the words it loads next a few instructions
+    ahead (into L1); off, the kernel has none."""
+    assert compile_for(StreamConfig(word_prefetch=4), arch=90).asm["ptx"].count("prefetch.global.L1") == 2
+    assert "prefetch.global.L1" not in compile_for(StreamConfig(), arch=90).asm["ptx"]
+    with pytest.raises(ValueError, match="word_prefetch must be 0"):
+        StreamConfig(word_prefetch=-1)
+
+
 def test_attn_mma_needs_chunks_of_a_warps_tokens():
     assert [StreamConfig(head_dim=hd, attn_mma=True).kv_tokens for hd in (16, 64, 128, 256)] == [128, 64, 32, 16]
     for bad in (dict(head_dim=0), dict(head_dim=256, block_rows=16, block_k=128)):

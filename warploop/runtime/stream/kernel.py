@@ -32,7 +32,7 @@ from warploop.runtime.stream.gemv_rows import SB, gemv_rows
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
 from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, prefetch_l1, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import tma_load as _tma_load
 
@@ -88,7 +88,8 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
 
 @gluon.jit
 def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr):
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
+            WP: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
@@ -103,6 +104,8 @@ def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace
     while j < n * steps:          # the next instruction's words load while this one streams
         i = j % n
         nb = instr + ((j + 1) % n) * W
+        if WP > 0:                # StreamConfig.word_prefetch: the words WP instructions on, into L1
+            prefetch_l1(instr + ((j + WP) % n) * W)
         n_op = gl.load(nb + H_OP)
         n_pool = gl.load(nb + G_POOL)
         n_row = gl.load(nb + G_ROW)
@@ -169,7 +172,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr, WP: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -202,6 +205,8 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
         s = j // n
         epoch = epoch0 + s
         nb = instr + ((j + 1) % n) * W
+        if WP > 0:
+            prefetch_l1(instr + ((j + WP) % n) * W)
         (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
@@ -368,7 +373,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr,
+                  WP: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -392,8 +398,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, AM, pub_full, pub_empty)),
+                     TP, AM, WP, pub_full, pub_empty)),
         (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
-                   BK, NBUF, HD, KVT, NB, TRACE)),
+                   BK, NBUF, HD, KVT, NB, TRACE, WP)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
     ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])
