@@ -231,6 +231,7 @@ gl = types.SimpleNamespace(
     where=lambda c, x, y: T(np.where(_a(c), _a(x), _a(y))), exp=lambda x: T(np.exp(_a(x))),
     rsqrt=lambda x: T(1 / np.sqrt(_a(x))), abs=lambda x: T(np.abs(_a(x))),
     convert_layout=lambda x, layout: x, static_range=range,
+    inline_asm_elementwise=lambda *a, **k: T(np.int64(0)),     # timers, syncs, prefetches: nothing to emulate
     BlockedLayout=_layout, SliceLayout=_layout, NVMMADistributedLayout=_layout, DotOperandLayout=_layout,
     SwizzledSharedLayout=_layout, NVMMASharedLayout=_layout, multiple_of=lambda x, n: x,
 )

@@ -2,6 +2,8 @@
 TMA bulk copies into the ring, mbarrier waits and arrivals, setmaxnreg (a small budget for the
 loader, the rest for the consumer), acquire loads for waits and release atomics for publishing; with
 attention (kinds.ATTN) compiled in too, and no configuration spills."""
+import dataclasses
+
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
@@ -58,6 +60,15 @@ def test_word_prefetch_puts_an_l1_prefetch_in_the_loader_and_the_consumer():
     assert "prefetch.global.L1" not in compile_for(StreamConfig(), arch=90).asm["ptx"]
     with pytest.raises(ValueError, match="word_prefetch must be 0"):
         StreamConfig(word_prefetch=-1)
+
+
+def test_x_warp_sync_trades_a_chunks_cta_barrier_for_a_warps():
+    """StreamConfig.x_warp_sync, where each warp copies and reads its own slab of x (block_k 256:
+    four slabs, four warps): the chunk's wait for x's copies is the warp's, one CTA barrier fewer."""
+    base = StreamConfig(batch_rows=16)
+    ptx = [compile_for(dataclasses.replace(base, x_warp_sync=v), arch=90).asm["ptx"] for v in (False, True)]
+    assert ptx[1].count("bar.sync") == ptx[0].count("bar.sync") - 1
+    assert ptx[1].count("bar.warp.sync") == ptx[0].count("bar.warp.sync") + 1
 
 
 def test_attn_mma_needs_chunks_of_a_warps_tokens():

@@ -99,7 +99,8 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
         it, failed = body(S(ring), none, none, xs, ns, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]),
                           T(f["out"]), T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows,
-                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value, config.x_stages)
+                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value, config.x_stages,
+                          config.x_warp_sync)
         assert int(it) == len(ring) and failed == 0
         run_node(p, arena, node, ints_r, kv_r, 0)
         # only fp32 summation order differs

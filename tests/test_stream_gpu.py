@@ -14,7 +14,7 @@ from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
 from test_stream_step import batch_against_per_op, greedy, levels_against_one_program  # noqa: E402
 
 from warploop.bench import stream_chain  # noqa: E402
-from warploop.llm.stream_step import stream_config  # noqa: E402
+from warploop.llm.stream_step import batch_rows, stream_config  # noqa: E402
 from warploop.runtime.stream.compiled import StreamConfig  # noqa: E402
 from warploop.runtime.stream.executor import StreamError, StreamExecutor  # noqa: E402
 from warploop.runtime.stream.kinds import TRACE_STAMPS, WORDS, header_word  # noqa: E402
@@ -239,12 +239,16 @@ def test_a_kernel_for_fewer_rows_refuses_a_batched_program():
         StreamExecutor(dec.program, "cuda")
 
 
-@pytest.mark.parametrize("batch", [2, 8, 16, 17, 32])
-def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch):
+@pytest.mark.parametrize("batch, options", [(2, {}), (8, {}), (16, {}), (17, {}), (32, {}),
+                                            (8, {"x_warp_sync": True}), (8, {"attn_mma": True})])
+def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, options):
     """Batches on the streaming kernel (its GEMVs on tensor cores against every row, attention,
     embedding and sampling a row each), every row its own position and blocks: the per-op
-    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU."""
-    want, got, looped, stepped = batch_against_per_op(STEP_CONFIGS["qwen3_qk_norm"], batch, device="cuda")
+    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU;
+    with the options x_warp_sync and attn_mma too."""
+    cfg = STEP_CONFIGS["qwen3_qk_norm"]
+    config = stream_config(cfg, batch_rows=batch_rows(batch), **options)
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"
     top2 = want.topk(2, dim=-1).values

@@ -172,7 +172,7 @@ def test_stream_step_levels_give_the_one_program_logits(defer):
     assert looped == ref
 
 
-def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu"):
+def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", **decoder_options):
     """Rows with prompts of different lengths (mixed contexts), each its own blocks, decoded by the
     per-op backend (greedy, the whole batch a step at a time) and by a batched decoder fed the same
     tokens (step_rows), over the cache the per-op prefill wrote (rounded to the decoder's bf16); then
@@ -197,7 +197,7 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu"):
     def decoder():
         backend, firsts = prefilled()
         return StreamDecoder(cfg, w, device=device, max_context=per_row * 4, block_size=4,
-                             kv=backend.kv.to(torch.bfloat16), batch=batch), firsts
+                             kv=backend.kv.to(torch.bfloat16), batch=batch, **decoder_options), firsts
 
     ref, firsts = prefilled()
     dec, _ = decoder()
@@ -216,13 +216,15 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu"):
     return torch.stack(want), torch.stack(got), looped, [list(r) for r in zip(*stepped, strict=True)]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 8, 32])
-def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
+@pytest.mark.parametrize("batch, mma", [(1, False), (2, False), (8, False), (32, False), (8, True)])
+def test_batched_decoder_gives_the_per_op_backends_tokens(batch, mma):
     """Batches on the streaming program (CPU reference), every row its own position and blocks:
     the per-op backend's logits within bf16 KV rounding and its greedy picks wherever they are not
     a near tie (the cache's bf16 rounding may flip one), every step; its own greedy loop in one
-    launch equals its greedy steps."""
-    want, got, looped, stepped = batch_against_per_op(CONFIGS["qwen3_qk_norm"], batch)
+    launch equals its greedy steps. mma: with attn_mma's rounding."""
+    cfg = CONFIGS["qwen3_qk_norm"]
+    config = stream_config(cfg, batch_rows=batch_rows(batch), attn_mma=mma)
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"
     top2 = want.topk(2, dim=-1).values

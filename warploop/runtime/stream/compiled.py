@@ -37,6 +37,7 @@ class StreamConfig:
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
     attn_mma: bool = False        # attention's chunk products on tensor cores (kv_tokens at least 16)
     word_prefetch: int = 0        # the loader and consumer prefetch instruction words this many ahead into L1 (0: off)
+    x_warp_sync: bool = False     # with batch_rows: a warp waits only for its own slab's copies of x (no CTA barrier)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -116,7 +117,8 @@ class StreamConfig:
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel, AM=self.attn_mma, WP=self.word_prefetch)
+                    XR=self.x_rows, TP=self.tensor_parallel, AM=self.attn_mma, WP=self.word_prefetch,
+                    XW=self.x_warp_sync)
 
 
 def smem_layout(swizzled: bool = False):
