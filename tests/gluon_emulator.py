@@ -248,14 +248,23 @@ async_copy = types.SimpleNamespace(async_copy_global_to_shared=_async_copy, comm
 
 def emulated(jitfn, **replaced):
     """The Python function of a Gluon jit function over the stand-ins: its module's constexprs as
-    values, its jit helpers emulated too, and `replaced` (names of its globals) swapped in."""
-    g = dict(jitfn.fn.__globals__)
-    g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0,
-             async_copy=async_copy, _cp_async=_async_copy)
-    for name, v in list(g.items()):
-        if type(v).__name__ in ("GluonJITFunction", "JITFunction"):
-            g[name] = types.FunctionType(v.fn.__code__, g, name, v.fn.__defaults__)
-        elif type(v).__name__ == "constexpr":
-            g[name] = v.value
-    g.update(replaced)
-    return types.FunctionType(jitfn.fn.__code__, g, jitfn.fn.__name__, jitfn.fn.__defaults__)
+    values, its jit helpers emulated too (each over its own module's globals: a helper may come from
+    another module), and `replaced` (names of any of their globals) swapped in."""
+    done: dict[int, types.FunctionType] = {}
+
+    def convert(fn) -> types.FunctionType:
+        if id(fn) in done:
+            return done[id(fn)]
+        g = dict(fn.fn.__globals__)
+        done[id(fn)] = out = types.FunctionType(fn.fn.__code__, g, fn.fn.__name__, fn.fn.__defaults__)
+        g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0,
+                 async_copy=async_copy, _cp_async=_async_copy)
+        for name, v in list(g.items()):
+            if type(v).__name__ in ("GluonJITFunction", "JITFunction"):
+                g[name] = convert(v)
+            elif type(v).__name__ == "constexpr":
+                g[name] = v.value
+        g.update(replaced)
+        return out
+
+    return convert(jitfn)

@@ -166,11 +166,11 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
         merge_shares(arena, f, live)
 
 
-MMA_WARPS, MMA_TOKENS = 4, 16     # attention.py's _attend_mma: the consumer's warps, a warp's tokens a step
+MMA_WARPS, MMA_TOKENS = 4, 16     # attention_mma.attend_mma: the consumer's warps, a warp's tokens a step
 
 
 def _warp_softmax(sc, vals, tile: int):
-    """A share's (max, sum, output) as _attend_mma makes them (StreamConfig.attn_mma): the share's
+    """A share's (max, sum, output) as attention_mma.attend_mma makes them (StreamConfig.attn_mma): the share's
     tokens (scores sc [heads, n], values [n, hd]) in ring chunks of `tile`, each chunk in steps of
     warps x MMA_TOKENS (warps: MMA_WARPS, or fewer where a chunk holds fewer tokens); warp w takes
     tokens w * MMA_TOKENS + [0, MMA_TOKENS) of a step and keeps its own running max, fp32 sum and
