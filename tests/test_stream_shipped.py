@@ -21,6 +21,15 @@ def test_the_shipped_kernels_are_built_from_this_trees_kernel_sources():
     assert manifest["sources"] == pb.source_hash(), f"the shipped stream kernels are stale; {REBUILD}"
 
 
+def test_the_source_hash_covers_every_module_with_kernel_code():
+    """A module of the stream package that holds Gluon code is one of prebuilt.SOURCES, so a change
+    there makes the shipped kernels stale (a new module left out would not)."""
+    from pathlib import Path
+    folder = Path(pb.__file__).parent
+    with_jit = {f.name for f in folder.glob("*.py") if "@gluon.jit" in f.read_text()}
+    assert with_jit and with_jit <= set(pb.SOURCES), sorted(with_jit - set(pb.SOURCES))
+
+
 def test_the_shipped_folder_holds_exactly_the_listed_shapes_each_a_cubin():
     manifest = json.loads((pb.SHIPPED / pb.MANIFEST).read_text())
     want = {pb.key(c.constexprs(), SHIPPED_ARCH) for c in shipped_configs()}

@@ -2,9 +2,9 @@
 
 One CTA per SM runs its static instruction list (program.py builds it) with three roles:
 
-- the loader, one warp with a small register budget, walks the list and streams every node's
-  streamed operand (kinds.Streamed) into a ring of NBUF shared-memory slots of [BR, BK] by TMA.
-  It waits only for free slots, never on a dependency, so it runs ahead into later stages;
+- the loader (loader.py), one warp with a small register budget, walks the list and streams every
+  node's streamed operand (kinds.Streamed) into a ring of NBUF shared-memory slots of [BR, BK] by
+  TMA. It waits only for free slots, never on a dependency, so it runs ahead into later stages;
 - the consumer, one warpgroup, walks the same list: it waits on the node's dependency counters
   (bounded acquire polls), stages the node's input vector in shared memory, computes from
   the ring chunk by chunk, releases each slot, writes its outputs and hands its counter to
@@ -27,14 +27,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from warploop.runtime.stream.attention import OP_ATTN, attn, stream_kv
-from warploop.runtime.stream.gemv_rows import SB, gemv_rows
+from warploop.runtime.stream.attention import OP_ATTN, attn
+from warploop.runtime.stream.gemv_rows import gemv_rows
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
+from warploop.runtime.stream.loader import LOADER_REGS, LOADER_WARPS, loader
 from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, prefetch_l1, waits
 from warploop.runtime.stream.sync import barrier as _barrier
-from warploop.runtime.stream.sync import tma_load as _tma_load
 
 W = gl.constexpr(WORDS)
 H_OP = gl.constexpr(header_word("op"))
@@ -45,10 +45,7 @@ H_NEED1 = gl.constexpr(header_word("need1"))
 H_SIGNAL = gl.constexpr(header_word("signal"))
 H_SIGNALS = gl.constexpr(header_word("signals"))
 OP_GEMV = gl.constexpr(GEMV.opcode)
-G_POOL = gl.constexpr(GEMV.word(GEMV.streamed.pool))
-G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
 G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
-G_ROW2 = gl.constexpr(GEMV.word(GEMV.streamed.second))
 G_ROWS = gl.constexpr(GEMV.word("rows"))
 G_X = gl.constexpr(GEMV.word("x"))
 G_OUT = gl.constexpr(GEMV.word("out"))
@@ -63,97 +60,8 @@ G_SAMP = gl.constexpr(GEMV.word("samp"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 CW = gl.constexpr(4)            # the consumer's warps: one warpgroup (two measured no faster)
-LOADER_WARPS = gl.constexpr(1)
-LOADER_REGS = gl.constexpr(40)
 PUBLISHER_WARPS = gl.constexpr(1)
 PQ = gl.constexpr(4)            # publishes the consumer may hand the publisher ahead of it
-
-
-@gluon.jit
-def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
-    """A chunk's two boxes from weight pool `pool`: (row, col) into `top`, (row2, col2) into `bottom`."""
-    if pool == 0:
-        _tma_load(d0, [row, col], bar, top)
-        _tma_load(d0, [row2, col2], bar, bottom)
-    elif pool == 1:
-        _tma_load(d1, [row, col], bar, top)
-        _tma_load(d1, [row2, col2], bar, bottom)
-    elif pool == 2:
-        _tma_load(d2, [row, col], bar, top)
-        _tma_load(d2, [row2, col2], bar, bottom)
-    else:
-        _tma_load(d3, [row, col], bar, top)
-        _tma_load(d3, [row2, col2], bar, bottom)
-
-
-@gluon.jit
-def _loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
-            WP: gl.constexpr):
-    HALF: gl.constexpr = BR // 2
-    it = 0
-    op = gl.load(instr + H_OP)
-    pool = gl.load(instr + G_POOL)
-    row = gl.load(instr + G_ROW)
-    row2 = gl.load(instr + G_ROW2)
-    k = gl.load(instr + G_K)
-    narrow = gl.load(instr + G_NARROW)
-    # instruction j of the launch is instruction j % n of step j // n (a decode loop runs the list
-    # `steps` times; the ring's chunk count runs on across steps)
-    j = 0
-    while j < n * steps:          # the next instruction's words load while this one streams
-        i = j % n
-        nb = instr + ((j + 1) % n) * W
-        if WP > 0:                # StreamConfig.word_prefetch: the words WP instructions on, into L1
-            prefetch_l1(instr + ((j + WP) % n) * W)
-        n_op = gl.load(nb + H_OP)
-        n_pool = gl.load(nb + G_POOL)
-        n_row = gl.load(nb + G_ROW)
-        n_row2 = gl.load(nb + G_ROW2)
-        n_k = gl.load(nb + G_K)
-        n_narrow = gl.load(nb + G_NARROW)
-        if op == OP_GEMV:
-            # a chunk is two [BR/2, BK] boxes: rows from row and from row2 at one column block, or
-            # a narrow tile's BR/2 rows at two consecutive column blocks
-            kk = 0
-            blocked = (k * 0).to(gl.int64)     # ns (int64, as the clock)
-            while kk < k:
-                slot = it % NBUF
-                if TRACE:
-                    t = now()
-                mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
-                if TRACE:
-                    blocked += now() - t
-                    if kk == 0:
-                        gl.store(trace + i * TRACE_WORDS + 4, now())
-                bar = full.index(slot)
-                mbarrier.expect(bar, BR * BK * 2)
-                kk2 = kk + BK * narrow
-                if NB > 0:            # a batched kernel's chunk: [BR, SB] swizzled column blocks (gemv_rows)
-                    if PUBLIC_REINTERPRET:
-                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
-                    else:
-                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
-                    for q in gl.static_range(BK // SB):
-                        _tma_pair(d0, d1, d2, d3, pool, row, kk + q * SB, row2, kk2 + q * SB, bar,
-                                  dst.index(2 * q), dst.index(2 * q + 1))
-                else:
-                    if PUBLIC_REINTERPRET:
-                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
-                    else:
-                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
-                    _tma_pair(d0, d1, d2, d3, pool, row, kk, row2, kk2, bar, dst.index(0), dst.index(1))
-                it += 1
-                kk += BK * (1 + narrow)
-            if TRACE:
-                gl.store(trace + i * TRACE_WORDS + 5, blocked)
-        if HD != 0:
-            if op == OP_ATTN:
-                if TRACE:
-                    gl.store(trace + i * TRACE_WORDS + 4, now())
-                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, NBUF, HD, KVT)
-        op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
-        j += 1
 
 
 @gluon.jit
@@ -400,7 +308,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
                      TP, AM, WP, XW, pub_full, pub_empty)),
-        (_loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
+        (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE, WP)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
     ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])
