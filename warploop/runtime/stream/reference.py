@@ -139,8 +139,8 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     tile = program.config.kv_tokens
     cdiv = lambda a, b: -(-a // b)
     chunk = cdiv(cdiv(n_ctx, f["splits"]), tile) * tile          # the kernel's shares: whole tiles
-    lo = min(f["split"] * chunk, n_ctx) if f["splits"] > 1 else 0
-    hi = min(lo + chunk, n_ctx) if f["splits"] > 1 else n_ctx
+    lo = min(f["split"] * chunk, n_ctx)                        # one split: the whole context
+    hi = min(lo + chunk, n_ctx)
     if f["splits"] == 1 and not mma:
         out = f["out"] + f["head"] * hd
         arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
@@ -277,7 +277,7 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     else:
         xs, scale = kept
     if normed:
-        _forget_written(normed, f)
+        _forget_written(normed, GEMV.footprint(f, program.config.block_rows)[1])
     pool = program.pools[f["pool"]]
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
@@ -306,12 +306,9 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
             arena[at + 1] = float(out + best)
 
 
-def _forget_written(normed: dict, f: dict) -> None:
-    """Drop the kept input if this GEMV node's outputs (each row's, and its largest value's pair)
-    overlap that input or its norm weights (its values are read before; the next node's are not)."""
-    writes = [(f["out"] + b * f["ostride"], f["rows"]) for b in range(f["batch"])]
-    if f["amax"] >= 0:
-        writes += [(f["amax"] + b * f["astride"], 2) for b in range(f["batch"])]
+def _forget_written(normed: dict, writes: list) -> None:
+    """Drop the kept input if a GEMV node's writes (its footprint's) overlap that input or its norm
+    weights (its own values were read before; the next node's would not be)."""
     for x, xn, norm, k, _ in list(normed):
         if any(o < x + xn and x < o + n or norm >= 0 and o < norm + k and norm < o + n for o, n in writes):
             normed.clear()
