@@ -74,6 +74,9 @@ def main() -> int:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=("one", "tp", "tp_symm", "tp_eager", "compile", "replicas"), required=True)
+    parser.add_argument("--backend", choices=("torch", "stream"), default=None,
+                        help="the engine's backend for one/tp/replicas (default: the device's); with stream, batch "
+                             "1 decodes in the streaming kernel (each rank's under tensor parallelism), batches per op")
     parser.add_argument("--shapes", choices=tuple(SHAPES), default="llama-3.1-8b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dir", default=None, help="the checkpoint (default /tmp/<shapes>-random; written if absent)")
@@ -93,7 +96,8 @@ def main() -> int:
     result.update(copy_gbps=round(copy, 1), weight_bytes=nbytes, floor_ms_1gpu=round(nbytes / copy / 1e6, 4),
                   floor_ms_tp2=round(nbytes / 2 / copy / 1e6, 4))
     options = dict(device=args.device, dtype="bfloat16", max_num_seqs=BATCH, max_model_len=MAX_LEN,
-                   enable_prefix_caching=False, progress=False)
+                   enable_prefix_caching=False, progress=False, backend=args.backend)
+    result["backend"] = args.backend
     # each part prints its figures as soon as they exist: closing an engine (leaving an NCCL group,
     # stopping processes) must not be able to lose them
     if args.part in ("one", "tp", "tp_symm", "tp_eager"):

@@ -9,7 +9,8 @@
 #   tp        two GPUs: tensor parallelism and replicas (TP_PARTS, default below; scripts/bench_tp.py one part a
 #             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log;
 #             TP_PARTS=stream: the streaming kernel's tensor parallelism (tests/test_stream_tp_gpu.py, then
-#             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json
+#             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json; one_stream, tp_stream: bench_tp.py's
+#             engine on --backend stream; user_stream: `generate --backend stream` on tiny at TP 1 and 2
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
 #   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
@@ -48,6 +49,13 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
             tail -15 "$OUT/pytest-stream-tp.log"
             timeout -s ABRT -k 10 "$limit" python scripts/stream_tp_time.py --worlds 1,2 > "$OUT/tp-stream.json"
             echo "stream tp time rc=$?"; cat "$OUT/tp-stream.json" ;;
+    user_stream) for n in 1 2; do   # the same generate on the streaming backend (bf16): one GPU against two ranks' kernels
+            echo "tensor-parallel $n, --backend stream"
+            timeout -s ABRT -k 10 "$limit" python -m warploop.cli generate --model tiny --device cuda --backend stream \
+              --dtype bfloat16 --prompt "def add(a, b):" --max-tokens 64 --temperature 0 --tensor-parallel "$n" --json
+          done 2>&1 | tee "$OUT/user-stream.log" ;;
+    *_stream) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "${part%_stream}" --backend stream \
+                > "$OUT/tp-$part.json"; echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
     *) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "$part" > "$OUT/tp-$part.json"
        echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
   esac

@@ -13,13 +13,6 @@
 #           default '{}'; e.g.
 #           '{} {"ring":4,"x_stage_kb":128}') -> $OUT/batch-MODEL-B-cN.json (tokens_per_s; `bench decode`'s per-op
 #           and torch.compile are the peers)
-#   attn    StreamConfig.attn_mma (attention on tensor cores) against the default: each of $ATTN_MODELS' (default
-#           the three bench models) step, the two in alternating processes twice, then the GPU tests that run it
-#           (-k "tensor_cores or greedy_tokens") -> $OUT/attn-MODEL-{off,on}-N.json
-#   prefetch  StreamConfig.word_prefetch (instruction words prefetched into L1) at 0, 2, 4 and 8 instructions
-#           ahead, each of $STEP_MODELS' step, rounds interleaved in one process (--ab) -> $OUT/wp-MODEL.json;
-#           then StreamConfig.x_warp_sync at batch 8 and 32 (Llama-3.2-1B, --ab) -> $OUT/xw-B.json, and the
-#           batched decoder's GPU tests (the options among them)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -107,28 +100,6 @@ e['stream'].get('ms_per_token_bs1')) for n, e in r['models'].items()]" "$OUT/dec
            ncu --import "$OUT/ncu.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-sass.csv" 2>&1
            grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Stall|Memory Throughput" "$OUT/ncu-details.txt" | head -n 30
          fi ;;
-    attn) for m in ${ATTN_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for n in 1 2; do
-            for v in off on; do cfg='{}'; [ "$v" = on ] && cfg='{"attn_mma":true}'
-              f="$OUT/attn-$m-$v-$n.json"
-              timeout 100 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --runs 20 \
-                --loop 8 --config "$cfg" > "$f" || echo "attn $m $v: rc $?"
-              python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], sys.argv[2], \
-round(d['kernel_ms'], 4), 'ms, loop', round(d['loop_ms_per_token'], 4))" "$f" "$v"
-            done; done; done
-          (cd tests && timeout "${TEST_S:-200}" python -m pytest -q --timeout=120 test_stream_gpu.py \
-             -k "tensor_cores or greedy_tokens") || echo "attn tests: rc $?" ;;
-    prefetch) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
-                timeout 150 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --runs 20 \
-                  --loop 8 --ab word_prefetch=0,2,4,8 > "$OUT/wp-$m.json" || echo "prefetch $m: rc $?"
-                python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['ab_kernel_ms'])" \
-                  "$OUT/wp-$m.json"; done
-              for bt in 8 32; do
-                timeout 150 python scripts/stream_step_time.py --model llama-3.2-1b --context "${STEP_CONTEXT:-512}" \
-                  --batch "$bt" --runs 20 --loop 8 --ab x_warp_sync=0,1 > "$OUT/xw-$bt.json" || echo "xw $bt: rc $?"
-                python -c "import json,sys; d=json.load(open(sys.argv[1])); print('batch', d['batch'], d['ab_kernel_ms'])" \
-                  "$OUT/xw-$bt.json"; done
-              (cd tests && timeout 200 python -m pytest -q --timeout=120 test_stream_gpu.py -k "batched_decoder") \
-                || echo "batched tests: rc $?" ;;
     step) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do
             timeout 200 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" ${STEP_ARGS:-} \
               > "$OUT/step-$m${STEP_TAG:-}.json" || echo "step $m: rc $?"; cat "$OUT/step-$m${STEP_TAG:-}.json"; done ;;

@@ -2,7 +2,6 @@
 TMA bulk copies into the ring, mbarrier waits and arrivals, setmaxnreg (a small budget for the
 loader, the rest for the consumer), acquire loads for waits and release atomics for publishing; with
 attention (kinds.ATTN) compiled in too, and no configuration spills."""
-import dataclasses
 
 import pytest
 
@@ -17,12 +16,9 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, attn_mma=True),
-                                 StreamConfig(head_dim=128, attn_group=2, attn_mma=True)],
+                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
-                              "batch32_four_x_stages", "batch16_eight_x_stages", "attention_mma",
-                              "attention_mma_hd128"])
+                              "batch32_four_x_stages", "batch16_eight_x_stages"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -40,42 +36,16 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
         assert r["ptx"]["cp.async.bulk.tensor"] >= 2 * boxes + 1
     # batch_rows: the batched GEMV's products are tensor-core mmas fed from the ring slot by
     # ldmatrix, and x comes by 16-byte cp.async; neither in the batch-1 kernel
-    # (attn_mma: attention's chunk products are mmas too, their operands read from the plain-row slot)
     ptx = ck.asm["ptx"]
     mma = bool(cfg.batch_rows)
     assert ("cp.async.cg.shared.global" in ptx) == mma
-    assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == (mma or cfg.attn_mma)
-    assert ("ldmatrix" in ptx) == mma or cfg.attn_mma
+    assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == mma
+    assert ("ldmatrix" in ptx) == mma
     # the batch-1 consumer stages x (.cg) and its norm weights 16 bytes a load, not 4, under the Triton
     # the GPU machines and the shipped kernels use (3.6.0; 3.9.0's compile here leaves them 4-byte loads)
     if not mma and triton.__version__.startswith("3.6."):
         norms = ptx.count("ld.global.v4.b32")        # x's .cg loads have the same shape as its norm weights'
         assert norms >= 4 and ptx.count("ld.global.cg.v4.b32") >= norms, "x or the norm weights load 4 bytes at a time"
-
-
-def test_word_prefetch_puts_an_l1_prefetch_in_the_loader_and_the_consumer():
-    """StreamConfig.word_prefetch: each role prefetches the words it loads next a few instructions
-    ahead (into L1); off, the kernel has none."""
-    assert compile_for(StreamConfig(word_prefetch=4), arch=90).asm["ptx"].count("prefetch.global.L1") == 2
-    assert "prefetch.global.L1" not in compile_for(StreamConfig(), arch=90).asm["ptx"]
-    with pytest.raises(ValueError, match="word_prefetch must be 0"):
-        StreamConfig(word_prefetch=-1)
-
-
-def test_x_warp_sync_trades_a_chunks_cta_barrier_for_a_warps():
-    """StreamConfig.x_warp_sync, where each warp copies and reads its own slab of x (block_k 256:
-    four slabs, four warps): the chunk's wait for x's copies is the warp's, one CTA barrier fewer."""
-    base = StreamConfig(batch_rows=16)
-    ptx = [compile_for(dataclasses.replace(base, x_warp_sync=v), arch=90).asm["ptx"] for v in (False, True)]
-    assert ptx[1].count("bar.sync") == ptx[0].count("bar.sync") - 1
-    assert ptx[1].count("bar.warp.sync") == ptx[0].count("bar.warp.sync") + 1
-
-
-def test_attn_mma_needs_chunks_of_a_warps_tokens():
-    assert [StreamConfig(head_dim=hd, attn_mma=True).kv_tokens for hd in (16, 64, 128, 256)] == [128, 64, 32, 16]
-    for bad in (dict(head_dim=0), dict(head_dim=256, block_rows=16, block_k=128)):
-        with pytest.raises(ValueError, match="attn_mma needs attention compiled in with ring chunks of at least 16"):
-            StreamConfig(attn_mma=True, **bad)
 
 
 def test_x_stages_are_what_their_shared_memory_holds_in_a_power_of_two():

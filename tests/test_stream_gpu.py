@@ -1,6 +1,7 @@
 """The streaming executor on a Hopper GPU against the CPU reference, node by node (skips elsewhere).
 
 Run on the device machine: scripts/device_stream.sh."""
+import dataclasses
 import os
 
 import pytest
@@ -78,7 +79,6 @@ print(prebuilt_run(sys.argv[1]))
 def prebuilt_run(folder):
     """A layer chain with attention run by the prebuilt kernel in `folder`, against the reference:
     the first difference (None when there is none)."""
-    import dataclasses
     m = SHAPES["llama_gqa"]
     cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=300, block_size=16, splits=3)
@@ -95,7 +95,6 @@ def test_gpu_prebuilt_kernel_runs_with_no_triton(tmp_path):
     """The kernel compiled ahead of time (prebuilt.write_variant) and launched through the CUDA driver
     gives the reference's outputs, in a process where importing Triton fails; a folder without the
     program's variant is refused by name."""
-    import dataclasses
     import subprocess
     import sys
 
@@ -148,21 +147,8 @@ def test_gpu_attention_layers_equal_reference(name, context, splits, block_size)
     a shuffled block table, the context streamed by the loader in TMA boxes of up to a block, the
     shares merged by the last one to finish) against the reference, node by node, and the KV caches
     they leave."""
-    check_attention_layers(ATTN_SHAPES[name], context, splits, block_size, attn_mma=False)
-
-
-@pytest.mark.parametrize("context, splits, block_size", [(1, 1, 4), (37, 1, 4), (5, 4, 4), (300, 7, 16),
-                                                         (1000, 5, 16)])
-@pytest.mark.parametrize("name", [next(iter(SHAPES)), "llama_hd64", "qwen3_hd128"])
-def test_gpu_attention_on_tensor_cores_equals_reference(name, context, splits, block_size):
-    """The same with StreamConfig.attn_mma (the chunks' products on tensor cores, each warp its own
-    tokens; q and the probabilities as bf16, as the reference rounds them)."""
-    check_attention_layers(ATTN_SHAPES[name], context, splits, block_size, attn_mma=True)
-
-
-def check_attention_layers(m, context: int, splits: int, block_size: int, attn_mma: bool) -> None:
-    import dataclasses
-    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8, attn_mma=attn_mma)
+    m = ATTN_SHAPES[name]
+    cfg = dataclasses.replace(CONFIGS[0], head_dim=m.head_dim, attn_group=8)
     chain = stream_chain.layer_chain(m, cfg, device="cuda", context=context, block_size=block_size,
                                       splits=splits)
     p = chain.program
@@ -180,13 +166,12 @@ def check_attention_layers(m, context: int, splits: int, block_size: int, attn_m
     torch.testing.assert_close(ex.kv.float(), want_kv.float(), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("splits, mma", [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", STEP_CONFIGS)
-def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits, mma):
-    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens (mma:
-    with attention on tensor cores, StreamConfig.attn_mma)."""
+def test_gpu_stream_step_greedy_tokens_equal_per_op_backend(name, splits):
+    """A model's decode steps on the streaming kernel give the per-op backend's greedy tokens."""
     cfg = STEP_CONFIGS[name]
-    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg, attn_mma=mma))
+    tokens, ref_tokens, err, looped = greedy(cfg, "cuda", splits=splits, config=stream_config(cfg))
     assert tokens == ref_tokens
     assert looped == ref_tokens             # the decode loop in one launch
     assert err < 2e-2
@@ -239,15 +224,13 @@ def test_a_kernel_for_fewer_rows_refuses_a_batched_program():
         StreamExecutor(dec.program, "cuda")
 
 
-@pytest.mark.parametrize("batch, options", [(2, {}), (8, {}), (16, {}), (17, {}), (32, {}),
-                                            (8, {"x_warp_sync": True}), (8, {"attn_mma": True})])
-def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, options):
+@pytest.mark.parametrize("batch", [2, 8, 16, 17, 32])
+def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch):
     """Batches on the streaming kernel (its GEMVs on tensor cores against every row, attention,
     embedding and sampling a row each), every row its own position and blocks: the per-op
-    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU;
-    with the options x_warp_sync and attn_mma too."""
+    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU."""
     cfg = STEP_CONFIGS["qwen3_qk_norm"]
-    config = stream_config(cfg, batch_rows=batch_rows(batch), **options)
+    config = stream_config(cfg, batch_rows=batch_rows(batch))
     want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"

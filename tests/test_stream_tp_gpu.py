@@ -1,7 +1,7 @@
 """The streaming kernel under tensor parallelism on two Hopper GPUs (skips without them): each rank a
 process and a GPU, its program's all-reduce nodes meeting the peer's kernel through symmetric memory
 (allreduce.py). The ranks' logits are the same bits; they equal one GPU's decoder within bf16 KV
-rounding, and the decode loop's greedy tokens equal one GPU's. Each check runs in fresh processes
+rounding, and the decode loop's greedy tokens equal one GPU's for 32 steps. Each check runs in fresh processes
 (a symmetric-memory group is set up once a process)."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ cfg = CONFIGS[name]
 w = shard_weights(bf16_exact_weights(cfg, "cuda"), cfg, world, rank)   # one_gpu's weights, sharded
 dec = StreamDecoder(cfg, w, device="cuda", max_context=64, block_size=16, tp=GroupRank())
 logits = [dec.step(t, p).float().cpu().clone() for p, t in enumerate({prompt})]
-tokens = dec.generate(int(logits[-1].argmax()), len({prompt}), 12)
+tokens = dec.generate(int(logits[-1].argmax()), len({prompt}), 32)
 torch.save((logits, tokens), sys.argv[5])
 dist.barrier()
 dist.destroy_process_group()
@@ -45,7 +45,7 @@ def one_gpu(name):
     cfg = CONFIGS[name]
     dec = StreamDecoder(cfg, bf16_exact_weights(cfg, "cuda"), device="cuda", max_context=64, block_size=16)
     logits = [dec.step(t, p).float().cpu().clone() for p, t in enumerate(PROMPT)]
-    return logits, dec.generate(int(logits[-1].argmax()), len(PROMPT), 12)
+    return logits, dec.generate(int(logits[-1].argmax()), len(PROMPT), 32)
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen3_qk_norm", "qwen2_bias"])

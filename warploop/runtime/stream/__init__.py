@@ -10,7 +10,6 @@ dependencies and a consumer warpgroup waits only on activations (docs/stream.md)
     gemv_rows.py  a batched kernel's GEMV body, on tensor cores
     small.py      the bodies of the kinds with no streamed operand (EMBED, SAMPLE, NOP)
     attention.py  the attention kind's body (the loader's context stream, the consumer's fp32 softmax)
-    attention_mma.py  its chunks on tensor cores (StreamConfig.attn_mma)
     shares.py     a KV head's context in shares, and their merge
     kv_rows.py    the rows a share reads: this launch's, patched over the ring's copies; q/k's RoPE
     sync.py       waits with a way out, the clock, Triton-version aliases

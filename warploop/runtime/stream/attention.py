@@ -9,8 +9,8 @@ online softmax over the chunks as they land.
 
 A KV head's q heads, its new k and v and a tile of cached keys share one 3-D layout [GP, TILE, HD]:
 scores are products summed over HD, the output products summed over TILE, fp32 throughout; k and v
-are rounded to the cache's bf16 once, as stored (StreamConfig.attn_mma: attention_mma.py's chunks
-instead). The shares and their merge are shares.py's; the rows they read, kv_rows.py's.
+are rounded to the cache's bf16 once, as stored. The shares and their merge are shares.py's; the
+rows they read, kv_rows.py's.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from warploop.runtime.stream.attention_mma import attend_mma, q_rows
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, rope
 from warploop.runtime.stream.shares import share, take_ticket
@@ -80,9 +79,9 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD:
 @gluon.jit
 def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, AM: gl.constexpr):
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
     """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
-    count and `failed`. AM (StreamConfig.attn_mma): the chunks' products on tensor cores (attention_mma.py)."""
+    count and `failed`."""
     HALF: gl.constexpr = HD // 2
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
     # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
@@ -156,15 +155,11 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     busy = lo < hi
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     # q heads of the group in the scores' row layout; the new k and v as row 0 of a [1, HD] tile.
-    # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line (with AM, q's rows
-    # padded to an mma's 16, in attend_mma's layout)
-    if AM:
-        q = q_rows(arena, qkv, head0, grp, busy, csq, snq, wq, wqp, eps, qn, CW, HD)
-    else:
-        src = qkv + (head0 + jq) * HD
-        q = rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
-                  gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wq, wqp,
-                  csq, snq, eps, qn >= 0, HD, dq)
+    # .cg: a predecessor on another SM wrote them, so L2, never a stale L1 line
+    src = qkv + (head0 + jq) * HD
+    q = rope(gl.load(arena + src[:, None] + dq[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
+             gl.load(arena + src[:, None] + dqp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wq, wqp,
+             csq, snq, eps, qn >= 0, HD, dq)
     ksrc = qkv + (heads + g) * HD + one
     knew = rope(gl.load(arena + ksrc[:, None] + dk[None, :], mask=busy, other=0.0, cache_modifier=".cg"),
                  gl.load(arena + ksrc[:, None] + dkp[None, :], mask=busy, other=0.0, cache_modifier=".cg"), wk, wkp,
@@ -175,67 +170,61 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
-    if AM:
-        it = attend_mma(arena, bufs, full, empty, it, counters, trace, i, q, out, head0, grp, scale, split,
-                         splits, part, ticket, n_ctx, lo, hi, busy, fresh, f0, f1, ca, cb,
-                         row_a, in_a, row_b, in_b, ints, step, bs, row_words, g, kc, vc, knew, vnew, NBUF, TRACE,
-                         CW, HD, GP, KVT)
-    else:
-        knew = knew.to(gl.float32)
-        vnew = vnew.to(gl.float32)
-        tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
-        ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-        l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-        acc = gl.zeros([GP, HD], gl.float32, layout=QL)
-        t0 = lo
-        while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
-            b = it % NBUF               # the ring slot (s is the step)
-            mbarrier.wait(full.index(b), (it // NBUF) & 1)
-            if TRACE:
-                if t0 == lo:
-                    gl.store(trace + i * TRACE_WORDS + 2, now())
-            if PUBLIC_REINTERPRET:
-                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            else:
-                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            stale = fresh & (t0 < f1) & (t0 + KVT > f0)
-            if stale:
-                patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
-                           row_words, g, kc, vc, rf, df, 0, 0, -1, False, FL, HD, KVT)
-                barrier()               # the patched rows before any warp reads them
-            for sub in gl.static_range(KVT // TILE):
-                toks = t0 + sub * TILE + tk
-                live = (toks < hi)[:, None]
-                new = (toks == n_ctx - 1)[:, None]
-                # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
-                kt = gl.where(new, knew,
-                              gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-                vt = gl.where(new, vnew,
-                              gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-                sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-                p = gl.exp(sc - m_new[:, None])
-                alpha = gl.exp(m_i - m_new)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-                acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
-                m_i = m_new
-            barrier()                   # every warp is done with the slot before one thread frees it
-            fence_async_shared()
-            mbarrier.arrive(empty.index(b))
-            it += 1
-            t0 += KVT
-        jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-        if splits == 1:
-            o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-            gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
-        elif busy:
-            pb = arena + part + split * grp * (HD + 2)
-            gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
-            js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-            gl.store(pb + grp * HD + js, m_i, mask=js < grp)
-            gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-            take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
+    knew = knew.to(gl.float32)
+    vnew = vnew.to(gl.float32)
+    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
+    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+    t0 = lo
+    while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
+        b = it % NBUF               # the ring slot (s is the step)
+        mbarrier.wait(full.index(b), (it // NBUF) & 1)
+        if TRACE:
+            if t0 == lo:
+                gl.store(trace + i * TRACE_WORDS + 2, now())
+        if PUBLIC_REINTERPRET:
+            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+        else:
+            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+        stale = fresh & (t0 < f1) & (t0 + KVT > f0)
+        if stale:
+            patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
+                       row_words, g, kc, vc, rf, df, FL, HD, KVT)
+            barrier()               # the patched rows before any warp reads them
+        for sub in gl.static_range(KVT // TILE):
+            toks = t0 + sub * TILE + tk
+            live = (toks < hi)[:, None]
+            new = (toks == n_ctx - 1)[:, None]
+            # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+            kt = gl.where(new, knew,
+                          gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            vt = gl.where(new, vnew,
+                          gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+            sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+            p = gl.exp(sc - m_new[:, None])
+            alpha = gl.exp(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+            acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            m_i = m_new
+        barrier()                   # every warp is done with the slot before one thread frees it
+        fence_async_shared()
+        mbarrier.arrive(empty.index(b))
+        it += 1
+        t0 += KVT
+    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    if splits == 1:
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+    elif busy:
+        pb = arena + part + split * grp * (HD + 2)
+        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
+        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
     return it, failed

@@ -35,9 +35,6 @@ class StreamConfig:
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
-    attn_mma: bool = False        # attention's chunk products on tensor cores (kv_tokens at least 16)
-    word_prefetch: int = 0        # the loader and consumer prefetch instruction words this many ahead into L1 (0: off)
-    x_warp_sync: bool = False     # with batch_rows: a warp waits only for its own slab's copies of x (no CTA barrier)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -56,12 +53,6 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
-        if self.attn_mma and (not self.head_dim or self.kv_tokens < 16):
-            raise ValueError(f"attn_mma needs attention compiled in with ring chunks of at least 16 tokens (a "
-                             f"warp's), not head_dim {self.head_dim} ({self.kv_tokens} tokens a chunk): a larger "
-                             f"block_rows or block_k")
-        if not 0 <= self.word_prefetch <= 64:
-            raise ValueError(f"word_prefetch must be 0 (off) to 64 instructions ahead, not {self.word_prefetch}")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -117,8 +108,7 @@ class StreamConfig:
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel, AM=self.attn_mma, WP=self.word_prefetch,
-                    XW=self.x_warp_sync)
+                    XR=self.x_rows, TP=self.tensor_parallel)
 
 
 def smem_layout(swizzled: bool = False):

@@ -15,7 +15,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits, warp_sync
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import cp_async as _cp_async
 
@@ -47,7 +47,7 @@ def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.c
 def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
               k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
-              XS: gl.constexpr, XW: gl.constexpr):
+              XS: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
     out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
     of mma tiles (x times its norm weights, rounded to bf16 as the per-op backend's activations
@@ -123,10 +123,7 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
             async_copy.wait_group(XS - 2)
         else:
             async_copy.wait_group(XS - 1)
-        if XW and WK == CW:           # each warp copies and reads its own slab of x: the warp's copies are in
-            warp_sync()
-        else:
-            _barrier()                # every thread's copies are in before any thread reads them
+        _barrier()                    # every thread's copies are in before any thread reads them
         slot = it % NBUF
         mbarrier.wait(full.index(slot), (it // NBUF) & 1)
         if TRACE:

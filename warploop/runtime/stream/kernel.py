@@ -33,7 +33,7 @@ from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
 from warploop.runtime.stream.loader import LOADER_REGS, LOADER_WARPS, loader
 from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, prefetch_l1, waits
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 
 W = gl.constexpr(WORDS)
@@ -80,8 +80,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr, WP: gl.constexpr, XW: gl.constexpr, pub_full,
-              pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -114,8 +113,6 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
         s = j // n
         epoch = epoch0 + s
         nb = instr + ((j + 1) % n) * W
-        if WP > 0:
-            prefetch_l1(instr + ((j + WP) % n) * W)
         (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
@@ -123,7 +120,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                 nrows = gl.load(instr + i * W + G_BATCH)
                 it, failed = gemv_rows(bufs, full, empty, xs, ns, it, instr + i * W, arena, counters, err, epoch,
                                        failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias,
-                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, XW)
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
         if (op == OP_GEMV) & (NB > 0):
             staged_x = -1
         elif op == OP_GEMV:
@@ -228,8 +225,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
-                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT,
-                                      AM)
+                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP)
@@ -282,8 +278,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, AM: gl.constexpr,
-                  WP: gl.constexpr, XW: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -307,8 +302,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, AM, WP, XW, pub_full, pub_empty)),
+                     TP, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
-                   BK, NBUF, HD, KVT, NB, TRACE, WP)),
+                   BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
     ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])

@@ -1,6 +1,6 @@
-"""The rows an attention share reads, for both of its bodies (attention.py, attention_mma.py): where
-this launch's rows lie in the paged cache, how they are patched over the ring's stale copies, and
-a head's RMS norm and rotation (RoPE)."""
+"""The rows an attention share reads (attention.py): where this launch's rows lie in the paged
+cache, how they are patched over the ring's stale copies, and a head's RMS norm and rotation
+(RoPE)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -22,12 +22,11 @@ def fresh_rows(ints, step, bs, toks, f0, f1, fresh, row_words, g, HD: gl.constex
 
 @gluon.jit
 def patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh, row_words, g, kc,
-               vc, rf, df, k_new, v_new, last, NEW: gl.constexpr, FL: gl.constexpr, HD: gl.constexpr,
-               KVT: gl.constexpr):
+               vc, rf, df, FL: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
     """Write over the ring's chunk of keys and values at token t0 the rows this launch wrote, which
     TMA may have read before them (in a `stale` chunk: one round trip to the cache in L2, their
-    offsets found before the waits for the chunks at ca and cb), and with NEW the new token's row
-    `last` (k_new, v_new: [1, HD] in FL). rf, df: the chunk's rows and head dims in FL."""
+    offsets found before the waits for the chunks at ca and cb). rf, df: the chunk's rows and head
+    dims in FL."""
     if t0 == ca:
         rows_f, in_f = row_a, in_a
     elif t0 == cb:
@@ -38,17 +37,10 @@ def patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, 
     at = rows_f[:, None] + df[None, :]
     k_f = gl.load(kc + at, mask=m2, other=0.0, cache_modifier=".cg")
     v_f = gl.load(vc + at, mask=m2, other=0.0, cache_modifier=".cg")
-    if NEW:
-        is_new = (t0 + rf == last)[:, None]
-        k_r = chunk.slice(0, KVT).load(FL)
-        v_r = chunk.slice(KVT, KVT).load(FL)
-        chunk.slice(0, KVT).store(gl.where(is_new, k_new, gl.where(m2, k_f, k_r)))
-        chunk.slice(KVT, KVT).store(gl.where(is_new, v_new, gl.where(m2, v_f, v_r)))
-    else:
-        k_r = chunk.slice(0, KVT).load(FL)
-        v_r = chunk.slice(KVT, KVT).load(FL)
-        chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
-        chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
+    k_r = chunk.slice(0, KVT).load(FL)
+    v_r = chunk.slice(KVT, KVT).load(FL)
+    chunk.slice(0, KVT).store(gl.where(m2, k_f, k_r))
+    chunk.slice(KVT, KVT).store(gl.where(m2, v_f, v_r))
 
 
 @gluon.jit

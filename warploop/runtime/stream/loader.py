@@ -11,7 +11,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from warploop.runtime.stream.attention import OP_ATTN, stream_kv
 from warploop.runtime.stream.gemv_rows import SB
 from warploop.runtime.stream.kinds import GEMV, WORDS, header_word
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, prefetch_l1
+from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now
 from warploop.runtime.stream.sync import tma_load as _tma_load
 
 W = gl.constexpr(WORDS)
@@ -45,8 +45,7 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
 
 @gluon.jit
 def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
-            WP: gl.constexpr):
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
@@ -61,8 +60,6 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
     while j < n * steps:          # the next instruction's words load while this one streams
         i = j % n
         nb = instr + ((j + 1) % n) * W
-        if WP > 0:                # StreamConfig.word_prefetch: the words WP instructions on, into L1
-            prefetch_l1(instr + ((j + WP) % n) * W)
         n_op = gl.load(nb + H_OP)
         n_pool = gl.load(nb + G_POOL)
         n_row = gl.load(nb + G_ROW)

@@ -28,8 +28,8 @@ from typing import Any
 MANIFEST = "stream-kernels.json"
 SHIPPED = Path(__file__).with_name("shipped")            # the variants the package ships
 # the modules whose code the kernel is compiled from (its constexprs are in each variant's key)
-SOURCES = ("kernel.py", "loader.py", "attention.py", "attention_mma.py", "shares.py", "kv_rows.py", "gemv_rows.py",
-           "small.py", "sync.py", "kinds.py", "compiled.py", "allreduce.py", "sampling.py", "philox.py")
+SOURCES = ("kernel.py", "loader.py", "attention.py", "shares.py", "kv_rows.py", "gemv_rows.py", "small.py", "sync.py",
+           "kinds.py", "compiled.py", "allreduce.py", "sampling.py", "philox.py")
 SLOT = {"tmap": 128, "i32": 4, "i64": 8, "ptr": 8}       # bytes a parameter takes
 ALIGN = {"tmap": 64, "i32": 4, "i64": 8, "ptr": 8}
 PTX_TYPE = {"tmap": ".b8", "i32": ".u32", "i64": ".u64", "ptr": ".u64"}

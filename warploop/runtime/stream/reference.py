@@ -132,31 +132,21 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     keys = cache[0, blk, toks % bs, g].float()
     vals = cache[1, blk, toks % bs, g].float()
     keys[n_ctx - 1], vals[n_ctx - 1] = k.float(), v.float()   # the new token as computed, slot or not
-    mma = program.config.attn_mma
-    if mma:                                     # the tensor cores take q as bf16
-        q = q.to(torch.bfloat16).float()
     sc = (q @ keys.T) * f["scale"]
     tile = program.config.kv_tokens
     cdiv = lambda a, b: -(-a // b)
     chunk = cdiv(cdiv(n_ctx, f["splits"]), tile) * tile          # the kernel's shares: whole tiles
     lo = min(f["split"] * chunk, n_ctx)                        # one split: the whole context
     hi = min(lo + chunk, n_ctx)
-    if f["splits"] == 1 and not mma:
+    if f["splits"] == 1:
         out = f["out"] + f["head"] * hd
         arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
         return
     if hi <= lo:                                # a share past the context writes nothing
         return
-    if mma:
-        m, l, acc = _warp_softmax(sc[:, lo:hi], vals[lo:hi], tile)
-    else:
-        m = sc[:, lo:hi].max(-1).values
-        e = torch.exp(sc[:, lo:hi] - m[:, None])
-        acc, l = e @ vals[lo:hi], e.sum(-1)
-    if f["splits"] == 1:
-        out = f["out"] + f["head"] * hd
-        arena[out:out + grp * hd] = (acc / l[:, None]).reshape(-1)
-        return
+    m = sc[:, lo:hi].max(-1).values
+    e = torch.exp(sc[:, lo:hi] - m[:, None])
+    acc, l = e @ vals[lo:hi], e.sum(-1)
     base = f["part"] + f["split"] * grp * (hd + 2)
     arena[base:base + grp * hd] = acc.reshape(-1)
     arena[base + grp * hd:base + grp * hd + grp] = m
@@ -164,40 +154,6 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     live = min(f["splits"], cdiv(n_ctx, chunk))   # the shares holding tokens
     if f["split"] == live - 1:                  # the last of them (nodes run in order) merges them
         merge_shares(arena, f, live)
-
-
-MMA_WARPS, MMA_TOKENS = 4, 16     # attention_mma.attend_mma: the consumer's warps, a warp's tokens a step
-
-
-def _warp_softmax(sc, vals, tile: int):
-    """A share's (max, sum, output) as attention_mma.attend_mma makes them (StreamConfig.attn_mma): the share's
-    tokens (scores sc [heads, n], values [n, hd]) in ring chunks of `tile`, each chunk in steps of
-    warps x MMA_TOKENS (warps: MMA_WARPS, or fewer where a chunk holds fewer tokens); warp w takes
-    tokens w * MMA_TOKENS + [0, MMA_TOKENS) of a step and keeps its own running max, fp32 sum and
-    output, the probabilities entering the output as bf16 (relative to the warp's running max at
-    that step); the warps' states merge at the end."""
-    import torch
-    heads, n = sc.shape
-    warps = min(MMA_WARPS, tile // MMA_TOKENS)
-    step = warps * MMA_TOKENS
-    m = torch.full((warps, heads), float("-inf"))
-    l = torch.zeros(warps, heads)
-    acc = torch.zeros(warps, heads, vals.shape[1])
-    for t0 in range(0, n, step):
-        for w in range(warps):
-            a, b = t0 + w * MMA_TOKENS, min(t0 + (w + 1) * MMA_TOKENS, n)
-            if a >= b:
-                continue
-            s = sc[:, a:b]
-            m_new = torch.maximum(m[w], s.max(-1).values)
-            p = torch.exp(s - m_new[:, None])
-            alpha = torch.exp(m[w] - m_new)
-            l[w] = l[w] * alpha + p.sum(-1)
-            acc[w] = acc[w] * alpha[:, None] + p.to(torch.bfloat16).float() @ vals[a:b]
-            m[w] = m_new
-    big = m.max(0).values
-    wgt = torch.exp(m - big)
-    return big, (l * wgt).sum(0), (acc * wgt[:, :, None]).sum(0)
 
 
 def merge_shares(arena, f, splits: int) -> None:

@@ -24,21 +24,6 @@ def now():
 
 
 @gluon.jit
-def prefetch_l1(ptr):
-    """Bring the 128-byte line at ptr into L1 (no wait, no register): an instruction's words,
-    static for the launch, a few instructions before they are loaded."""
-    gl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptr], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def warp_sync():
-    """The warp's threads meet, their shared-memory writes (cp.async ones after their wait) seen by
-    each other: what a barrier gives where only the warp shares the data."""
-    gl.inline_asm_elementwise("bar.warp.sync -1; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def wait_counter(counters, err, c, target, failed, cta, i, SPIN: gl.constexpr, SCOPE: gl.constexpr):
     """Poll counter c until it reaches target (at most SPIN polls; none once a wait has failed),
     acquiring at SCOPE ("sys" where other GPUs' kernels bump it: allreduce.py). Returns `failed`."""
