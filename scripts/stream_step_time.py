@@ -17,19 +17,24 @@ import time
 
 import torch
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))   # bench_tp.py: Llama-3.1-8B's shapes
+from bench_tp import LLAMA_3_1_8B  # noqa: E402
+
 from warploop.bench.stream import copy_rate, time_ms
 from warploop.llm.shapes import GPU_MODELS
 from warploop.llm.stream_step import StreamDecoder, batch_rows, stream_config
 from warploop.llm.weights import random_weights
 
 ROUNDS = 5
+MODELS = {name: cfg for name, (_, cfg) in GPU_MODELS.items()} | {"llama-3.1-8b": LLAMA_3_1_8B}
 
 
 def anatomy(ex) -> dict:
     """Per kind of node (GEMVs told apart by their input width and rows), from the kernel's stamps of
     its last launch: instructions, and µs summed over them and averaged over CTAs (waiting, met wait
-    to first chunk, first chunk to published, the loader's wait for free slots), the median
-    instruction's stream time, the span."""
+    to first chunk, first chunk to published, the loader's wait for free slots; loader_late: from the
+    met wait to the loader taking the first chunk's slot, where it took it after the wait, n_late such
+    nodes), the median instruction's stream time, the span."""
     stamps = ex.trace.cpu().numpy().astype("int64")
     insts = ex.built.instructions
     t0 = stamps[:, 0][stamps[:, 0] > 0].min()
@@ -41,8 +46,11 @@ def anatomy(ex) -> dict:
         f = inst.fields
         key = inst.kind.name + (f"/k{f.get('k')}x{f.get('batch', 1)}" if inst.kind.name == "gemv" else "")
         d = kinds.setdefault(key, {"n": 0, "wait": 0.0, "to_first": 0.0, "to_published": 0.0, "loader_blocked": 0.0,
-                                   "pub": []})
+                                   "loader_late": 0.0, "n_late": 0, "pub": []})
         d["n"] += 1
+        if stamps[j, 4] > 0 and stamps[j, 4] > stamps[j, 1]:   # the loader took the first chunk's slot after the
+            d["loader_late"] += s[j, 4] - s[j, 1]             # wait was met: its copy on the critical path
+            d["n_late"] += 1
         d["loader_blocked"] += stamps[j, 5] / 1e3
         d["wait"] += s[j, 1] - s[j, 0]
         # a node with no chunk (an attention share past the context) stamps no first chunk this launch:
@@ -52,8 +60,9 @@ def anatomy(ex) -> dict:
         d["to_published"] += s[j, 3] - first
         d["pub"].append(s[j, 3] - first)
     return {"span_us": round(float(s[:, 3].max()), 1), "ctas": ex.ctas,
-            "kinds": {k: {"n": d["n"], **{p: round(d[p] / ex.ctas, 1)
-                                          for p in ("wait", "to_first", "to_published", "loader_blocked")},
+            "kinds": {k: {"n": d["n"], "n_late": d["n_late"], **{p: round(d[p] / ex.ctas, 1) for p in
+                                                             ("wait", "to_first", "to_published", "loader_blocked",
+                                                              "loader_late")},
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 
@@ -94,7 +103,7 @@ def compare(dec, spec: str, runs: int, step) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(GPU_MODELS))
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODELS))
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--splits", type=int, default=0, help="attention shares per KV head (0: the decoder's choice)")
     ap.add_argument("--max-context", type=int, default=0,
@@ -115,7 +124,7 @@ def main():
                     help="StreamConfig fields over the model's own, as JSON, e.g. "
                          "'{\"block_rows\": 64, \"block_k\": 128}' (a tile of more weight rows against one x block)")
     args = ap.parse_args()
-    cfg = GPU_MODELS[args.model][1]
+    cfg = MODELS[args.model]
     t0 = time.time()
     w = random_weights(cfg, "cuda", torch.bfloat16)
     max_context = args.max_context or args.context + args.loop
