@@ -10,7 +10,11 @@
 #             process, each under its own limit and all under DEADLINE_S) -> $OUT/tp-PART.json, $OUT/pytest.log;
 #             TP_PARTS=stream: the streaming kernel's tensor parallelism (tests/test_stream_tp_gpu.py, then
 #             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json; one_stream, tp_stream: bench_tp.py's
-#             engine on --backend stream; user_stream: `generate --backend stream` on tiny at TP 1 and 2
+#             engine on --backend stream; user_stream: `generate --backend stream` on tiny at TP 1 and 2;
+#             TP_PARTS=serve: scripts/serve_load.py on Llama-3.1-8B shapes, tokens/s at 64 requests of one engine,
+#             `warploop serve --replicas 2` and two Ray Serve replicas (issue 36; run scripts/ray_payload.sh here
+#             first and carry .carry: scripts/ray_install.sh installs it there) -> $OUT/serve-load.json,
+#             $OUT/serve-load-logs/
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
 #   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
@@ -23,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,20p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,25p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -56,6 +60,13 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
           done 2>&1 | tee "$OUT/user-stream.log" ;;
     *_stream) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "${part%_stream}" --backend stream \
                 > "$OUT/tp-$part.json"; echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
+    serve) # issue 36: Ray Serve's two replicas against `warploop serve` and its --replicas 2, at 64 requests. Ray
+           # and the server's wheels come in .carry (scripts/ray_payload.sh); SIGTERM, not ABRT: the script then
+           # stops the system it runs, and keeps what it measured in serve-load.json
+           ( source scripts/ray_install.sh &&
+             timeout -k 90 "$limit" python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 140 \
+               --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null ); echo "serve load rc=$?"
+           cat "$OUT/serve-load.json" ;;
     *) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "$part" > "$OUT/tp-$part.json"
        echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
   esac
@@ -97,6 +108,7 @@ for part in "$@"; do
       environment; python -c "import torch; print('nccl', torch.cuda.nccl.version())"
       for p in ${TP_PARTS:-tests tp tp_symm one user replicas compile}; do
         case $p in tests) tp_part tests 200 ;; compile) tp_part compile 300 ;; stream) tp_part stream 500 ;;
+                   serve) tp_part serve 450 ;;
                    *) tp_part "$p" 150 ;; esac
         if [ "$p" = tp ] && ! grep -q ms_per_token_bs1 "$OUT/tp-tp.json" 2>/dev/null; then tp_part tp_eager 120; fi
       done ;;

@@ -1,11 +1,15 @@
 """warploop as a Ray Serve application (warploop/llm/ray_serve.py): its arguments are checked on the
 driver (no Ray needed); with Ray (`pip install "warploop[ray]"`; CI's third job), two CPU replicas
 of the tiny model behind one endpoint answer completions, streams and concurrent requests with a
-local engine's greedy text, and a killed replica is replaced while the endpoint keeps answering."""
+local engine's greedy text, and a killed replica is replaced while the endpoint keeps answering;
+scripts/serve_load.py measures two replicas on a Ray cluster of its own and stops all of it."""
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +30,21 @@ def test_arguments_are_checked_on_the_driver():
                          ({"model": "tiny", "backend": "mega"}, "is not one of")):
         with pytest.raises(ValueError, match=message):
             parse_args(bad)
+
+
+def test_serve_load_measures_two_ray_replicas_and_stops_them():
+    # before the module's cluster (the fixture below) starts: one local Ray cluster at a time on CI's cores
+    pytest.importorskip("ray.serve")
+    pytest.importorskip("httpx")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    out = subprocess.run([sys.executable, str(script), "--systems", "ray", "--device", "cpu", "--model", "tiny",
+                          "--concurrency", "4", "--max-tokens", "4", "--rounds", "1", "--timeout", "150"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout, out.stderr[-3000:]
+    got = json.loads(out.stdout)["systems"]["ray"]
+    assert out.returncode == 0, got
+    assert got["tokens_per_round"] == got["expected_tokens_per_round"] == 16 and got["tok_s"] > 0, got
+    assert got["stop"] == "clean", got      # serve.shutdown() and ray.shutdown() left no process behind
 
 
 @pytest.fixture(scope="module")

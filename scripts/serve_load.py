@@ -1,0 +1,357 @@
+"""Output tokens/s of one model served three ways, under the same load (issue 36's figure):
+
+    one       `warploop serve` with one engine
+    replicas  `warploop serve --replicas 2`: two engine processes behind one endpoint (one GPU each)
+    ray       Ray Serve, two replicas of warploop's deployment (warploop/llm/ray_serve.py, one GPU each)
+              behind Ray's proxy, on a local Ray cluster
+
+Each system runs as a process group of its own, started, measured and stopped in turn: wait for its
+`/health` to answer 200, one warm-up round, then `--rounds` timed rounds. A round sends
+`--concurrency` non-streaming completions at once over as many connections (`ignore_eos`, greedy,
+`--max-tokens` each, the same short prompt with the request's number in front, so no two are equal);
+its tokens/s is the completion tokens the answers count (`usage.completion_tokens`) over the round's
+wall time. The result is the median round, p50/p99 request latency over all timed requests, and each
+system's ratio to `one`. Every engine gets the same options (ENGINE: the batch holds all 64 requests,
+so `one` is not held back by its batch size). A system that fails or passes `--timeout` records its
+error and the tail of its log, and the next one runs; each records how it stopped ("clean": SIGTERM to
+its first process left nothing of its process group running). `--save FILE` has the JSON after each
+system; a SIGTERM to this script stops the system running, records it and ends the run.
+
+    python scripts/serve_load.py --shapes llama-3.1-8b --device cuda > serve-load.json    # two GPUs
+    python scripts/serve_load.py --model tiny --device cpu --concurrency 8 --max-tokens 8  # smoke test
+
+`--shapes` writes a random-weight checkpoint of bench_tp.py's shapes to /tmp/<shapes>-random if absent.
+The `ray` system needs ray[serve] importable (on the GPU machine: scripts/ray_install.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+SYSTEMS = ("one", "replicas", "ray")
+REPLICAS = 2
+# the same on every system and every engine: each engine may batch all the concurrent requests
+ENGINE = {"max_num_seqs": 64, "max_model_len": 1024, "enable_prefix_caching": False}
+STOP_GRACE_S = 60.0
+RAY_SERVER = """import json, sys
+sys.path.insert(0, {scripts!r})
+from serve_load import serve_ray
+serve_ray(json.loads(sys.argv[1]))
+"""
+
+
+class Terminated(Exception):
+    """SIGTERM (an outer time limit): the system running is stopped and recorded, the others skipped."""
+
+
+def terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # once: the stop that follows runs to its end
+    raise Terminated("SIGTERM; the systems after this one did not run")
+
+
+def prompt_text(words: int = 12) -> str:
+    rng = random.Random(36)
+    return " ".join("".join(rng.choice("etaoinshrdlucmfw") for _ in range(rng.randint(2, 7))) for _ in range(words))
+
+
+def engine_options(device: str) -> dict:
+    return {**ENGINE, "device": device, **({"dtype": "bfloat16"} if device == "cuda" else {})}
+
+
+def serve_command(model: str, options: dict, port: int, replicas: int) -> list[str]:
+    """`warploop serve` with `options` (EngineConfig names) as its flags."""
+    from warploop.llm.engine_config import EngineConfig
+
+    cmd = [sys.executable, "-m", "warploop.cli", "serve", "--model", model, "--port", str(port),
+           "--replicas", str(replicas), "--log-level", "warning"]
+    for name, value in options.items():
+        flag = EngineConfig.FLAGS[name]
+        if isinstance(value, bool):      # enable_prefix_caching: its flag is --no-prefix-caching
+            cmd += [] if value else [flag]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def serve_ray(spec: dict) -> None:
+    """The `ray` system's process: a local Ray cluster serving warploop's Ray Serve app on spec["port"]
+    until SIGTERM, then Serve and Ray shut down."""
+    import ray
+    from ray import serve
+
+    from warploop.llm.ray_serve import app_builder
+
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        # the object store holds nothing large here: 1 GiB, wherever /dev/shm is small
+        ray.init(num_gpus=spec["gpus"], num_cpus=spec["cpus"], object_store_memory=1 << 30, include_dashboard=False)
+        signal.signal(signal.SIGTERM, stop)     # ours, whatever ray.init installed
+        serve.start(http_options={"host": "127.0.0.1", "port": spec["port"]})
+        serve.run(app_builder(spec["args"]), route_prefix="/")
+        print(f"serving on http://127.0.0.1:{spec['port']}", flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def system_command(name: str, model: str, device: str, port: int) -> list[str]:
+    options = engine_options(device)
+    if name in ("one", "replicas"):
+        return serve_command(model, options, port, 1 if name == "one" else REPLICAS)
+    cpus = os.cpu_count() or 1
+    spec = {"port": port, "gpus": REPLICAS if device == "cuda" else 0, "cpus": cpus,
+            # a replica's share of the cores, as `--replicas` gives its engines on the CPU
+            "args": {"model": model, "replicas": REPLICAS, "num_cpus": max(1, cpus // REPLICAS),
+                     **({"num_gpus": 1} if device == "cuda" else {}), **options}}
+    return [sys.executable, "-c", RAY_SERVER.format(scripts=str(ROOT / "scripts")), json.dumps(spec)]
+
+
+def log_tail(path: Path, lines: int = 25) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def wait_ready(name: str, proc: subprocess.Popen, url: str, log_path: Path, deadline: float) -> str:
+    """The served model's name once the system's log says it serves (`warploop serve` once every
+    engine has loaded; the Ray process once serve.run has every replica running) and `url`/health
+    answers 200; an error naming `name` if the process ends or the deadline passes first."""
+    import httpx
+
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name}: the server exited with code {proc.returncode} before it served")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: not serving (a 'serving' line and /health 200) within the system's "
+                               "time limit")
+        if "\nserving " in "\n" + log_path.read_text(errors="replace"):
+            try:
+                r = httpx.get(f"{url}/health", timeout=2.0)
+                if r.status_code == 200:
+                    return r.json()["model"]
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+
+
+async def load_round(client, model: str, prompts: list[str], max_tokens: int) -> dict:
+    async def one(prompt: str) -> tuple[float, int]:
+        t = time.perf_counter()
+        r = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                       "temperature": 0, "ignore_eos": True})
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+        return time.perf_counter() - t, r.json()["usage"]["completion_tokens"]
+
+    t0 = time.perf_counter()
+    done = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    tokens = sum(n for _, n in done)
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "latencies": [s for s, _ in done],
+            "short": sum(n != max_tokens for _, n in done)}
+
+
+async def measure(url: str, model: str, args: argparse.Namespace, deadline: float) -> dict:
+    import httpx
+
+    text = prompt_text()
+    prompts = [f"{i} {text}" for i in range(args.concurrency)]
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=max(1.0, deadline - time.monotonic())) as client:
+        async def rounds() -> list[dict]:
+            await load_round(client, model, prompts, args.max_tokens)      # warm-up
+            return [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
+        timed = await asyncio.wait_for(rounds(), max(1.0, deadline - time.monotonic()))
+    latencies = sorted(s for r in timed for s in r["latencies"])
+    median = sorted(timed, key=lambda r: r["tok_s"])[(len(timed) - 1) // 2]     # the lower of two middles
+    return {"tok_s": round(median["tok_s"], 1), "round_tok_s": [round(r["tok_s"], 1) for r in timed],
+            "round_wall_s": [round(r["wall_s"], 3) for r in timed], "tokens_per_round": median["tokens"],
+            "expected_tokens_per_round": args.concurrency * args.max_tokens,
+            "short_completions": sum(r["short"] for r in timed),
+            "latency_p50_s": round(statistics.median(latencies), 3),
+            "latency_p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` that are not zombies (Linux: /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()    # state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def stop_group(proc: subprocess.Popen) -> str:
+    """Stop a system: SIGTERM to its first process, which stops what it started (`warploop serve` its
+    replicas, the Ray process Serve and Ray); what is left of its process group after that (or after
+    STOP_GRACE_S) gets SIGTERM, then SIGKILL. Returns "clean" when nothing was left to signal, else
+    what it took ("SIGTERM", "SIGKILL"; "left running: PIDS" if even that failed)."""
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for outcome, wait_s, then in (("clean", 1.0, signal.SIGTERM), ("SIGTERM", 10.0, signal.SIGKILL),
+                                  ("SIGKILL", 10.0, None)):
+        deadline = time.monotonic() + wait_s
+        while live_members(proc.pid):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        else:
+            return outcome
+        if then is not None:
+            for pid in live_members(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, then)
+    proc.poll()
+    return f"left running: {live_members(proc.pid)}"
+
+
+def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> dict:
+    deadline = time.monotonic() + args.timeout
+    port = args.port or free_port()
+    log_path = logs / f"serve-load-{name}.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(system_command(name, model, args.device, port), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
+    result: dict = {}
+    try:
+        url = f"http://127.0.0.1:{port}"
+        served = wait_ready(name, proc, url, log_path, deadline)
+        result["ready_s"] = round(time.monotonic() - t0, 1)
+        try:
+            result.update(asyncio.run(measure(url, served, args, deadline)))
+        except TimeoutError:
+            raise TimeoutError(f"{name}: the rounds did not finish within the system's time limit "
+                               f"({args.timeout:g} s)") from None
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}", "log": log_tail(log_path)}
+    finally:
+        t1 = time.monotonic()
+        result["stop"] = stop_group(proc)
+        result["stop_s"] = round(time.monotonic() - t1, 1)
+    return result
+
+
+def environment(device: str) -> dict:
+    from warploop.bench.common import header
+
+    out = header("serve-load")
+    for pkg in ("ray", "httpx", "fastapi", "uvicorn"):
+        try:
+            out["versions"][pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out["versions"][pkg] = None
+    if device == "cuda":
+        import torch
+        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def ratios(systems: dict) -> dict:
+    """Each measured system's tokens/s over `one`'s."""
+    base = systems.get("one", {}).get("tok_s")
+    return {name: round(r["tok_s"] / base, 3) for name, r in systems.items() if base and "tok_s" in r and name != "one"}
+
+
+def main() -> int:
+    from bench_tp import SHAPES
+
+    from warploop.bench.common import checkpoint as save_partial
+    from warploop.bench.common import emit
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument("--model", help="'tiny' or a Hugging Face-format model directory")
+    source.add_argument("--shapes", choices=tuple(SHAPES),
+                        help="random weights of these shapes (bench_tp.py), written to /tmp/<shapes>-random if absent")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)} (default all, in turn)")
+    ap.add_argument("--concurrency", type=int, default=64, help="requests in flight, each on its own connection")
+    ap.add_argument("--max-tokens", type=int, default=128, help="completion tokens per request (ignore_eos)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up; the median counts")
+    ap.add_argument("--timeout", type=float, default=240.0,
+                    help="seconds each system gets to serve and run its rounds (its stop comes after: up to "
+                         f"{STOP_GRACE_S:g} s, then 21 s for what is left)")
+    ap.add_argument("--port", type=int, default=0, help="the port every system serves on (default: a free one each)")
+    ap.add_argument("--log-dir", help="keep each system's server log here (default: a temporary folder)")
+    ap.add_argument("--save", help="also write the JSON here, after each system too (marked partial until the end)")
+    args = ap.parse_args()
+    systems = args.systems.split(",")
+    if unknown := set(systems) - set(SYSTEMS):
+        ap.error(f"--systems: {', '.join(sorted(unknown))} not of {', '.join(SYSTEMS)}")
+    if min(args.concurrency, args.max_tokens, args.rounds) < 1:
+        ap.error("--concurrency, --max-tokens and --rounds must be at least 1")
+    model = args.model or "tiny"
+    if args.shapes:
+        from checkpoint import write_checkpoint
+
+        path = Path(f"/tmp/{args.shapes}-random")
+        if not (path / "config.json").is_file():
+            write_checkpoint(path, SHAPES[args.shapes], args.device)
+            if args.device == "cuda":
+                import torch
+                torch.cuda.empty_cache()        # the engines size their KV cache from the memory left free
+        model = str(path)
+    out = {**environment(args.device), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "model": f"{args.shapes} shapes, random weights" if args.shapes else model,
+           "engine": engine_options(args.device), "replicas": REPLICAS,
+           "workload": {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "rounds": args.rounds,
+                        "prompt": f"<i> {prompt_text()}", "ignore_eos": True, "temperature": 0},
+           "systems": {}}
+    signal.signal(signal.SIGTERM, terminated)
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(args.log_dir or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        for name in systems:
+            out["systems"][name] = run_system(name, args, model, logs)
+            print(name, {k: v for k, v in out["systems"][name].items() if k != "log"}, file=sys.stderr, flush=True)
+            out["ratio"] = ratios(out["systems"])
+            save_partial(out, args.save)
+            if out["systems"][name].get("error", "").startswith("Terminated"):
+                break
+    emit(out, args.save)
+    return 0 if all("error" not in r for r in out["systems"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
