@@ -214,14 +214,14 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", **decode
     return torch.stack(want), torch.stack(got), looped, [list(r) for r in zip(*stepped, strict=True)]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 8, 32])
-def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
+@pytest.mark.parametrize("batch, x_bf16", [(1, False), (2, False), (8, False), (32, False), (8, True), (32, True)])
+def test_batched_decoder_gives_the_per_op_backends_tokens(batch, x_bf16):
     """Batches on the streaming program (CPU reference), every row its own position and blocks:
     the per-op backend's logits within bf16 KV rounding and its greedy picks wherever they are not
     a near tie (the cache's bf16 rounding may flip one), every step; its own greedy loop in one
-    launch equals its greedy steps."""
+    launch equals its greedy steps. x_bf16: every GEMV reads CAST nodes' normalised bf16 rows."""
     cfg = CONFIGS["qwen3_qk_norm"]
-    config = stream_config(cfg, batch_rows=batch_rows(batch))
+    config = stream_config(cfg, batch_rows=batch_rows(batch), x_bf16=x_bf16)
     want, got, looped, stepped = batch_against_per_op(cfg, batch, config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"

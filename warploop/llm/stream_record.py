@@ -68,6 +68,19 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
     vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
     eps = cfg.rms_norm_eps
+    xbf = bool(dec.config.x_bf16)
+    if xbf and world > 1:
+        raise ValueError("StreamConfig.x_bf16 is for a batched kernel, and a tensor-parallel rank decodes one row")
+    if xbf:                   # the GEMVs' inputs as bf16 rows, made once a stage by CAST nodes
+        r |= {f"xb_{name}": p.buffer(f"xb_{name}", rows * width[name] // 2) for name in ("res", "attn", "act")}
+
+    def gemv_in(name: str, norm, after):
+        """(x, norm, deps) for the GEMVs that read region `name`: with x_bf16, CAST nodes' bf16 copy
+        of its rows (normalised with norm), after them."""
+        if not xbf:
+            return r[name], norm, after
+        return r[f"xb_{name}"], None, p.cast(r[name], r[f"xb_{name}"], width[name], rows, norm=norm, eps=eps,
+                                             after=after)
     if world == 1:
         firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
         prev: list[int] = firsts
@@ -76,32 +89,37 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
         prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=dec.tp.rank, after=firsts)
     for i, lw in enumerate(weights.layers):
         (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
-        a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, r["res"], r["qkv"], eps=eps,
+        x, norm, after = gemv_in("res", vec(f"in{i}", lw.input_norm), prev)
+        a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, x, r["qkv"], eps=eps,
                    narrow=narrow(cfg.q_size + 2 * cfg.kv_size, dec.config), batch=rows,
-                   norm=vec(f"in{i}", lw.input_norm), bias=vec(f"bqkv{i}", lw.qkv_bias), after=prev)
+                   norm=norm, bias=vec(f"bqkv{i}", lw.qkv_bias), after=after, xbf=xbf)
         qn, kn = vec(f"qn{i}", lw.q_norm), vec(f"kn{i}", lw.k_norm)
         a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
                          layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
                          part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
         # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
         # all-reduce nodes add every rank's into the residual
-        b = p.gemv(o_pool, o_row, cfg.hidden_size, r["attn"], r["res"] if world == 1 else r["red_attn"],
+        x, _, after = gemv_in("attn", None, a)
+        b = p.gemv(o_pool, o_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_attn"],
                    epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
-                   narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=a)
+                   narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=after, xbf=xbf)
         if world > 1:
             b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                             epi="add", after=b)
-        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, r["res"], r["act"], norm=vec(f"post{i}", lw.post_norm),
-                   eps=eps, epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=b)
-        prev = p.gemv(d_pool, d_row, cfg.hidden_size, r["act"], r["res"] if world == 1 else r["red_mlp"],
-                      epi="add" if world == 1 else "store", after=c, batch=rows,
-                      narrow=narrow(cfg.hidden_size, dec.config))
+        x, norm, after = gemv_in("res", vec(f"post{i}", lw.post_norm), b)
+        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, r["act"], norm=norm, eps=eps, epi="silu_mul",
+                   up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf)
+        x, _, after = gemv_in("act", None, c)
+        prev = p.gemv(d_pool, d_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_mlp"],
+                      epi="add" if world == 1 else "store", after=after, batch=rows,
+                      narrow=narrow(cfg.hidden_size, dec.config), xbf=xbf)
         if world > 1:
             prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                                epi="add", after=prev)
     if world == 1:
-        head = p.gemv(*at[-1], cfg.vocab_size, r["res"], r["logits"], norm=vec("final", weights.norm), eps=eps,
-                      amax=r["pairs"], batch=rows, after=prev, samp=r.get("samp"))
+        x, norm, after = gemv_in("res", vec("final", weights.norm), prev)
+        head = p.gemv(*at[-1], cfg.vocab_size, x, r["logits"], norm=norm, eps=eps, amax=r["pairs"], batch=rows,
+                      after=after, samp=r.get("samp"), xbf=xbf)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
                             after=head) for b in range(rows)]
     else:                     # this rank's shard of the vocabulary (the last shard's real rows), its

@@ -153,7 +153,7 @@ def _gemv_cost(f: dict, br: int) -> float:
 
 def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
     rows = range(f["batch"])
-    reads = [(f["x"], f["batch"] * f["k"])]
+    reads = [(f["x"], f["batch"] * f["k"] // (2 if f["xbf"] else 1))]
     if f["norm"] >= 0:
         reads.append((f["norm"], f["k"]))
     outs = f["rows"]
@@ -186,11 +186,14 @@ NOP = NodeKind("nop", 0, ())
 # logits' first row (a rank's first token) less their arena offset; at a temperature T > 0 the amax
 # pair's value is the largest y / T + G(seed, context length of step s, token id) (philox.py): SAMPLE's
 # argmax over the tiles then draws the token from softmax(y / T).
+# xbf = 1: x is bf16, already normalised (norm = -1), written by CAST nodes: row b's k values from
+# bf16 element 2 * x + b * k of the arena (x: a float offset; k a multiple of 8, so rows stay 16-byte
+# aligned), batch * k / 2 floats in all (StreamConfig.x_bf16: a batched kernel's every GEMV).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
-            Field("batch"), Field("ostride"), Field("astride"), Field("samp")),
+            Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf")),
     streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -265,7 +268,16 @@ ALLREDUCE = NodeKind(
     footprint=lambda f, br: ([(f["src"], f["n"])] + ([(f["out"], f["n"])] if f["epi"] == EPILOGUES["add"] else []),
                              [(f["out"], f["n"])]))
 
-KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE, ALLREDUCE)      # opcode 3 was COMBINE (merged into ATTN by ticket)
+# One row of a GEMV's input, once for every tile that reads it (StreamConfig.x_bf16): out gets
+# x[0:k], RMS-normalised with norm >= 0 (x * rsqrt(mean(x^2) + eps) * norm), rounded to bf16: the
+# k bf16 values from bf16 element 2 * out of the arena (k / 2 floats), what a GEMV with xbf reads.
+CAST = NodeKind(
+    "cast", 7, fields=(Field("x"), Field("out"), Field("k"), Field("norm"), Field("eps", "f32")),
+    cost=lambda f, br: float(6 * f["k"]),
+    footprint=lambda f, br: ([(f["x"], f["k"])] + ([(f["norm"], f["k"])] if f["norm"] >= 0 else []),
+                             [(f["out"], f["k"] // 2)]))
+
+KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE, ALLREDUCE, CAST)      # opcode 3 was COMBINE (merged into ATTN by ticket)
 BY_OPCODE = {k.opcode: k for k in KINDS}
 BY_NAME = {k.name: k for k in KINDS}
 

@@ -25,6 +25,7 @@ from warploop.runtime.stream.compiled import StreamConfig
 from warploop.runtime.stream.kinds import (
     ALLREDUCE,
     ATTN,
+    CAST,
     EMBED,
     EPILOGUES,
     GEMV,
@@ -130,7 +131,7 @@ class StreamProgram:
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
-             worker: int | None = None, samp: Region | None = None) -> list[int]:
+             worker: int | None = None, samp: Region | None = None, xbf: bool = False) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
@@ -138,7 +139,8 @@ class StreamProgram:
         and that output's offset (a SAMPLE node's pairs). batch: x holds that many rows of the
         pool's width one after another, out that many rows of n, amax that many rows of pairs.
         samp: an int region of kinds.SAMP_WORDS: the amax pairs of a sampled row (batch 1) race
-        y / T + Gumbel noise (kinds.GEMV)."""
+        y / T + Gumbel noise (kinds.GEMV). xbf: x holds bf16 rows, normalised already (CAST nodes),
+        batch * k / 2 floats."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -161,10 +163,16 @@ class StreamProgram:
         for first in (row, up) if up is not None else (row,):
             if n <= 0 or first < 0 or first + n > w.shape[0]:
                 raise ValueError(f"rows [{first}, {first} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
+        if xbf and (norm is not None or k % 8 or x.size < batch * k // 2):
+            raise ValueError(f"an xbf GEMV takes no norm (its CAST nodes normalised x), a width k a multiple of 8 "
+                             f"(16-byte bf16 rows; pool {pool} is {k} wide) and x of batch * k / 2 floats")
+        if xbf != bool(self.config.x_bf16):
+            raise ValueError(f"xbf={xbf}: a kernel with StreamConfig.x_bf16={self.config.x_bf16} reads every GEMV's "
+                             f"x as {'bf16' if self.config.x_bf16 else 'fp32'}")
         if k % 4 or x.offset % 4 or (norm is not None and norm.offset % 4):
             raise ValueError(f"x (at {x.offset}), norm and the pool's width ({k}) must be multiples of 4 floats: the "
                              "kernel loads them 16 bytes at a time")
-        if x.size < batch * k or (norm is not None and norm.size < k):
+        if (not xbf and x.size < batch * k) or (norm is not None and norm.size < k):
             raise ValueError(f"x ({x.size}) must hold the pool's width {k} for each of {batch} row(s), and norm "
                              "must hold it once")
         if out.size < batch * n or (bias is not None and bias.size < n):
@@ -182,7 +190,8 @@ class StreamProgram:
                               out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
                               bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                               narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
-                              batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset)
+                              batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset,
+                              xbf=int(xbf))
                 tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                 template = template or (fields, self.nodes[-1].body)
             else:
@@ -242,6 +251,19 @@ class StreamProgram:
                      for s in range(splits)]
             done += nodes
         return done
+
+    def cast(self, x: Region, out: Region, k: int, rows: int = 1, *, norm: Region | None = None, eps: float = 0.0,
+             after=()) -> list[int]:
+        """Each of `rows` rows of k floats at x (row b at x + b * k), RMS-normalised with norm, as bf16
+        into out (row b's k values from bf16 element 2 * out.offset + b * k): a node a row
+        (kinds.CAST), for the GEMVs of a StreamConfig.x_bf16 kernel."""
+        if k % 8 or x.offset % 4 or out.offset % 4 or x.size < rows * k or out.size < rows * k // 2 or \
+                (norm is not None and norm.size < k):
+            raise ValueError(f"cast: k ({k}) a multiple of 8, x and out 16-byte aligned, x of {rows} x {k} floats, "
+                             f"out of half that, norm of k")
+        deps = self._deps(after)
+        return [self.add(CAST, after=deps, x=x.offset + b * k, out=out.offset + b * k // 2, k=k,
+                         norm=-1 if norm is None else norm.offset, eps=eps) for b in range(rows)]
 
     def embed(self, token: Region, out: Region, k: int, after=(), first: int | None = None) -> int:
         """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED). first: the

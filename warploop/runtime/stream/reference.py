@@ -13,6 +13,7 @@ from warploop.runtime.stream import philox
 from warploop.runtime.stream.kinds import (
     ALLREDUCE,
     ATTN,
+    CAST,
     EMBED,
     EPILOGUES,
     GEMV,
@@ -205,6 +206,13 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
         row = min(max(local, 0), f["rows"] - 1)
         arena[f["out"]:f["out"] + f["k"]] = program.emb[row].float().to(arena.device)
         return
+    if node.kind is CAST:
+        import torch
+        x = arena[f["x"]:f["x"] + f["k"]]
+        if f["norm"] >= 0:
+            x = x * torch.rsqrt(x.pow(2).mean() + f["eps"]) * arena[f["norm"]:f["norm"] + f["k"]]
+        bf16_view(arena)[2 * f["out"]:2 * f["out"] + f["k"]] = x.to(torch.bfloat16)
+        return
     if node.kind is SAMPLE:
         pairs = arena[f["pairs"]:f["pairs"] + 2 * f["count"]].view(-1, 2)
         best = int(pairs[:, 0].argmax())    # the first of equal maxima: the lowest token, as the kernel
@@ -217,16 +225,19 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     f = node.fields
     br = tile_rows(f, program.config.block_rows)
     k, batch = f["k"], f["batch"]
-    key = (f["x"], batch * k, f["norm"], k, f["eps"])
+    key = (f["x"], batch * k // (2 if f["xbf"] else 1), f["norm"], k, f["eps"])
     kept = None if normed is None else normed.get(key)
     if kept is None:
-        xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
-        scale = 1.0
-        if f["norm"] >= 0:
-            scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
-            xs = xs * arena[f["norm"]:f["norm"] + k]
-        if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
-            xs = xs.to(torch.bfloat16).float()
+        if f["xbf"]:                    # CAST nodes' bf16 rows, normalised already
+            xs, scale = bf16_view(arena)[2 * f["x"]:2 * f["x"] + batch * k].float().view(batch, k), 1.0
+        else:
+            xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
+            scale = 1.0
+            if f["norm"] >= 0:
+                scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
+                xs = xs * arena[f["norm"]:f["norm"] + k]
+            if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
+                xs = xs.to(torch.bfloat16).float()
         if normed is not None:
             normed.clear()
             normed[key] = (xs, scale)
@@ -260,6 +271,13 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
             best, at = int(y.argmax()), f["amax"] + b * f["astride"]
             arena[at] = y[best]
             arena[at + 1] = float(out + best)
+
+
+def bf16_view(arena):
+    """The fp32 arena's words as bf16 pairs (element 2w is word w's low half): CAST's output, an
+    xbf GEMV's input."""
+    import torch
+    return arena.view(torch.bfloat16)
 
 
 def _forget_written(normed: dict, writes: list) -> None:
