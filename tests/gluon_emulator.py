@@ -134,9 +134,18 @@ class P:
         self.buf, self.off = buf, off
 
     def __add__(self, o):
-        return P(self.buf, np.asarray(self.off) + np.asarray(_a(o)))
+        return type(self)(self.buf, np.asarray(self.off) + np.asarray(_a(o)))
 
     __radd__ = __add__
+
+    def to(self, dt, bitcast=False):
+        """A float32 buffer's pointer as a bf16 one (each word's low half first, as on the GPU)."""
+        assert bitcast and dt == ("pointer", BF16) and self.buf.dtype == np.float32, dt
+        return PB(self.buf.view(np.uint16), np.asarray(self.off) * 2)
+
+
+class PB(P):
+    """A bf16 pointer into a float32 buffer's halves: loads give float32, stores round to bf16."""
 
 
 def _masked(ptr: P, mask, *shapes):
@@ -151,12 +160,17 @@ def _masked(ptr: P, mask, *shapes):
 def load(ptr: P, mask=None, other=0.0, cache_modifier=None, volatile=False):
     off, m = _masked(ptr, mask)
     v = ptr.buf[np.where(m, off, 0)]
+    if isinstance(ptr, PB):
+        v = (v.astype(np.uint32) << 16).view(np.float32)
+        return T(np.where(m, v, np.float32(_a(other))).astype(np.float32), BF16)
     other = np.asarray(_a(other)).astype(ptr.buf.dtype)
     return T(np.where(m, v, other).astype(np.float32 if ptr.buf.dtype.kind == "f" else np.int64))
 
 
 def store(ptr: P, val, mask=None):
     val = np.asarray(_a(val))
+    if isinstance(ptr, PB):       # the bits of the value rounded to bf16
+        val = (bf16(val).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     off, m = _masked(ptr, mask, val.shape)
     ptr.buf[off[m]] = np.broadcast_to(val, m.shape)[m]
 
@@ -196,7 +210,11 @@ class S:
         self.a[...] = np.broadcast_to(_a(v), self.a.shape)
 
     def _reinterpret(self, dtype, shape, layout):   # the first prod(shape) elements, as Gluon's view
-        return S(self.a.reshape(-1)[:int(np.prod(shape))].reshape(shape))
+        n, flat = int(np.prod(shape)), self.a.reshape(-1)
+        if flat.size < n:         # bf16 over float32 words (two a word): values of its own, NaN at first
+            assert dtype == BF16 and 2 * flat.size >= n, (dtype, shape, flat.size)
+            return S(np.full(shape, np.nan, np.float32))
+        return S(flat[:n].reshape(shape))
 
     reinterpret = _reinterpret
 

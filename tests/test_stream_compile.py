@@ -16,9 +16,11 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128)],
+                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
+                                 StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128, x_bf16=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
-                              "batch32_four_x_stages", "batch16_eight_x_stages"])
+                              "batch32_four_x_stages", "batch16_eight_x_stages",
+                              "batch32_x_bf16"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)

@@ -59,17 +59,18 @@ def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("batch", [2, 17, 32])
+@pytest.mark.parametrize("batch, x_bf16", [(2, False), (17, False), (32, False), (17, True), (32, True)])
 @pytest.mark.parametrize("block_rows, block_k", [(32, 128), (64, 128)])
 @pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
-def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch):
+def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch, x_bf16):
     """Every batched GEMV of a decoder's step (qkv with its norm and narrow tiles, o_proj with bias
     and add, gate/up with SiLU, down, lm_head with each row's amax pair) through gemv_rows: the
     arena within fp32 accumulation of the reference's (x times its norm weights enters the mmas as
-    bf16, in both)."""
+    bf16, in both; x_bf16: CAST nodes' bf16 rows, read as they are)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch))
+    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch),
+                           x_bf16=x_bf16)
     dec = StreamDecoder(cfg, w, max_context=32, block_size=4, batch=batch, config=config)
     p = dec.program
     ints = p.int_arena()
@@ -99,7 +100,8 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
         it, failed = body(S(ring), none, none, xs, ns, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["norm"]), T(np.float32(f["eps"])), T(f["rows"]),
                           T(f["out"]), T(f["bias"]), T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows,
-                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value, config.x_stages)
+                          block_k, len(ring), SPIN, False, config.batch_rows, kernel.CW.value, config.x_stages,
+                          config.x_bf16)
         assert int(it) == len(ring) and failed == 0
         run_node(p, arena, node, ints_r, kv_r, 0)
         # only fp32 summation order differs
@@ -270,6 +272,33 @@ def test_embed_body_gives_a_shards_row_or_zeros():
         arena, ints = np.full(32, 7.0, np.float32), np.array([token], np.int64)
         body(P(arena), P(ints), P(emb), words(EMBED, dict(token=0, out=4, k=8, rows=4, first=10, shard=shard)), xidx)
         np.testing.assert_array_equal(arena[4:12], want)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_cast_body_writes_the_references_bf16_row(norm):
+    """CAST (StreamConfig.x_bf16): a row of 40 floats, RMS-normalised with its weights or not, as
+    bf16 in the arena's words from `out` (two a word, the low half first), the reference's bits
+    exactly; nothing past the row's 20 words."""
+    import types as pytypes
+
+    from warploop.runtime.stream import small
+    from warploop.runtime.stream.kinds import CAST
+    rng = np.random.default_rng(0)
+    arena = np.full(160, 9.0, np.float32)
+    arena[8:48] = rng.standard_normal(40) * 3
+    arena[48:88] = rng.standard_normal(40)
+    fields = dict(x=8, out=100, k=40, norm=48 if norm else -1, eps=1e-5)
+    got = arena.copy()
+    emulated(small._cast)(P(got), words(CAST, fields), T(np.arange(64).reshape(4, 16)))
+    want = torch.from_numpy(arena.copy())
+    run_node(None, want, pytypes.SimpleNamespace(kind=CAST, fields=fields))
+    np.testing.assert_array_equal(got, want.numpy())
+    assert (got[120:] == 9.0).all() and (got[:100] == arena[:100]).all()
+    x = torch.from_numpy(arena[8:48].copy())
+    if norm:
+        x = x * torch.rsqrt(x.pow(2).mean() + 1e-5) * torch.from_numpy(arena[48:88].copy())
+    torch.testing.assert_close(torch.from_numpy(got[100:120].copy()).view(torch.bfloat16).float(),
+                               x.to(torch.bfloat16).float(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("seed, counter", [(7, 12), (2 ** 63 + 5, 2 ** 31 - 1), (123456789012345, 1)])

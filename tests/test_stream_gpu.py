@@ -224,13 +224,15 @@ def test_a_kernel_for_fewer_rows_refuses_a_batched_program():
         StreamExecutor(dec.program, "cuda")
 
 
-@pytest.mark.parametrize("batch", [2, 8, 16, 17, 32])
-def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch):
+@pytest.mark.parametrize("batch, x_bf16", [(2, False), (8, False), (16, False), (17, False), (32, False), (17, True),
+                                           (32, True)])
+def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, x_bf16):
     """Batches on the streaming kernel (its GEMVs on tensor cores against every row, attention,
     embedding and sampling a row each), every row its own position and blocks: the per-op
-    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU."""
+    backend's logits and its clear greedy picks, and the loop equal to the steps, as on the CPU (x_bf16:
+    every GEMV reading CAST nodes' bf16 rows)."""
     cfg = STEP_CONFIGS["qwen3_qk_norm"]
-    config = stream_config(cfg, batch_rows=batch_rows(batch))
+    config = stream_config(cfg, batch_rows=batch_rows(batch), x_bf16=x_bf16)
     want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"

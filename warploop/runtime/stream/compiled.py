@@ -104,7 +104,9 @@ class StreamConfig:
 
     @property
     def shared_bytes(self) -> int:
-        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + self.x_stages) * self.block_k * 4
+        """The ring, x's stages and (but with x_bf16, whose CAST nodes applied them) the norm weights'."""
+        norms = 0 if self.x_bf16 else self.x_stages
+        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + norms) * self.block_k * 4
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,

@@ -6,7 +6,8 @@ In such a kernel the ring holds a chunk as BK // SB column blocks of [BR, SB] bf
 swizzled (the loader's TMA boxes are [BR/2, SB], StreamConfig.weight_box), so the mma's operand
 loads (ldmatrix) hit every bank once. x comes into shared memory by cp.async, a column block of
 every row a stage, XS stages ahead of the mmas (StreamConfig.x_stages), so its L2 round trip
-overlaps the chunks before."""
+overlaps the chunks before. In an x_bf16 kernel (XB) x is CAST nodes' bf16 rows, normalised
+already: half the bytes a stage, and the mmas take them as they land."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -44,17 +45,28 @@ def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.c
 
 
 @gluon.jit
+def _xb_fetch(xq, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr, XS: gl.constexpr):
+    """_x_fetch for bf16 rows (XB): x's column block q of every row into stage q % XS, 16 bytes (8
+    values) a copy, zeros past k and the rows; no norm weights (CAST applied them)."""
+    if q < nblk:
+        col = q * BK + cols
+        _cp_async(xq.index(q % XS), xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
+    async_copy.commit_group()
+
+
+@gluon.jit
 def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
               k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
-              XS: gl.constexpr):
+              XS: gl.constexpr, XB: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
     out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
     of mma tiles (x times its norm weights, rounded to bf16 as the per-op backend's activations
     are), the tile's BR weight rows the N side, fp32 accumulation. Each row is RMS-normalised on
     its own, as batch 1: its sum of squares accumulates over the chunks and scales its sums at the
     end. A narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
-    against one x block and the bottom's against the next. Returns the ring's chunk count and `failed`."""
+    against one x block and the bottom's against the next. XB: x is bf16 rows, normalised (norm is
+    -1). Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
     WK: gl.constexpr = NKS if NKS < CW else CW
@@ -70,7 +82,23 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     # a time hit 8 bank groups
     XSL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[2, 1, 0])
     WSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    # bf16 x (XB): 8 values a 16-byte copy, stages swizzled in 16-byte groups too
+    CPB: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [WK, CW // WK, 1], [2, 1, 0])
+    XSB: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0])
     # xs: XS stages of x; ns: XS of the norm weights ([NKS, SB] each)
+    if XB:
+        if PUBLIC_REINTERPRET:
+            xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+        else:
+            xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+        kb = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPB)))
+        bb_ = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPB)))
+        jb = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPB)))
+        colsb = kb[:, None, None] * SB + jb[None, None, :]
+        # row b's bf16 values from element 2 * x + b * k (k % 8 == 0: 16-byte rows, program.gemv checks)
+        xrowb = gl.multiple_of(2 * x + bb_ * k, 8)[None, :, None]
+        rowokb = (bb_ < nrows)[None, :, None]
+        xbp = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True)
     if PUBLIC_REINTERPRET:
         xq = xs.slice(0, XS * NB).reinterpret(gl.float32, [XS, NKS, NB, SB], XSL)
         nq = ns.reinterpret(gl.float32, [XS, NKS, SB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -117,7 +145,10 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
         while issued < qa + XS:       # a stage is free once the block before in it was read
-            _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK, XS)
+            if XB:
+                _xb_fetch(xqb, issued, nblk, xbp, xrowb, colsb, k, rowokb, BK, XS)
+            else:
+                _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK, XS)
             issued += 1
         if narrow:
             async_copy.wait_group(XS - 2)
@@ -135,16 +166,22 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
             wq = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
         # each warp its slab: x [NB, SB] against the tile's rows [SB, BR]
         wt = wq.permute((0, 2, 1)).load(WB)                                   # [NKS, SB, BR]
-        nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
-        xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
-        ss += gl.sum(xr * xr, axis=2)
-        acc = mma_v2((xr * nw[:, None, :]).to(gl.bfloat16), wt, acc)
-        if narrow:
-            nw2 = nq.index((qa + 1) % XS).load(gl.SliceLayout(1, XA)) + one
-            xr2 = xq.index((qa + 1) % XS).load(XA)
-            xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
-            ss += gl.sum(xr2 * xr2, axis=2)
-            acc2 = mma_v2(gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0).to(gl.bfloat16), wt, acc2)
+        if XB:                        # the mmas take the bf16 rows as they are
+            acc = mma_v2(xqb.index(qa % XS).load(XA), wt, acc)
+            if narrow:
+                xb2 = xqb.index((qa + 1) % XS).load(XA)
+                acc2 = mma_v2(gl.where(qa + 1 < nblk, xb2, gl.zeros_like(xb2)), wt, acc2)
+        else:
+            nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
+            xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
+            ss += gl.sum(xr * xr, axis=2)
+            acc = mma_v2((xr * nw[:, None, :]).to(gl.bfloat16), wt, acc)
+            if narrow:
+                nw2 = nq.index((qa + 1) % XS).load(gl.SliceLayout(1, XA)) + one
+                xr2 = xq.index((qa + 1) % XS).load(XA)
+                xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
+                ss += gl.sum(xr2 * xr2, axis=2)
+                acc2 = mma_v2(gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0).to(gl.bfloat16), wt, acc2)
         # every warp is done with the slot and the x stages before one thread frees the slot (and
         # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
         _barrier()

@@ -80,7 +80,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
@@ -120,7 +120,7 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                 nrows = gl.load(instr + i * W + G_BATCH)
                 it, failed = gemv_rows(bufs, full, empty, xs, ns, it, instr + i * W, arena, counters, err, epoch,
                                        failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias,
-                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, XB)
         if (op == OP_GEMV) & (NB > 0):
             staged_x = -1
         elif op == OP_GEMV:
@@ -228,10 +228,10 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
                                       failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
-                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP)
+                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)
             else:
                 failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
-                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP)
+                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             # every thread's stores precede one thread's CTA-scope release to the publisher, whose
@@ -278,7 +278,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr,
+                  XB: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -302,7 +303,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, pub_full, pub_empty)),
+                     TP, XB, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),

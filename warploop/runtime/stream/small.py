@@ -1,13 +1,13 @@
-"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP, and ALLREDUCE in
-a tensor-parallel kernel: allreduce.py): their waits, then their bodies, run by the consumer
-(kernel.py)."""
+"""The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP, ALLREDUCE in a
+tensor-parallel kernel: allreduce.py, CAST in an x_bf16 kernel): their waits, then their bodies, run
+by the consumer (kernel.py)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from warploop.runtime.stream.allreduce import OP_ALLREDUCE, allreduce
-from warploop.runtime.stream.kinds import EMBED, SAMPLE
+from warploop.runtime.stream.kinds import CAST, EMBED, SAMPLE
 from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 
 OP_EMBED = gl.constexpr(EMBED.opcode)
@@ -20,6 +20,9 @@ S_PAIRS, S_COUNT, S_BASE = gl.constexpr(SAMPLE.word("pairs")), gl.constexpr(SAMP
 S_TOKEN, S_TOKENS = gl.constexpr(SAMPLE.word("token")), gl.constexpr(SAMPLE.word("tokens"))
 S_PER, S_SHARD = gl.constexpr(SAMPLE.word("per")), gl.constexpr(SAMPLE.word("shard"))
 SBLK = gl.constexpr(4096)       # amax pairs a SAMPLE reduces per round
+OP_CAST = gl.constexpr(CAST.opcode)
+C_X, C_OUT, C_K = gl.constexpr(CAST.word("x")), gl.constexpr(CAST.word("out")), gl.constexpr(CAST.word("k"))
+C_NORM, C_EPS = gl.constexpr(CAST.word("norm")), gl.constexpr(CAST.word("eps"))
 
 
 @gluon.jit
@@ -34,6 +37,23 @@ def _embed(arena, ints, emb, base, xidx):
     row = emb + gl.minimum(gl.maximum(local, 0), rows - 1).to(gl.int64) * k
     gl.store(arena + gl.load(base + E_OUT) + xidx,
              gl.load(row + xidx, mask=(xidx < k) & mine, other=0.0).to(gl.float32), mask=xidx < k)
+
+
+@gluon.jit
+def _cast(arena, base, xidx):
+    """The CAST kind's body: x[:k], RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out
+    (k <= the kernel's KMAX: xidx spans it)."""
+    k = gl.load(base + C_K)
+    norm = gl.load(base + C_NORM)
+    live = xidx < k
+    # x is a predecessor's output (another SM's stores, ordered by the wait): from L2
+    xv = gl.load(arena + gl.load(base + C_X) + xidx, mask=live, other=0.0, cache_modifier=".cg")
+    if norm >= 0:
+        eps = gl.load(base + C_EPS).to(gl.float32, bitcast=True)
+        xv = xv * gl.rsqrt(gl.sum(gl.sum(xv * xv, axis=1), axis=0) / k + eps) * \
+            gl.load(arena + norm + xidx, mask=live, other=0.0)
+    out = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * gl.load(base + C_OUT).to(gl.int64)
+    gl.store(out + xidx, xv.to(gl.bfloat16), mask=live)
 
 
 @gluon.jit
@@ -67,9 +87,9 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 
 @gluon.jit
 def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr):
-    """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP): its waits, then its
-    body."""
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr):
+    """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP; CAST with XB): its
+    waits, then its body."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
@@ -77,6 +97,9 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
         _sample(arena, ints, base, s, CW)
+    if XB:                    # a constexpr branch: CAST only in an x_bf16 kernel
+        if op == OP_CAST:
+            _cast(arena, base, xidx)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
         if op == OP_ALLREDUCE:
             failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
