@@ -14,7 +14,8 @@
 #             TP_PARTS=serve: scripts/serve_load.py on Llama-3.1-8B shapes, tokens/s at 64 requests of one engine,
 #             `warploop serve --replicas 2` and two Ray Serve replicas (issue 36; run scripts/ray_payload.sh here
 #             first and carry .carry: scripts/ray_install.sh installs it there) -> $OUT/serve-load.json,
-#             $OUT/serve-load-logs/
+#             $OUT/serve-load-logs/; TP_PARTS=serve_profile: the same for one and replicas with a py-spy on
+#             each server process (serve_load.py --profile) -> $OUT/serve-profile.{json,tgz}
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
 #   stream    the streaming executor: scripts/device_stream.sh (its PART=... chooses within it)
 #   prefill   the chunked-prefill engine tests, scripts/prefill_profile.py (the kernels of each system's prefill,
@@ -27,7 +28,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="${OUT:-/tmp/device-out}"; mkdir -p "$OUT"
-if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,25p" "$0" | cut -c3-; exit 0; fi
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then sed -n "2,26p" "$0" | cut -c3-; exit 0; fi
 
 environment() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,persistence_mode --format=csv,noheader || true
@@ -67,6 +68,13 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
              timeout -k 90 "$limit" python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 140 \
                --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null ); echo "serve load rc=$?"
            cat "$OUT/serve-load.json" ;;
+    serve_profile) # where `warploop serve` spends the rounds (one engine, then --replicas 2): a py-spy on each of
+           # its processes (the py-spy wheel in .carry/whl, installed with Ray's) -> $OUT/serve-profile.{json,tgz}
+           ( source scripts/ray_install.sh &&
+             timeout -k 90 "$limit" python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 140 \
+               --systems one,replicas --profile /tmp/serve-prof --py-spy "${RAY_SITE:-/tmp/ray-site}/bin/py-spy" \
+               --save "$OUT/serve-profile.json" > /dev/null ); echo "serve profile rc=$?"
+           tar czf "$OUT/serve-profile.tgz" -C /tmp serve-prof; cat "$OUT/serve-profile.json" ;;
     *) timeout -s ABRT -k 10 "$limit" python scripts/bench_tp.py --part "$part" > "$OUT/tp-$part.json"
        echo "bench $part rc=$?"; cat "$OUT/tp-$part.json" ;;
   esac
@@ -108,7 +116,7 @@ for part in "$@"; do
       environment; python -c "import torch; print('nccl', torch.cuda.nccl.version())"
       for p in ${TP_PARTS:-tests tp tp_symm one user replicas compile}; do
         case $p in tests) tp_part tests 200 ;; compile) tp_part compile 300 ;; stream) tp_part stream 500 ;;
-                   serve) tp_part serve 450 ;;
+                   serve|serve_profile) tp_part "$p" 450 ;;
                    *) tp_part "$p" 150 ;; esac
         if [ "$p" = tp ] && ! grep -q ms_per_token_bs1 "$OUT/tp-tp.json" 2>/dev/null; then tp_part tp_eager 120; fi
       done ;;

@@ -21,6 +21,10 @@ system; a SIGTERM to this script stops the system running, records it and ends t
     python scripts/serve_load.py --model tiny --device cpu --concurrency 8 --max-tokens 8  # smoke test
 
 `--shapes` writes a random-weight checkpoint of bench_tp.py's shapes to /tmp/<shapes>-random if absent.
+`--profile DIR` also records where each system's processes spend the timed rounds: a py-spy (`--py-spy`,
+default the one on PATH) on each Python process of its group, from the end of the warm-up for the
+rounds, into DIR/serve-NAME-PID.txt (collapsed stacks, the process and the thread's name first; the
+rounds' figures are then marked `profiled`: the sampling costs the servers time).
 The `ray` system needs ray[serve] importable (on the GPU machine: scripts/ray_install.sh).
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import importlib.metadata
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -181,7 +186,7 @@ async def load_round(client, model: str, prompts: list[str], max_tokens: int) ->
             "short": sum(n != max_tokens for _, n in done)}
 
 
-async def measure(url: str, model: str, args: argparse.Namespace, deadline: float) -> dict:
+async def measure(url: str, model: str, args: argparse.Namespace, deadline: float, on_warm=lambda: None) -> dict:
     import httpx
 
     text = prompt_text()
@@ -190,6 +195,7 @@ async def measure(url: str, model: str, args: argparse.Namespace, deadline: floa
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=max(1.0, deadline - time.monotonic())) as client:
         async def rounds() -> list[dict]:
             await load_round(client, model, prompts, args.max_tokens)      # warm-up
+            on_warm()
             return [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
         timed = await asyncio.wait_for(rounds(), max(1.0, deadline - time.monotonic()))
     latencies = sorted(s for r in timed for s in r["latencies"])
@@ -242,6 +248,25 @@ def stop_group(proc: subprocess.Popen) -> str:
     return f"left running: {live_members(proc.pid)}"
 
 
+def start_profile(args: argparse.Namespace, name: str, pgid: int) -> list[subprocess.Popen]:
+    """A py-spy on each Python process of group `pgid` for the timed rounds (--profile); py-spy's own
+    --subprocesses left the replicas' engines out."""
+    if not args.profile:
+        return []
+    seconds = max(2, int(args.rounds * args.max_tokens * 0.03) + 2)     # about the rounds at 30 ms a step
+    spies = []
+    for pid in live_members(pgid):
+        with contextlib.suppress(OSError):
+            if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            spies.append(subprocess.Popen(
+                [args.py_spy, "record", "--pid", str(pid), "--threads", "--nonblocking", "--rate", "100",
+                 "--duration", str(seconds), "--format", "raw",
+                 "-o", str(Path(args.profile) / f"serve-{name}-{pid}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    return spies
+
+
 def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> dict:
     deadline = time.monotonic() + args.timeout
     port = args.port or free_port()
@@ -253,18 +278,26 @@ def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> d
         proc = subprocess.Popen(system_command(name, model, args.device, port), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
     result: dict = {}
+    spy: list = []
     try:
         url = f"http://127.0.0.1:{port}"
         served = wait_ready(name, proc, url, log_path, deadline)
         result["ready_s"] = round(time.monotonic() - t0, 1)
         try:
-            result.update(asyncio.run(measure(url, served, args, deadline)))
+            result.update(asyncio.run(measure(url, served, args, deadline,
+                                              lambda: spy.extend(start_profile(args, name, proc.pid)))))
         except TimeoutError:
             raise TimeoutError(f"{name}: the rounds did not finish within the system's time limit "
                                f"({args.timeout:g} s)") from None
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}", "log": log_tail(log_path)}
     finally:
+        for p in spy:
+            result["profiled"] = True
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(30)
+            if p.poll() is None:
+                p.kill()
         t1 = time.monotonic()
         result["stop"] = stop_group(proc)
         result["stop_s"] = round(time.monotonic() - t1, 1)
@@ -315,12 +348,18 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0, help="the port every system serves on (default: a free one each)")
     ap.add_argument("--log-dir", help="keep each system's server log here (default: a temporary folder)")
     ap.add_argument("--save", help="also write the JSON here, after each system too (marked partial until the end)")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy each system's processes during its timed rounds, into DIR")
+    ap.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy's binary for --profile (default: PATH's)")
     args = ap.parse_args()
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
         ap.error(f"--systems: {', '.join(sorted(unknown))} not of {', '.join(SYSTEMS)}")
     if min(args.concurrency, args.max_tokens, args.rounds) < 1:
         ap.error("--concurrency, --max-tokens and --rounds must be at least 1")
+    if args.profile and not (args.py_spy and os.access(args.py_spy, os.X_OK)):
+        ap.error(f"--profile needs py-spy: pip install py-spy, or give --py-spy PATH (not found: {args.py_spy})")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     model = args.model or "tiny"
     if args.shapes:
         from checkpoint import write_checkpoint

@@ -23,9 +23,20 @@ def run(*args: str) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
-def test_one_engine_and_two_replicas_serve_a_counted_round():
-    rc, got = run("--model", "tiny", "--systems", "one,replicas")
+def test_one_engine_and_two_replicas_serve_a_counted_round(tmp_path):
+    """Also --profile, with a stand-in for py-spy that writes its arguments where it is told: one
+    recording of each Python process of a system's group (the server; the replicas' engines too)."""
+    spy = tmp_path / "py-spy"
+    spy.write_text(f"#!{sys.executable}\nimport sys\nargs = sys.argv[1:]\n"
+                   "open(args[args.index('-o') + 1], 'w').write(' '.join(args))\n")
+    spy.chmod(0o755)
+    rc, got = run("--model", "tiny", "--systems", "one,replicas", "--profile", str(tmp_path / "prof"),
+                  "--py-spy", str(spy))
     assert rc == 0, got
+    for name, at_least in (("one", 1), ("replicas", 3)):
+        recorded = [f.read_text() for f in (tmp_path / "prof").glob(f"serve-{name}-*.txt")]
+        assert got["systems"][name]["profiled"] and len(recorded) >= at_least, (name, recorded)
+        assert all(r.startswith("record --pid ") and "--format raw" in r for r in recorded)
     assert got["engine"] == {"max_num_seqs": 64, "max_model_len": 1024, "enable_prefix_caching": False,
                              "device": "cpu"}
     for name in ("one", "replicas"):
@@ -37,6 +48,12 @@ def test_one_engine_and_two_replicas_serve_a_counted_round():
         assert system["stop"] == "clean", system       # SIGTERM to the server stopped all it started
     one, replicas = got["systems"]["one"]["tok_s"], got["systems"]["replicas"]["tok_s"]
     assert got["ratio"]["replicas"] == pytest.approx(replicas / one, rel=1e-2)
+
+
+def test_profile_without_py_spy_is_refused_naming_the_flag(tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPT), *SMOKE, "--model", "tiny", "--profile", str(tmp_path),
+                          "--py-spy", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--profile needs py-spy" in out.stderr and not out.stdout
 
 
 def test_a_system_that_fails_records_its_error_and_the_next_runs(tmp_path):
