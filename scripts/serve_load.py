@@ -6,7 +6,8 @@
               behind Ray's proxy, on a local Ray cluster
 
 Each system runs as a process group of its own, started, measured and stopped in turn: wait for its
-`/health` to answer 200, one warm-up round, then `--rounds` timed rounds. A round sends
+`/health` to answer 200, one warm-up round, the engines' deferred start work (`--settle-s`), then
+`--rounds` timed rounds. A round sends
 `--concurrency` non-streaming completions at once over as many connections (`ignore_eos`, greedy,
 `--max-tokens` each, the same short prompt with the request's number in front, so no two are equal);
 its tokens/s is the completion tokens the answers count (`usage.completion_tokens`) over the round's
@@ -186,21 +187,48 @@ async def load_round(client, model: str, prompts: list[str], max_tokens: int) ->
             "short": sum(n != max_tokens for _, n in done)}
 
 
-async def measure(url: str, model: str, args: argparse.Namespace, deadline: float, on_warm=lambda: None) -> dict:
+SETTLED_GAUGE = "warploop_deferred_start_pending"
+
+
+async def settle(client, reads: int, limit_s: float) -> float | str:
+    """Wait until the system's engines have done their deferred start work (the stream backend builds
+    its split levels while idle: /metrics' SETTLED_GAUGE reads 0, `reads` times in a row, 0.2 s apart:
+    Ray's proxy sends each scrape to one replica); the seconds it took, or why not ("not reported" by a
+    server without the gauge, "timed out" after `limit_s`)."""
+    t0, zeros = time.monotonic(), 0
+    while zeros < reads:
+        if time.monotonic() - t0 > limit_s:
+            return "timed out"
+        r = await client.get("/metrics")
+        values = [line.split()[-1] for line in r.text.splitlines() if line.startswith(SETTLED_GAUGE + " ")]
+        if r.status_code != 200 or not values:
+            return "not reported"
+        zeros = zeros + 1 if float(values[0]) == 0 else 0
+        if zeros < reads:
+            await asyncio.sleep(0.2)
+    return round(time.monotonic() - t0, 1)
+
+
+async def measure(url: str, model: str, args: argparse.Namespace, deadline: float, on_warm=lambda: None,
+                  reads: int = 1) -> dict:
     import httpx
 
     text = prompt_text()
     prompts = [f"{i} {text}" for i in range(args.concurrency)]
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=max(1.0, deadline - time.monotonic())) as client:
+        settled: list = []
+
         async def rounds() -> list[dict]:
             await load_round(client, model, prompts, args.max_tokens)      # warm-up
+            if args.settle_s > 0:
+                settled.append(await settle(client, reads, args.settle_s))
             on_warm()
             return [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
         timed = await asyncio.wait_for(rounds(), max(1.0, deadline - time.monotonic()))
     latencies = sorted(s for r in timed for s in r["latencies"])
     median = sorted(timed, key=lambda r: r["tok_s"])[(len(timed) - 1) // 2]     # the lower of two middles
-    return {"tok_s": round(median["tok_s"], 1), "round_tok_s": [round(r["tok_s"], 1) for r in timed],
+    return {**({"settle_s": settled[0]} if settled else {}), "tok_s": round(median["tok_s"], 1), "round_tok_s": [round(r["tok_s"], 1) for r in timed],
             "round_wall_s": [round(r["wall_s"], 3) for r in timed], "tokens_per_round": median["tokens"],
             "expected_tokens_per_round": args.concurrency * args.max_tokens,
             "short_completions": sum(r["short"] for r in timed),
@@ -285,7 +313,8 @@ def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> d
         result["ready_s"] = round(time.monotonic() - t0, 1)
         try:
             result.update(asyncio.run(measure(url, served, args, deadline,
-                                              lambda: spy.extend(start_profile(args, name, proc.pid)))))
+                                              lambda: spy.extend(start_profile(args, name, proc.pid)),
+                                              reads=4 * REPLICAS if name == "ray" else 1)))
         except TimeoutError:
             raise TimeoutError(f"{name}: the rounds did not finish within the system's time limit "
                                f"({args.timeout:g} s)") from None
@@ -346,6 +375,10 @@ def main() -> int:
                     help="seconds each system gets to serve and run its rounds (its stop comes after: up to "
                          f"{STOP_GRACE_S:g} s, then 21 s for what is left)")
     ap.add_argument("--port", type=int, default=0, help="the port every system serves on (default: a free one each)")
+    ap.add_argument("--settle-s", type=float, default=300.0,
+                    help="after the warm-up, wait up to this long for the engines' deferred start work (the "
+                         "stream backend's split levels, built while idle) so the rounds time the steady state; "
+                         "0: do not wait")
     ap.add_argument("--log-dir", help="keep each system's server log here (default: a temporary folder)")
     ap.add_argument("--save", help="also write the JSON here, after each system too (marked partial until the end)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy each system's processes during its timed rounds, into DIR")

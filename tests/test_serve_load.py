@@ -42,6 +42,7 @@ def test_one_engine_and_two_replicas_serve_a_counted_round(tmp_path):
     for name in ("one", "replicas"):
         system = got["systems"][name]
         assert system["tok_s"] > 0 and system["ready_s"] > 0, system
+        assert isinstance(system["settle_s"], float) and system["settle_s"] >= 0, system  # the gauge read 0
         assert system["tokens_per_round"] == system["expected_tokens_per_round"] == 4 * 6, system
         assert system["short_completions"] == 0
         assert 0 < system["latency_p50_s"] <= system["latency_p99_s"]

@@ -307,6 +307,7 @@ def test_metrics_expose_counters(server, client):
     assert m["warploop_kv_blocks_total"] == KV_BLOCKS
     assert m["warploop_num_requests_running"] == 0 and m["warploop_num_requests_waiting"] == 0
     assert "warploop_prefix_cache_hit_tokens_total" in m
+    assert m["warploop_deferred_start_pending"] in (0, 1)       # 1 until the engine's deferred start work is done
 
 
 def _sigterm_mid_stream(srv: Server, signals: int) -> list[str]:

@@ -229,7 +229,9 @@ def test_deferred_work_waits_for_a_quiet_engine(monkeypatch):
         for _ in range(3):          # at once, then back to back: never 0.4 s quiet
             engine.generate([1, 2, 3], params)
         done = time.monotonic()
+        assert engine.stats()["deferred_pending"] == 1          # what /metrics reports (serve_load waits on it)
         assert engine.settle(30) and len(pieces) == 3
+        assert engine.stats()["deferred_pending"] == 0
         assert pieces[0] - done >= 0.35, pieces[0] - done
 
 

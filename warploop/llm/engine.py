@@ -164,7 +164,8 @@ class Engine(EngineLoop):
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting) + waiting,
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
                 "prefix_cache_hit_tokens": self.blocks.hit_tokens, **self._counters,
-                "preemptions": self.scheduler.num_preemptions, "prefill_chunks": self.scheduler.num_chunks}
+                "preemptions": self.scheduler.num_preemptions, "prefill_chunks": self.scheduler.num_chunks,
+                "deferred_pending": int(not self._settled.is_set())}
 
     def settle(self, timeout: float | None = 120.0) -> bool:
         """Wait until the backend's deferred start work is done (the engine does it while idle:

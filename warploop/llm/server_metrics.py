@@ -33,6 +33,13 @@ _OPTIONAL_COUNTERS = {
 }
 
 
+# Gauges reported by this engine beyond docs/engine-api.md; exported when present.
+_OPTIONAL_GAUGES = {
+    "deferred_pending": ("warploop_deferred_start_pending", "engines whose deferred start work (the stream "
+                         "backend's split levels) is still done while idle; 0 once settled (Engine.settle)"),
+}
+
+
 class _EngineCollector(Collector):
     def __init__(self, engine: Any) -> None:
         self._engine = engine
@@ -43,6 +50,9 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=stats[key])
+        for key, (name, doc) in _OPTIONAL_GAUGES.items():
+            if key in stats:
+                yield GaugeMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in _OPTIONAL_COUNTERS.items():
             if key in stats:
                 yield CounterMetricFamily(name, doc, value=stats[key])

@@ -31,10 +31,13 @@ from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
 
-# A batched kernel's shape where it differs from StreamConfig's defaults, by batch_rows: at 32 rows a
-# stage of x is 32 KB, so four ring slots make room for four stages instead of two (H200,
-# Llama-3.2-1B, context 512: 3.12 -> 3.00 ms a step; at 16 rows the same trade measured 1.593 -> 1.612)
-BATCH_SHAPES = {32: {"ring": 4, "x_stage_kb": 128}}
+# A batched kernel's shape where it differs from StreamConfig's defaults, by batch_rows:
+# - x_bf16: every GEMV reads its input as bf16 rows CAST nodes normalised once a stage (H200, context
+#   512, tokens/s with it against without: Llama-3.2-1B 5,828 / 5,044 at batch 8 and 14,167 / 10,672
+#   at 32, Qwen3-0.6B 10,144 / 9,313 at 32; SmolLM2-135M 18,648 / 19,223 at 32);
+# - at 32 rows a stage of x is 32 KB, so four ring slots make room for four stages instead of two
+#   (Llama-3.2-1B, context 512: 3.12 -> 3.00 ms a step; at 16 rows the same trade measured 1.593 -> 1.612)
+BATCH_SHAPES = {16: {"x_bf16": True}, 32: {"ring": 4, "x_stage_kb": 128, "x_bf16": True}}
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
