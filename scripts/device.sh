@@ -66,7 +66,7 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
            # stops the system it runs, and keeps what it measured in serve-load.json
            ( source scripts/ray_install.sh &&
              timeout -k 90 "$limit" python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 240 \
-               --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null ); echo "serve load rc=$?"
+               --systems "${SERVE_SYSTEMS:-one,replicas,ray,engine,pool}" --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null ); echo "serve load rc=$?"
            cat "$OUT/serve-load.json" ;;
     serve_profile) # where `warploop serve` spends the rounds (one engine, then --replicas 2): a py-spy on each of
            # its processes (the py-spy wheel in .carry/whl, installed with Ray's) -> $OUT/serve-profile.{json,tgz}

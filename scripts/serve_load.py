@@ -4,6 +4,9 @@
     replicas  `warploop serve --replicas 2`: two engine processes behind one endpoint (one GPU each)
     ray       Ray Serve, two replicas of warploop's deployment (warploop/llm/ray_serve.py, one GPU each)
               behind Ray's proxy, on a local Ray cluster
+    engine    the peer with no serving path: one Engine in a process of its own, the same requests given
+              to add_request at once each round (the prompts encoded by its tokenizer), timed alike
+    pool      the same for a ReplicaPool of two engine processes (what --replicas 2 serves)
 
 Each system runs as a process group of its own, started, measured and stopped in turn: wait for its
 `/health` to answer 200, one warm-up round, the engines' deferred start work (`--settle-s`), then
@@ -51,7 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-SYSTEMS = ("one", "replicas", "ray")
+SYSTEMS = ("one", "replicas", "ray", "engine", "pool")
+IN_PROCESS = ("engine", "pool")         # the same engines and rounds with no HTTP (drive_engines)
 REPLICAS = 2
 # the same on every system and every engine: each engine may batch all the concurrent requests
 ENGINE = {"max_num_seqs": 64, "max_model_len": 1024, "enable_prefix_caching": False}
@@ -61,6 +65,73 @@ sys.path.insert(0, {scripts!r})
 from serve_load import serve_ray
 serve_ray(json.loads(sys.argv[1]))
 """
+
+
+ENGINE_DRIVER = """import json, sys
+sys.path.insert(0, {scripts!r})
+from serve_load import drive_engines
+drive_engines(json.loads(sys.argv[1]))
+"""
+
+
+def drive_engines(spec: dict) -> None:
+    """The `engine` and `pool` systems' process: spec["replicas"] engines (0: one Engine, else a
+    ReplicaPool) run the warm-up and timed rounds measure() sends over HTTP, each round's requests
+    handed to add_request at once; prints measure()'s figures as JSON."""
+    import threading
+
+    from warploop.llm.engine import Engine
+    from warploop.llm.params import SamplingParams
+    from warploop.llm.replicas import ReplicaPool
+
+    options = {**spec["options"], "progress": False}
+    engines = (ReplicaPool(spec["model"], spec["replicas"], **options) if spec["replicas"]
+               else Engine.from_model(spec["model"], **options))
+    with engines:
+        text = prompt_text()
+        prompts = [engines.tokenizer.encode(f"{i} {text}") for i in range(spec["concurrency"])]
+        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
+
+        def one_round() -> dict:
+            done, lock = threading.Semaphore(0), threading.Lock()
+            finished: list = []
+
+            def on_event(t0: float, event) -> None:
+                if event.finish_reason is not None:
+                    with lock:
+                        finished.append((time.perf_counter() - t0, event.completion_tokens, event.error))
+                    done.release()
+            t0 = time.perf_counter()
+            for ids in prompts:
+                engines.add_request(ids, params, lambda ev, t0=t0: on_event(t0, ev))
+            for _ in prompts:
+                if not done.acquire(timeout=spec["timeout"]):
+                    raise TimeoutError("a round did not finish within --timeout")
+            wall = time.perf_counter() - t0
+            if errors := [e for _, _, e in finished if e]:
+                raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]}")
+            tokens = sum(n for _, n, _ in finished)
+            return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "latencies": [s for s, _, _ in finished],
+                    "short": sum(n != spec["max_tokens"] for _, n, _ in finished)}
+
+        one_round()                                                        # warm-up
+        t0 = time.monotonic()
+        while engines.stats().get("deferred_pending", 0) and time.monotonic() - t0 < spec["settle_s"]:
+            time.sleep(0.2)
+        settled = round(time.monotonic() - t0, 1) if not engines.stats().get("deferred_pending", 0) else "timed out"
+        timed = [one_round() for _ in range(spec["rounds"])]
+    print(json.dumps({"settle_s": settled, **summary(timed, spec["concurrency"] * spec["max_tokens"])}), flush=True)
+
+
+def summary(timed: list[dict], expected: int) -> dict:
+    """The median round's tokens/s, every round's, and request latency p50/p99 over all of them."""
+    latencies = sorted(s for r in timed for s in r["latencies"])
+    median = sorted(timed, key=lambda r: r["tok_s"])[(len(timed) - 1) // 2]     # the lower of two middles
+    return {"tok_s": round(median["tok_s"], 1), "round_tok_s": [round(r["tok_s"], 1) for r in timed],
+            "round_wall_s": [round(r["wall_s"], 3) for r in timed], "tokens_per_round": median["tokens"],
+            "expected_tokens_per_round": expected, "short_completions": sum(r["short"] for r in timed),
+            "latency_p50_s": round(statistics.median(latencies), 3),
+            "latency_p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
 
 
 class Terminated(Exception):
@@ -129,8 +200,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def system_command(name: str, model: str, device: str, port: int) -> list[str]:
+def system_command(name: str, model: str, device: str, port: int, args: argparse.Namespace | None = None) -> list[str]:
     options = engine_options(device)
+    if name in IN_PROCESS:
+        spec = {"model": model, "replicas": REPLICAS if name == "pool" else 0, "options": options,
+                "concurrency": args.concurrency, "max_tokens": args.max_tokens, "rounds": args.rounds,
+                "settle_s": args.settle_s, "timeout": args.timeout}
+        return [sys.executable, "-c", ENGINE_DRIVER.format(scripts=str(ROOT / "scripts")), json.dumps(spec)]
     if name in ("one", "replicas"):
         return serve_command(model, options, port, 1 if name == "one" else REPLICAS)
     cpus = os.cpu_count() or 1
@@ -226,14 +302,7 @@ async def measure(url: str, model: str, args: argparse.Namespace, deadline: floa
             on_warm()
             return [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
         timed = await asyncio.wait_for(rounds(), max(1.0, deadline - time.monotonic()))
-    latencies = sorted(s for r in timed for s in r["latencies"])
-    median = sorted(timed, key=lambda r: r["tok_s"])[(len(timed) - 1) // 2]     # the lower of two middles
-    return {**({"settle_s": settled[0]} if settled else {}), "tok_s": round(median["tok_s"], 1), "round_tok_s": [round(r["tok_s"], 1) for r in timed],
-            "round_wall_s": [round(r["wall_s"], 3) for r in timed], "tokens_per_round": median["tokens"],
-            "expected_tokens_per_round": args.concurrency * args.max_tokens,
-            "short_completions": sum(r["short"] for r in timed),
-            "latency_p50_s": round(statistics.median(latencies), 3),
-            "latency_p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+    return {**({"settle_s": settled[0]} if settled else {}), **summary(timed, args.concurrency * args.max_tokens)}
 
 
 def live_members(pgid: int) -> list[int]:
@@ -302,12 +371,24 @@ def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> d
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(system_command(name, model, args.device, port), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
+    figures = logs / f"serve-load-{name}.json"         # an in-process system's output
+    with open(log_path, "w") as log, open(figures, "w") as out:
+        proc = subprocess.Popen(system_command(name, model, args.device, port, args),
+                                stdout=out if name in IN_PROCESS else log, stderr=log if name in IN_PROCESS else
+                                subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
     result: dict = {}
     spy: list = []
     try:
+        if name in IN_PROCESS:
+            try:
+                code = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"{name}: the rounds did not finish within the system's time limit "
+                                   f"({args.timeout:g} s)") from None
+            if code != 0:
+                raise RuntimeError(f"{name}: the engines' process exited with code {code}")
+            result.update(json.loads(figures.read_text()))
+            return result
         url = f"http://127.0.0.1:{port}"
         served = wait_ready(name, proc, url, log_path, deadline)
         result["ready_s"] = round(time.monotonic() - t0, 1)
@@ -350,9 +431,13 @@ def environment(device: str) -> dict:
 
 
 def ratios(systems: dict) -> dict:
-    """Each measured system's tokens/s over `one`'s."""
+    """Each measured system's tokens/s over `one`'s (and `pool`'s over `engine`'s)."""
     base = systems.get("one", {}).get("tok_s")
-    return {name: round(r["tok_s"] / base, 3) for name, r in systems.items() if base and "tok_s" in r and name != "one"}
+    out = {name: round(r["tok_s"] / base, 3) for name, r in systems.items() if base and "tok_s" in r and name != "one"}
+    engine, pool = (systems.get(n, {}).get("tok_s") for n in IN_PROCESS)
+    if engine and pool:
+        out["pool_over_engine"] = round(pool / engine, 3)       # two engines over one, with no serving path
+    return out
 
 
 def main() -> int:

@@ -65,3 +65,17 @@ def test_a_system_that_fails_records_its_error_and_the_next_runs(tmp_path):
         assert error["error"].startswith(f"RuntimeError: {name}: the server exited with code"), error
         assert any("missing" in line for line in error["log"]), error
     assert got["ratio"] == {}
+
+
+def test_the_in_process_peers_run_the_same_counted_rounds():
+    """`engine` and `pool`: the same engines and rounds with no HTTP (one Engine, a ReplicaPool of
+    two), each request's tokens counted; the ratio of the two engines to one is reported."""
+    rc, got = run("--model", "tiny", "--systems", "engine,pool")
+    assert rc == 0, got
+    for name in ("engine", "pool"):
+        system = got["systems"][name]
+        assert system["tokens_per_round"] == system["expected_tokens_per_round"] == 4 * 6, system
+        assert system["short_completions"] == 0 and system["tok_s"] > 0 and system["stop"] == "clean", system
+        assert isinstance(system["settle_s"], float), system
+    assert got["ratio"]["pool_over_engine"] == pytest.approx(
+        got["systems"]["pool"]["tok_s"] / got["systems"]["engine"]["tok_s"], rel=1e-2)
