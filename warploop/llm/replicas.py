@@ -52,34 +52,9 @@ def replica_main(job: ReplicaJob, conn) -> None:
 
     lock = threading.Lock()
 
-    def send(message: tuple) -> None:   # from this thread, the engine's and the sender's
+    def send(message: tuple) -> None:   # from this thread and the engine's
         with lock:
             conn.send(message)
-
-    # the engine's events leave in batches: its thread appends, a sender thread sends what has
-    # gathered as one message (a step's tokens in one pickle and one write, not one a token)
-    outbox: list = []
-    gathered = threading.Condition()
-    stopping = []
-
-    def post(event: StreamEvent) -> None:
-        with gathered:
-            outbox.append(event)
-            gathered.notify()
-
-    def sender() -> None:
-        while True:
-            with gathered:
-                while not outbox and not stopping:
-                    gathered.wait()
-                batch = outbox[:]
-                outbox.clear()
-            if not batch:
-                return
-            try:
-                send(("events", batch))
-            except (OSError, ValueError):   # the pool has gone
-                return
 
     try:
         engine = Engine.from_model(job.model, **job.options)
@@ -87,8 +62,6 @@ def replica_main(job: ReplicaJob, conn) -> None:
         send(("error", f"{type(e).__name__}: {e}"))
         return
     parent = multiprocessing.parent_process()
-    out = threading.Thread(target=sender, name="warploop-replica-sender", daemon=True)
-    out.start()
     try:
         send(("ready", {"model_name": engine.model_name, "max_context": engine.max_context}))
         while True:
@@ -100,9 +73,9 @@ def replica_main(job: ReplicaJob, conn) -> None:
             if kind == "add":
                 rid, prompt_ids, params = value
                 try:
-                    engine.add_request(prompt_ids, params, post, rid)
+                    engine.add_request(prompt_ids, params, lambda event: send(("event", event)), rid)
                 except (ValueError, RuntimeError) as e:   # checked by the pool already; reported, not fatal
-                    post(StreamEvent(rid, None, "", "abort", len(prompt_ids), 0, str(e)))
+                    send(("event", StreamEvent(rid, None, "", "abort", len(prompt_ids), 0, str(e))))
             elif kind == "abort":
                 engine.abort(value)
             elif kind == "stats":
@@ -113,10 +86,6 @@ def replica_main(job: ReplicaJob, conn) -> None:
         return
     finally:
         engine.close()
-        with gathered:          # the events the close made (aborts) leave too, then the sender stops
-            stopping.append(True)
-            gathered.notify()
-        out.join(JOIN_TIMEOUT_S)
 
 
 class _Replica:
@@ -282,9 +251,8 @@ class ReplicaPool:
                 break
             if kind == "stats":
                 replica.stats.put(value)
-            elif kind == "events":
-                for event in value:
-                    self._deliver(replica, event)
+            elif kind == "event":
+                self._deliver(replica, value)
         self._died(replica)
 
     def _deliver(self, replica: _Replica, event: StreamEvent) -> None:

@@ -39,23 +39,15 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 class _EngineRequest:
     """One engine request as seen from asyncio: `events()` yields its StreamEvents in order, and
-    `close()` (idempotent) aborts it unless it finished and records its metrics.
-
-    `whole` (a reply sent once complete): the engine thread holds the events and hands them to
-    asyncio at once with the last, one wake-up of the event loop a request instead of one a token
-    (a wake-up, its callback and the reader's task step each took the GIL from the engine thread:
-    H200, 64 requests of 128 tokens, Llama-3.1-8B shapes, served rounds 1.2-1.5 s against 0.83 s
-    for the same engine with no server)."""
+    `close()` (idempotent) aborts it unless it finished and records its metrics."""
 
     def __init__(self, engine: Any, prompt_ids: list[int], params: Any, metrics: ServerMetrics,
-                 watchdog: EngineWatchdog, whole: bool = False) -> None:
+                 watchdog: EngineWatchdog) -> None:
         self._engine, self._metrics, self._watchdog = engine, metrics, watchdog
         self._prompt_tokens = len(prompt_ids)
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._arrival = time.perf_counter()
-        self._first: float | None = None     # when the engine gave the first event (the engine thread's clock)
-        self._held: list | None = [] if whole else None
         self._ttft: float | None = None
         self._tokens = 0
         self._closed = False
@@ -63,21 +55,9 @@ class _EngineRequest:
         self.request_id = engine.add_request(prompt_ids, params, self._on_event)
         watchdog.jobs.add(self)
 
-    def _put_all(self, events: list) -> None:
-        for event in events:
-            self._queue.put_nowait(event)
-
     def _on_event(self, event: Any) -> None:  # runs on the engine thread
-        if self._first is None:
-            self._first = time.perf_counter()
         try:
-            if self._held is None:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-            else:
-                self._held.append(event)
-                if event.finish_reason is not None:
-                    held, self._held = self._held, []
-                    self._loop.call_soon_threadsafe(self._put_all, held)
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
             if event.error and is_device_fault(event.error):
                 self._loop.call_soon_threadsafe(self._watchdog.stall, f"the device failed: {event.error}")
         except RuntimeError:
@@ -91,7 +71,7 @@ class _EngineRequest:
         while self.finish_reason is None:
             event = await self._queue.get()
             if self._ttft is None:
-                self._ttft = (self._first or time.perf_counter()) - self._arrival
+                self._ttft = time.perf_counter() - self._arrival
             self._tokens = event.completion_tokens
             self.finish_reason = event.finish_reason
             yield event
@@ -315,7 +295,7 @@ def create_app(engine: Any, api_key: str | None = None, limits: ServerLimits | N
         prepared = await preparer(await request.body(), schema)
         body, chat = prepared.body, schema is ChatCompletionRequest
         try:
-            job = _EngineRequest(engine, prepared.prompt_ids, prepared.params, metrics, watchdog, whole=not body.stream)
+            job = _EngineRequest(engine, prepared.prompt_ids, prepared.params, metrics, watchdog)
         except ValueError as exc:  # the engine's own checks: token ids, context, stop strings
             raise APIError(400, str(exc)) from None
         except RuntimeError as exc:  # the engine is closed: shutting down
