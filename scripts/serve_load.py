@@ -119,8 +119,11 @@ def drive_engines(spec: dict) -> None:
         while engines.stats().get("deferred_pending", 0) and time.monotonic() - t0 < spec["settle_s"]:
             time.sleep(0.2)
         settled = round(time.monotonic() - t0, 1) if not engines.stats().get("deferred_pending", 0) else "timed out"
+        before = engines.stats()
         timed = [one_round() for _ in range(spec["rounds"])]
-    print(json.dumps({"settle_s": settled, **summary(timed, spec["concurrency"] * spec["max_tokens"])}), flush=True)
+        steps = per_round(before, engines.stats(), spec["rounds"])
+    print(json.dumps({"settle_s": settled, **summary(timed, spec["concurrency"] * spec["max_tokens"]),
+                      "per_round": steps}), flush=True)
 
 
 def summary(timed: list[dict], expected: int) -> dict:
@@ -264,6 +267,24 @@ async def load_round(client, model: str, prompts: list[str], max_tokens: int) ->
 
 
 SETTLED_GAUGE = "warploop_deferred_start_pending"
+# the engine's counters a timed round is described by (engine.stats(); /metrics' warploop_<name>_total)
+COUNTS = ("prefill_steps", "decode_steps", "overlapped_steps", "decode_loops", "decode_loop_tokens")
+
+
+def per_round(before: dict, after: dict, rounds: int) -> dict:
+    """COUNTS' change over the timed rounds, a round's on average."""
+    return {k: round((after[k] - before[k]) / rounds, 1) for k in COUNTS if k in before and k in after}
+
+
+async def scrape_counts(client) -> dict:
+    """COUNTS from /metrics (a server that exports them; {} otherwise)."""
+    r = await client.get("/metrics")
+    out = {}
+    for line in r.text.splitlines() if r.status_code == 200 else ():
+        for k in COUNTS:
+            if line.startswith(f"warploop_{k}_total "):
+                out[k] = float(line.split()[-1])
+    return out
 
 
 async def settle(client, reads: int, limit_s: float) -> float | str:
@@ -294,15 +315,21 @@ async def measure(url: str, model: str, args: argparse.Namespace, deadline: floa
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=max(1.0, deadline - time.monotonic())) as client:
         settled: list = []
+        counts: list = []
 
         async def rounds() -> list[dict]:
             await load_round(client, model, prompts, args.max_tokens)      # warm-up
             if args.settle_s > 0:
                 settled.append(await settle(client, reads, args.settle_s))
             on_warm()
-            return [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
+            counts.append(await scrape_counts(client))
+            out = [await load_round(client, model, prompts, args.max_tokens) for _ in range(args.rounds)]
+            counts.append(await scrape_counts(client))
+            return out
         timed = await asyncio.wait_for(rounds(), max(1.0, deadline - time.monotonic()))
-    return {**({"settle_s": settled[0]} if settled else {}), **summary(timed, args.concurrency * args.max_tokens)}
+    steps = per_round(*counts, args.rounds) if reads == 1 else {}     # Ray's scrapes reach one replica each
+    return {**({"settle_s": settled[0]} if settled else {}), **summary(timed, args.concurrency * args.max_tokens),
+            **({"per_round": steps} if steps else {})}
 
 
 def live_members(pgid: int) -> list[int]:

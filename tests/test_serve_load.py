@@ -43,6 +43,9 @@ def test_one_engine_and_two_replicas_serve_a_counted_round(tmp_path):
         system = got["systems"][name]
         assert system["tok_s"] > 0 and system["ready_s"] > 0, system
         assert isinstance(system["settle_s"], float) and system["settle_s"] >= 0, system  # the gauge read 0
+        # each round's steps, from /metrics: every token after a prompt's first is a decode step's (or a loop's)
+        steps = system["per_round"]
+        assert steps["prefill_steps"] >= 1 and steps["decode_steps"] + steps["decode_loop_tokens"] >= 6 - 1, steps
         assert system["tokens_per_round"] == system["expected_tokens_per_round"] == 4 * 6, system
         assert system["short_completions"] == 0
         assert 0 < system["latency_p50_s"] <= system["latency_p99_s"]
@@ -77,5 +80,6 @@ def test_the_in_process_peers_run_the_same_counted_rounds():
         assert system["tokens_per_round"] == system["expected_tokens_per_round"] == 4 * 6, system
         assert system["short_completions"] == 0 and system["tok_s"] > 0 and system["stop"] == "clean", system
         assert isinstance(system["settle_s"], float), system
+        assert system["per_round"]["prefill_steps"] >= 1, system
     assert got["ratio"]["pool_over_engine"] == pytest.approx(
         got["systems"]["pool"]["tok_s"] / got["systems"]["engine"]["tok_s"], rel=1e-2)

@@ -308,6 +308,7 @@ def test_metrics_expose_counters(server, client):
     assert m["warploop_num_requests_running"] == 0 and m["warploop_num_requests_waiting"] == 0
     assert "warploop_prefix_cache_hit_tokens_total" in m
     assert m["warploop_deferred_start_pending"] in (0, 1)       # 1 until the engine's deferred start work is done
+    assert m["warploop_prefill_steps_total"] >= 1 and m["warploop_decode_steps_total"] >= 1
 
 
 def _sigterm_mid_stream(srv: Server, signals: int) -> list[str]:

@@ -64,7 +64,8 @@ class Engine(EngineLoop):
         self._cv = threading.Condition()
         self._closed = False
         self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "prefill_tokens_computed": 0,
-                          "overlapped_steps": 0, "decode_loops": 0, "decode_loop_tokens": 0}
+                          "overlapped_steps": 0, "decode_loops": 0, "decode_loop_tokens": 0, "decode_steps": 0,
+                          "prefill_steps": 0}
         # the step in flight, launched but not yet completed: one step, or a decode loop on the device
         self._pending: Step | LoopStep | None = None
         self._settled = threading.Event()      # the backend's deferred start work is done (settle)

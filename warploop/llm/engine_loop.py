@@ -262,6 +262,7 @@ class EngineLoop:
         except Exception as e:
             self._fail(step.seqs, e)
             return
+        self._counters["prefill_steps" if step.prefill else "decode_steps"] += 1
         if step.prefill:
             self._counters["prefill_tokens_computed"] += len(step.batch.token_ids)
         if step.partial:                        # a prompt's chunk: its KV is in, no token yet

@@ -30,6 +30,12 @@ _OPTIONAL_COUNTERS = {
     "preemptions": ("warploop_preemptions", "requests preempted (blocks freed, recomputed later) for lack of KV"),
     "prefill_tokens_computed": ("warploop_prefill_tokens_computed", "prompt tokens run through the model "
                                 "(the rest came from the prefix cache)"),
+    "prefill_steps": ("warploop_prefill_steps", "steps that ran prompts (or chunks of them)"),
+    "decode_steps": ("warploop_decode_steps", "decode steps the host launched one at a time"),
+    "overlapped_steps": ("warploop_overlapped_steps", "decode steps launched before the previous one's tokens "
+                         "reached the host"),
+    "decode_loops": ("warploop_decode_loops", "decode loops the device ran (many steps a launch)"),
+    "decode_loop_tokens": ("warploop_decode_loop_tokens", "tokens the device's decode loops made"),
 }
 
 
