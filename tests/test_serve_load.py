@@ -83,3 +83,40 @@ def test_the_in_process_peers_run_the_same_counted_rounds():
         assert system["per_round"]["prefill_steps"] >= 1, system
     assert got["ratio"]["pool_over_engine"] == pytest.approx(
         got["systems"]["pool"]["tok_s"] / got["systems"]["engine"]["tok_s"], rel=1e-2)
+
+
+def test_the_load_client_reads_sized_chunked_and_closing_replies():
+    """serve_load.Client (HTTP/1.1 on asyncio streams): a Content-Length body on a kept connection, a
+    chunked one, and one that runs to the connection's end (which is then not reused)."""
+    import asyncio
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from serve_load import Client
+
+    replies = [b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+               b"HTTP/1.1 201 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"b\r\n4\r\n\":2}\r\n0\r\n\r\n",
+               b"HTTP/1.1 503 No\r\nConnection: close\r\n\r\nbusy"]
+    seen = []
+
+    async def handle(reader, writer):
+        while replies:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            seen.append(head.split(b" ")[0] + b" " + await reader.readexactly(length))
+            writer.write(replies.pop(0))
+            await writer.drain()
+            if b"close" in head or not replies:
+                break
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = Client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        got = [await client.post("/x", {"p": 1}), await client.get("/m"), await client.get("/m")]
+        await client.aclose()
+        server.close()
+        return got
+
+    got = asyncio.run(main())
+    assert [(r.status_code, r.content) for r in got] == [(200, b'{"a":1}'), (201, b'{"b":2}'), (503, b"busy")]
+    assert got[0].json() == {"a": 1} and seen == [b'POST {"p": 1}', b"GET ", b"GET "]
