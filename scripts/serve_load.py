@@ -274,7 +274,15 @@ class Client:
         self._free: list = []
 
     async def _exchange(self, method: str, path: str, body: bytes) -> Reply:
-        conn = self._free.pop() if self._free else await asyncio.open_connection(self.host, self.port)
+        while self._free:                   # a kept connection the server may have closed meanwhile (its
+            try:                            # keep-alive timeout): nothing of the reply came, so ask again
+                return await self._once(self._free.pop(), method, path, body)
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                if getattr(e, "partial", b""):
+                    raise
+        return await self._once(await asyncio.open_connection(self.host, self.port), method, path, body)
+
+    async def _once(self, conn: tuple, method: str, path: str, body: bytes) -> Reply:
         reader, writer = conn
         try:
             writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"

@@ -120,3 +120,32 @@ def test_the_load_client_reads_sized_chunked_and_closing_replies():
     got = asyncio.run(main())
     assert [(r.status_code, r.content) for r in got] == [(200, b'{"a":1}'), (201, b'{"b":2}'), (503, b"busy")]
     assert got[0].json() == {"a": 1} and seen == [b'POST {"p": 1}', b"GET ", b"GET "]
+
+
+def test_the_load_client_asks_again_where_the_server_closed_a_kept_connection():
+    """A server's keep-alive timeout closes an idle connection the client keeps: the next request on
+    it gets no reply at all, and goes again on a new connection (measured on the GPU machine: the
+    settle wait outlasted uvicorn's 5 s, and the next round failed with IncompleteReadError)."""
+    import asyncio
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from serve_load import Client
+
+    async def handle(reader, writer):      # one reply a connection, then it closes without a word
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = Client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        first = await client.get("/m")
+        await asyncio.sleep(0.1)           # the server has closed the kept connection
+        second = await client.get("/m")
+        await client.aclose()
+        server.close()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.status_code, first.content, second.status_code, second.content) == (200, b"ok", 200, b"ok")
