@@ -12,8 +12,9 @@
 #             scripts/stream_tp_time.py: one GPU against two) -> $OUT/tp-stream.json; one_stream, tp_stream: bench_tp.py's
 #             engine on --backend stream; user_stream: `generate --backend stream` on tiny at TP 1 and 2;
 #             TP_PARTS=serve: scripts/serve_load.py on Llama-3.1-8B shapes, tokens/s at 64 requests of one engine,
-#             `warploop serve --replicas 2` and two Ray Serve replicas (issue 36; run scripts/ray_payload.sh here
-#             first and carry .carry: scripts/ray_install.sh installs it there) -> $OUT/serve-load.json,
+#             `warploop serve --replicas 2`, two Ray Serve replicas and the in-process peers ($SERVE_SYSTEMS), then
+#             one engine at 32 (issue 36; run scripts/ray_payload.sh here first and carry .carry:
+#             scripts/ray_install.sh installs it there) -> $OUT/serve-load.json, serve-load-c32.json,
 #             $OUT/serve-load-logs/; TP_PARTS=serve_profile: the same for one and replicas with a py-spy on
 #             each server process (serve_load.py --profile) -> $OUT/serve-profile.{json,tgz}
 #   mk        the decode megakernel: scripts/device_mk.sh (its PART=... chooses within it)
@@ -66,8 +67,11 @@ tp_part() {  # tp_part NAME LIMIT_S: one part of the two-GPU run in its own proc
            # stops the system it runs, and keeps what it measured in serve-load.json
            ( source scripts/ray_install.sh &&
              timeout -k 90 "$limit" python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 240 \
-               --systems "${SERVE_SYSTEMS:-one,replicas,ray,engine,pool}" --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null ); echo "serve load rc=$?"
-           cat "$OUT/serve-load.json" ;;
+               --systems "${SERVE_SYSTEMS:-one,replicas,ray,engine,pool}" --log-dir "$OUT/serve-load-logs" --save "$OUT/serve-load.json" > /dev/null
+             # one engine at the load an engine gets in the two-replica systems: the ratio issue 36 asks for
+             timeout -k 30 120 python scripts/serve_load.py --shapes llama-3.1-8b --device cuda --timeout 100 \
+               --systems one,engine --concurrency 32 --save "$OUT/serve-load-c32.json" > /dev/null ); echo "serve load rc=$?"
+           cat "$OUT/serve-load.json" "$OUT/serve-load-c32.json" ;;
     serve_profile) # where `warploop serve` spends the rounds (one engine, then --replicas 2): a py-spy on each of
            # its processes (the py-spy wheel in .carry/whl, installed with Ray's) -> $OUT/serve-profile.{json,tgz}
            ( source scripts/ray_install.sh &&
