@@ -4,7 +4,7 @@ CPU reference without a GPU (tests/test_stream_emulated.py).
 
 Every op works on whole arrays, as one thread: layouts are ignored, barriers and mbarriers do
 nothing, shared memory is a numpy array (bf16 values held as float32), a pointer is a flat buffer
-with offsets, mma_v2 is a matrix product. It checks what a body computes, not its synchronisation,
+with offsets, mma_v2 and warpgroup_mma are matrix products. It checks what a body computes, not its synchronisation,
 its layouts or its registers: those need the GPU (tests/test_stream_gpu.py).
 
     body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
@@ -237,6 +237,17 @@ def mma_v2(a: T, b: T, acc: T) -> T:
     return T(acc.a + a.a.astype(np.float64) @ b.a.astype(np.float64))
 
 
+def warpgroup_mma(a, b, acc: T, use_acc=True, is_async=False, **options) -> T:
+    # [M, K] x [K, N], each from shared memory (or a from registers)
+    a, b = np.asarray(a.a), np.asarray(b.a)
+    assert a.shape[-1] == b.shape[-2] and acc.shape == a.shape[:-1] + b.shape[-1:], (a.shape, b.shape, acc.shape)
+    return T((acc.a if use_acc else 0) + a.astype(np.float64) @ b.astype(np.float64))
+
+
+def warpgroup_mma_wait(num_outstanding=0, deps=None):
+    return deps[0] if len(deps) == 1 else tuple(deps)
+
+
 gl = types.SimpleNamespace(
     float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint64=U64, pointer_type=lambda dt: ("pointer", dt),
     log=lambda x: T(np.log(_a(x))),
@@ -275,7 +286,8 @@ def emulated(jitfn, **replaced):
             return done[id(fn)]
         g = dict(fn.fn.__globals__)
         done[id(fn)] = out = types.FunctionType(fn.fn.__code__, g, fn.fn.__name__, fn.fn.__defaults__)
-        g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, fence_async_shared=lambda: None, now=lambda: 0,
+        g.update(gl=gl, mbarrier=mbarrier, mma_v2=mma_v2, warpgroup_mma=warpgroup_mma,
+                 warpgroup_mma_wait=warpgroup_mma_wait, fence_async_shared=lambda: None, now=lambda: 0,
                  async_copy=async_copy, _cp_async=_async_copy)
         for name, v in list(g.items()):
             if type(v).__name__ in ("GluonJITFunction", "JITFunction"):

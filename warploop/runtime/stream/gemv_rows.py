@@ -7,13 +7,18 @@ swizzled (the loader's TMA boxes are [BR/2, SB], StreamConfig.weight_box), so th
 loads (ldmatrix) hit every bank once. x comes into shared memory by cp.async, a column block of
 every row a stage, XS stages ahead of the mmas (StreamConfig.x_stages), so its L2 round trip
 overlaps the chunks before. In an x_bf16 kernel (XB) x is CAST nodes' bf16 rows, normalised
-already: half the bytes a stage, and the mmas take them as they land."""
+already: half the bytes a stage, and the mmas take them as they land. With tiles of 64 rows too
+(block_rows 64) the warpgroup multiplies on wgmma, both operands read from shared memory as they
+lie: the ring's [64, 64] swizzled column blocks (M: the tile's rows) against x's [NB, 64] blocks,
+stored 128-byte swizzled for it and read transposed (N: the batch's rows); no ldmatrix, no
+registers between them."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, mma_v2, warpgroup_mma,
+                                                                warpgroup_mma_wait)
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
@@ -45,12 +50,12 @@ def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.c
 
 
 @gluon.jit
-def _xb_fetch(xq, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr, XS: gl.constexpr):
-    """_x_fetch for bf16 rows (XB): x's column block q of every row into stage q % XS, 16 bytes (8
+def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr):
+    """_x_fetch for bf16 rows (XB): x's column block q of every row into `stage` (q's), 16 bytes (8
     values) a copy, zeros past k and the rows; no norm weights (CAST applied them)."""
     if q < nblk:
         col = q * BK + cols
-        _cp_async(xq.index(q % XS), xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
+        _cp_async(stage, xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
     async_copy.commit_group()
 
 
@@ -68,6 +73,7 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     against one x block and the bottom's against the next. XB: x is bf16 rows, normalised (norm is
     -1). Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = BR // 2
+    WG: gl.constexpr = XB and BR == 64  # wgmma: the warpgroup's products from shared memory (docstring)
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
     WK: gl.constexpr = NKS if NKS < CW else CW
     MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, CW // WK],
@@ -85,9 +91,22 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     # bf16 x (XB): 8 values a 16-byte copy, stages swizzled in 16-byte groups too
     CPB: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [WK, CW // WK, 1], [2, 1, 0])
     XSB: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0])
+    # WG: wgmma's operands, 128-byte swizzled rows of 64 values (x's stages as [XS * NKS, NB, SB] and the
+    # slot as [NKS, BR, SB]: an operand is one [rows, SB] block of either)
+    NVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # wgmma's accumulator: the tile's rows (M) by the batch's (N), over the warpgroup
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, NB, 16])
     # xs: XS stages of x; ns: XS of the norm weights ([NKS, SB] each)
     if XB:
-        if PUBLIC_REINTERPRET:
+        if WG:                        # the same bytes as [XS, NKS, NB, SB] for the copies (swizzled in rows of 128 bytes
+            NVS3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+            if PUBLIC_REINTERPRET:    # either way), as [XS * NKS, NB, SB] for the operands
+                xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
+                xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
+            else:
+                xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
+                xqf = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
+        elif PUBLIC_REINTERPRET:
             xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
         else:
             xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
@@ -136,6 +155,8 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     old_b = bb + gl.load(arena + at_a + HALF, mask=mb & add, other=0.0, cache_modifier=".cg")
     acc = gl.zeros([NKS, NB, BR], gl.float32, layout=MB)
     acc2 = gl.zeros([NKS, NB, BR], gl.float32, layout=MB)     # a narrow tile's bottom half
+    accw = gl.zeros([BR, NB], gl.float32, layout=ACC)         # WG: the tile's sums, and a narrow one's
+    accw2 = gl.zeros([BR, NB], gl.float32, layout=ACC)        # against the next x block
     ss = gl.zeros([NKS, NB], gl.float32, layout=gl.SliceLayout(2, XA))
     one = (norm < 0).to(gl.float32)
     # chunk c holds the tile's two row halves at x block c, or a narrow tile's rows at blocks 2c
@@ -145,8 +166,10 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
         while issued < qa + XS:       # a stage is free once the block before in it was read
-            if XB:
-                _xb_fetch(xqb, issued, nblk, xbp, xrowb, colsb, k, rowokb, BK, XS)
+            if WG:
+                _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
+            elif XB:
+                _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
             else:
                 _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK, XS)
             issued += 1
@@ -155,6 +178,8 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
         else:
             async_copy.wait_group(XS - 1)
         _barrier()                    # every thread's copies are in before any thread reads them
+        if WG:
+            fence_async_shared()      # cp.async wrote x through the generic proxy; wgmma reads through the async one
         slot = it % NBUF
         mbarrier.wait(full.index(slot), (it // NBUF) & 1)
         if TRACE:
@@ -164,14 +189,26 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
             wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
         else:
             wq = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
-        # each warp its slab: x [NB, SB] against the tile's rows [SB, BR]
-        wt = wq.permute((0, 2, 1)).load(WB)                                   # [NKS, SB, BR]
-        if XB:                        # the mmas take the bf16 rows as they are
+        if WG:                        # every column block: the tile's rows [BR, SB] by x's transposed [SB, NB]
+            if PUBLIC_REINTERPRET:
+                ww = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
+            else:
+                ww = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
+            for j in gl.static_range(NKS):
+                accw = warpgroup_mma(ww.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw, is_async=True)
+            accw = warpgroup_mma_wait(num_outstanding=0, deps=(accw,))
+            if narrow:
+                if qa + 1 < nblk:     # no block past x's end was copied
+                    for j in gl.static_range(NKS):
+                        accw2 = warpgroup_mma(ww.index(j), xqb.index((qa + 1) % XS * NKS + j).permute((1, 0)), accw2)
+        elif XB:                      # the mmas take the bf16 rows as they are; each warp its slab:
+            wt = wq.permute((0, 2, 1)).load(WB)          # x [NB, SB] against the tile's rows [SB, BR]
             acc = mma_v2(xqb.index(qa % XS).load(XA), wt, acc)
             if narrow:
                 xb2 = xqb.index((qa + 1) % XS).load(XA)
                 acc2 = mma_v2(gl.where(qa + 1 < nblk, xb2, gl.zeros_like(xb2)), wt, acc2)
         else:
+            wt = wq.permute((0, 2, 1)).load(WB)
             nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
             xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
             ss += gl.sum(xr * xr, axis=2)
@@ -192,12 +229,15 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
     # tile's output row r is its top half's column r plus its bottom half's column r + HALF
     # the slabs' sums added across the warps
-    y = gl.where((wcol < HALF)[None, :] | (narrow == 0), gl.sum(acc, axis=0), gl.sum(acc2, axis=0))
     if PUBLIC_REINTERPRET:
         ys = xs.slice(0, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
         ys = xs.slice(0, NB)._reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    ys.store(y)
+    if WG:
+        wrow = gl.arange(0, BR, layout=gl.SliceLayout(1, ACC))
+        ys.permute((1, 0)).store(gl.where((wrow < HALF)[:, None] | (narrow == 0), accw, accw2))
+    else:
+        ys.store(gl.where((wcol < HALF)[None, :] | (narrow == 0), gl.sum(acc, axis=0), gl.sum(acc2, axis=0)))
     _barrier()
     ya = ys.slice(0, HALF, dim=1).load(EL)
     yb = ys.slice(HALF, HALF, dim=1).load(EL)
