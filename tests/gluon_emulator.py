@@ -184,6 +184,9 @@ def _atomic(update):
     return atomic
 
 
+_BF16_SHADOWS: dict = {}      # (address, words) -> (the words, kept alive; their bf16 values)
+
+
 class S:
     """A shared memory descriptor over a numpy array (bf16 values held as float32)."""
 
@@ -211,9 +214,11 @@ class S:
 
     def _reinterpret(self, dtype, shape, layout):   # the first prod(shape) elements, as Gluon's view
         n, flat = int(np.prod(shape)), self.a.reshape(-1)
-        if flat.size < n:         # bf16 over float32 words (two a word): values of its own, NaN at first
-            assert dtype == BF16 and 2 * flat.size >= n, (dtype, shape, flat.size)
-            return S(np.full(shape, np.nan, np.float32))
+        if flat.size < n:         # bf16 over float32 words (two a word): values of their own, NaN at first,
+            assert dtype == BF16 and 2 * flat.size >= n, (dtype, shape, flat.size)   # which every bf16 view
+            key = (flat.__array_interface__["data"][0], flat.size)                  # of these words shares
+            shadow = _BF16_SHADOWS.setdefault(key, (flat, np.full(2 * flat.size, np.nan, np.float32)))[1]
+            return S(shadow[:n].reshape(shape))
         return S(flat[:n].reshape(shape))
 
     reinterpret = _reinterpret
