@@ -17,8 +17,13 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, mma_v2, warpgroup_mma,
-                                                                warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    mma_v2,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
@@ -98,9 +103,9 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, NB, 16])
     # xs: XS stages of x; ns: XS of the norm weights ([NKS, SB] each)
     if XB:
-        if WG:                        # the same bytes as [XS, NKS, NB, SB] for the copies (swizzled in rows of 128 bytes
+        if WG:                        # the same bytes as [XS, NKS, NB, SB] for the copies and as [XS * NKS, NB, SB]
             NVS3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-            if PUBLIC_REINTERPRET:    # either way), as [XS * NKS, NB, SB] for the operands
+            if PUBLIC_REINTERPRET:    # for the operands (swizzled in rows of 128 bytes either way)
                 xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
                 xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
             else:
