@@ -86,12 +86,12 @@ def test_the_in_process_peers_run_the_same_counted_rounds():
 
 
 def test_the_load_client_reads_sized_chunked_and_closing_replies():
-    """serve_load.Client (HTTP/1.1 on asyncio streams): a Content-Length body on a kept connection, a
+    """serve_rounds.Client (HTTP/1.1 on asyncio streams): a Content-Length body on a kept connection, a
     chunked one, and one that runs to the connection's end (which is then not reused)."""
     import asyncio
 
     sys.path.insert(0, str(SCRIPT.parent))
-    from serve_load import Client
+    from serve_rounds import Client
 
     replies = [b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
                b"HTTP/1.1 201 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"b\r\n4\r\n\":2}\r\n0\r\n\r\n",
@@ -129,7 +129,7 @@ def test_the_load_client_asks_again_where_the_server_closed_a_kept_connection():
     import asyncio
 
     sys.path.insert(0, str(SCRIPT.parent))
-    from serve_load import Client
+    from serve_rounds import Client
 
     async def handle(reader, writer):      # one reply a connection, then it closes without a word
         await reader.readuntil(b"\r\n\r\n")
