@@ -36,8 +36,13 @@ from warploop.runtime.stream.compiled import StreamConfig
 #   512, tokens/s with it against without: Llama-3.2-1B 5,828 / 5,044 at batch 8 and 14,167 / 10,672
 #   at 32, Qwen3-0.6B 10,144 / 9,313 at 32; SmolLM2-135M 18,648 / 19,223 at 32);
 # - at 32 rows a stage of x is 32 KB, so four ring slots make room for four stages instead of two
-#   (Llama-3.2-1B, context 512: 3.12 -> 3.00 ms a step; at 16 rows the same trade measured 1.593 -> 1.612)
-BATCH_SHAPES = {16: {"x_bf16": True}, 32: {"ring": 4, "x_stage_kb": 128, "x_bf16": True}}
+#   (Llama-3.2-1B, context 512: 3.12 -> 3.00 ms a step; at 16 rows the same trade measured 1.593 -> 1.612);
+# - at 32 rows, tiles of 64 weight rows by 128 inputs, multiplied on wgmma (H200, context 512, tokens/s
+#   against 32-row tiles on mma_v2: Llama-3.2-1B 16,348 / 14,181, Qwen3-0.6B 11,174 / 10,149,
+#   SmolLM2-135M 22,747 / 18,657); at 16 rows (batch 8) they measured 5,610 / 5,830, 5,089 / 4,933
+#   and 7,262 / 7,096: not taken
+BATCH_SHAPES = {16: {"x_bf16": True},
+                32: {"ring": 4, "x_stage_kb": 128, "x_bf16": True, "block_rows": 64, "block_k": 128}}
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:

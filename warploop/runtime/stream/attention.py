@@ -33,11 +33,14 @@ A_SPLIT, A_SPLITS, A_PART, A_TICKET = A["split"], A["splits"], A["part"], A["tic
 
 
 @gluon.jit
-def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr):
+def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.constexpr, HD: gl.constexpr,
+              KVT: gl.constexpr, TRACE: gl.constexpr):
     """The loader's part of an ATTN node at step s of the launch: its share of the cached context
     into the ring (rows this launch wrote are streamed too, stale: the consumer patches them). A box past
     the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
-    carries its whole byte count (an mbarrier's expected bytes are a compile-time constant)."""
+    carries its whole byte count (an mbarrier's expected bytes are a compile-time constant). A
+    chunk's block ids load while the chunk before it is issued (one L2 round trip a node, not one a
+    chunk). With TRACE, the ns it waited for free slots go to the node's trace word 5."""
     KVB: gl.constexpr = dkv.block_type.shape[0]
     NSUB: gl.constexpr = KVT // KVB
     layer = gl.load(base + A_LAYER)
@@ -54,11 +57,18 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD:
     IL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     jb = gl.arange(0, NSUB, layout=IL)
     t0 = lo
+    tb = t0 + jb * KVB
+    ids = gl.load(ints + step + 3 + tb // bs, mask=tb < hi, other=0)
+    blocked = (lo * 0).to(gl.int64)     # ns (int64, as the clock)
     while t0 < hi:
-        tb = t0 + jb * KVB
-        ids = gl.load(ints + step + 3 + tb // bs, mask=tb < hi, other=0)
+        tn = t0 + KVT + jb * KVB         # the next chunk's block ids, in flight while this one issues
+        n_ids = gl.load(ints + step + 3 + tn // bs, mask=tn < hi, other=0)
         slot = it % NBUF
+        if TRACE:
+            tw = now()
         mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+        if TRACE:
+            blocked += now() - tw
         bar = full.index(slot)
         mbarrier.expect(bar, 2 * KVT * HD * 2)
         if PUBLIC_REINTERPRET:
@@ -73,6 +83,9 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, NBUF: gl.constexpr, HD:
             tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
         it += 1
         t0 += KVT
+        ids = n_ids
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 5, blocked)
     return it
 
 

@@ -105,6 +105,7 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
             if op == OP_ATTN:
                 if TRACE:
                     gl.store(trace + i * TRACE_WORDS + 4, now())
-                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, NBUF, HD, KVT)
+                it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, trace, i, NBUF, HD, KVT,
+                              TRACE)
         op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
         j += 1
