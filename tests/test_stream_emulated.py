@@ -138,17 +138,15 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
 
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("name, mma", [("qwen3_hd16", False), ("llama_hd128", False), ("qwen3_hd16", True),
-                                       ("llama_hd128", True)])
-def test_attention_body_gives_the_reference_outputs(name, mma, splits, pos, steps):
+@pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd128"])
+def test_attention_body_gives_the_reference_outputs(name, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
     out (the cache holds NaN past the context), the shares' partials and their merge; arena and
-    cache against the reference's (mma: the products on tensor cores, q and the probabilities
-    rounded to bf16, so within bf16's rounding of the reference's fp32)."""
+    cache against the reference's."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg, attn_mma=mma)
+    config = stream_config(cfg)
     dec = StreamDecoder(cfg, w, max_context=128, block_size=4, splits=splits, config=config)
     p = dec.program
     ints = p.int_arena()
@@ -185,13 +183,12 @@ def test_attention_body_gives_the_reference_outputs(name, mma, splits, pos, step
             it, failed = body(P(arena.numpy()), P(ints_e.numpy().astype(np.int64)), P(cache.reshape(-1)),
                               words(ATTN, f), S(ring), none, none, 0, P(counters), None, 0, s, 0, 0, 0, None,
                               -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, config.head_dim,
-                              config.attn_group, min(config.attn_tile, kvt), kvt, mma)
+                              config.attn_group, min(config.attn_tile, kvt), kvt)
             assert int(it) == cdiv(hi - lo, kvt) and failed == 0
     assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
     fin = torch.isfinite(want)
     # a later step's k, rounded to bf16 after fp32 math in another order, can flip an ulp
-    tol = 1.6e-2 if mma else 2e-3
-    torch.testing.assert_close(arena[fin], want[fin], rtol=tol, atol=tol)
+    torch.testing.assert_close(arena[fin], want[fin], rtol=2e-3, atol=2e-3)
     done = torch.isfinite(kv_want.float())
     torch.testing.assert_close(torch.from_numpy(cache)[done], kv_want.float()[done], rtol=1e-2, atol=1e-2)
     assert counters.sum() == 0              # every merge set its ticket back

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, rope
@@ -90,99 +90,19 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
 
 
 @gluon.jit
-def mma_chunks(q, knew, vnew, bufs, full, empty, it, lo, hi, n_ctx, scale, ca, cb, row_a, in_a, row_b, in_b, ints,
-               step, bs, f0, f1, fresh, row_words, g, kc, vc, rf, df, trace, i, FL: gl.constexpr,
-               QL: gl.constexpr, ML: gl.constexpr, NBUF: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr,
-               HD: gl.constexpr, KVT: gl.constexpr):
-    """The chunks of a share on tensor cores (StreamConfig.attn_mma): each of WB warps takes its own
-    T tokens of a chunk and keeps its own online softmax, a batch of mma_v2 products (q's 16 rows,
-    the group padded, by the warp's keys; its probabilities by its values), so nothing crosses a
-    warp until the end, where the warps' maxima, sums and outputs merge once. q, probabilities and
-    the new k and v are rounded to bf16 (as a bf16 model's attention is). The chunk holding the
-    share's end is patched in shared memory first: the new token's k and v, zeros past the share.
-    Returns the output (unscaled by the sum: [16, HD] in QL), the row maxima and sums (ML), the
-    ring's chunk count."""
-    WB: gl.constexpr = CW if KVT // CW >= 16 else KVT // 16
-    T: gl.constexpr = KVT // WB
-    MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WB, CW // WB, 1],
-                                                 instr_shape=[1, 16, 8])
-    AL: gl.constexpr = gl.DotOperandLayout(0, MB, 2)     # [WB, 16, HD] q; [WB, 16, T] probabilities
-    BL: gl.constexpr = gl.DotOperandLayout(1, MB, 2)     # [WB, HD, T] keys; [WB, T, HD] values
-    C3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])   # plain rows, as KV_LAYOUT
-    Q3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [1, CW, 1], [2, 1, 0])
-    RL: gl.constexpr = gl.SliceLayout(2, MB)              # [WB, 16]: a warp's rows
-    qb = gl.convert_layout(q.to(gl.bfloat16), gl.SliceLayout(0, Q3))
-    q3 = gl.convert_layout(qb[None, :, :] + gl.zeros([WB, 16, HD], gl.bfloat16, layout=Q3), AL)
-    kn_f = gl.convert_layout(knew, FL)
-    vn_f = gl.convert_layout(vnew, FL)
-    tw = gl.arange(0, WB, layout=gl.SliceLayout(1, RL))
-    tt = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(1, MB)))
-    tok3 = tw[:, None, None] * T + tt[None, None, :]      # [WB, 1, T]: a token's place in its chunk
-    m_i = gl.full([WB, 16], float("-inf"), gl.float32, layout=RL)
-    l_i = gl.zeros([WB, 16], gl.float32, layout=RL)
-    acc = gl.zeros([WB, 16, HD], gl.float32, layout=MB)
-    t0 = lo
-    while t0 < hi:
-        b = it % NBUF
-        mbarrier.wait(full.index(b), (it // NBUF) & 1)
-        if TRACE:
-            if t0 == lo:
-                gl.store(trace + i * TRACE_WORDS + 2, now())
-        if PUBLIC_REINTERPRET:
-            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            c3 = bufs.index(b).reinterpret(gl.bfloat16, [2 * WB, T, HD], C3)
-        else:
-            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-            c3 = bufs.index(b)._reinterpret(gl.bfloat16, [2 * WB, T, HD], C3)
-        stale = fresh & (t0 < f1) & (t0 + KVT > f0)
-        if stale:
-            patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
-                       row_words, g, kc, vc, rf, df, FL, HD, KVT)
-        if t0 + KVT >= hi:          # the share's last chunk: its new token, and zeros past it (0 x NaN is NaN)
-            tf = (t0 + rf)[:, None]
-            kr = chunk.slice(0, KVT).load(FL)
-            vr = chunk.slice(KVT, KVT).load(FL)
-            chunk.slice(0, KVT).store(gl.where(tf == n_ctx - 1, kn_f, gl.where(tf < hi, kr, 0.0)).to(gl.bfloat16))
-            chunk.slice(KVT, KVT).store(gl.where(tf == n_ctx - 1, vn_f, gl.where(tf < hi, vr, 0.0)).to(gl.bfloat16))
-        if stale | (t0 + KVT >= hi):
-            barrier()               # the patched rows before any warp reads them
-        kt = c3.slice(0, WB).permute((0, 2, 1)).load(BL)
-        sc = mma_v2(q3, kt, gl.zeros([WB, 16, T], gl.float32, layout=MB)) * scale
-        sc = gl.where(t0 + tok3 < hi, sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=2))
-        m_use = gl.where(m_new > float("-inf"), m_new, 0.0)   # a warp with no token yet: p and alpha 0, not NaN
-        p = gl.exp(sc - m_use[:, :, None])
-        alpha = gl.exp(m_i - m_use)
-        l_i = l_i * alpha + gl.sum(p, axis=2)
-        vt = c3.slice(WB, WB).load(BL)
-        acc = mma_v2(gl.convert_layout(p.to(gl.bfloat16), AL), vt, acc * alpha[:, :, None])
-        m_i = m_new
-        barrier()                   # every warp is done with the slot before one thread frees it
-        fence_async_shared()
-        mbarrier.arrive(empty.index(b))
-        it += 1
-        t0 += KVT
-    m = gl.max(m_i, axis=0)         # the warps merge: [16]
-    f = gl.exp(m_i - gl.where(m > float("-inf"), m, 0.0)[None, :])
-    o = gl.sum(acc * f[:, :, None], axis=0)
-    return gl.convert_layout(o, QL), gl.convert_layout(m, ML), gl.convert_layout(gl.sum(l_i * f, axis=0), ML), it
-
-
-@gluon.jit
 def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, AM: gl.constexpr):
-    """The ATTN kind's body at step s of the launch, its waits included (AM: on tensor cores,
-    mma_chunks, q's rows padded to 16; else cuda_chunks). Returns the ring's chunk count and `failed`."""
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
+    """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
+    count and `failed`."""
     HALF: gl.constexpr = HD // 2
-    GQ: gl.constexpr = 16 if AM else GP
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
     # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
-    WG: gl.constexpr = GQ if GQ < CW else CW
+    WG: gl.constexpr = GP if GP < CW else CW
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // (HD // 8), HD // 8], [WG, CW // WG, 1], [2, 1, 0])
-    QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GQ, HD]: q heads, the output
+    QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
-    SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GQ, TILE]: scores
+    SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
@@ -217,7 +137,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     vc = kc + blocks.to(gl.int64) * bs * row_words
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
     dqp = gl.where(dq < HALF, dq + HALF, dq - HALF)
-    jq = gl.minimum(gl.arange(0, GQ, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
+    jq = gl.minimum(gl.arange(0, GP, layout=gl.SliceLayout(1, QL)), grp - 1)   # padded rows repeat the last head
     csq = gl.load(arena + cos_t + pos * HALF + dq % HALF)
     snq = gl.load(arena + sin_t + pos * HALF + dq % HALF)
     wq = gl.load(arena + qn + dq, mask=qn >= 0, other=0.0)
@@ -265,36 +185,6 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         gl.store(vc + dst, vnew)
     knew = knew.to(gl.float32)
     vnew = vnew.to(gl.float32)
-    if AM:
-        acc, m_i, l_i, it = mma_chunks(q, knew, vnew, bufs, full, empty, it, lo, hi, n_ctx, scale, ca, cb, row_a,
-                                       in_a, row_b, in_b, ints, step, bs, f0, f1, fresh, row_words, g, kc, vc, rf,
-                                       df, trace, i, FL, QL, gl.SliceLayout(1, SL), NBUF, TRACE, CW, HD, KVT)
-    else:
-        it, acc, m_i, l_i = cuda_chunks(q, knew, vnew, bufs, full, empty, it, lo, hi, n_ctx, scale, ca, cb, row_a,
-                                        in_a, row_b, in_b, ints, step, bs, f0, f1, fresh, row_words, g, kc, vc,
-                                        rf, df, trace, i, FL, KL, SL, QL, NBUF, TRACE, GQ, HD, TILE, KVT)
-    jo = gl.arange(0, GQ, layout=gl.SliceLayout(1, QL))
-    if splits == 1:
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
-    elif busy:
-        pb = arena + part + split * grp * (HD + 2)
-        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
-        js = gl.arange(0, GQ, layout=gl.SliceLayout(1, SL))
-        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
-        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
-    return it, failed
-
-
-@gluon.jit
-def cuda_chunks(q, knew, vnew, bufs, full, empty, it, lo, hi, n_ctx, scale, ca, cb, row_a, in_a, row_b, in_b, ints,
-                step, bs, f0, f1, fresh, row_words, g, kc, vc, rf, df, trace, i, FL: gl.constexpr, KL: gl.constexpr,
-                SL: gl.constexpr, QL: gl.constexpr, NBUF: gl.constexpr, TRACE: gl.constexpr, GP: gl.constexpr,
-                HD: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
-    """The chunks of a share on the CUDA cores, in fp32: tiles of TILE tokens in attn's 3-D layout
-    [GP, TILE, HD] over the warps. Returns the ring's chunk count, the output (unscaled by the sum),
-    the row maxima and sums."""
     tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
     ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
     m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
@@ -339,4 +229,15 @@ def cuda_chunks(q, knew, vnew, bufs, full, empty, it, lo, hi, n_ctx, scale, ca, 
         mbarrier.arrive(empty.index(b))
         it += 1
         t0 += KVT
-    return it, acc, m_i, l_i
+    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    if splits == 1:
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+    elif busy:
+        pb = arena + part + split * grp * (HD + 2)
+        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
+        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
+    return it, failed

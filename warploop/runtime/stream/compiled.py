@@ -32,8 +32,7 @@ class StreamConfig:
     spin: int = 1 << 24
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
-    attn_tile: int = 32           # context tokens per attention step (at most kv_tokens; CUDA cores)
-    attn_mma: bool = False        # attention's products on tensor cores (mma_v2, a warp's own tokens each)
+    attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
     x_bf16: bool = False          # with batch_rows: every GEMV reads x as bf16 rows CAST nodes normalised once
@@ -51,9 +50,6 @@ class StreamConfig:
             raise ValueError(f"attn_group must be a power of two from 1 to 16, not {self.attn_group}")
         if self.attn_tile not in (16, 32, 64):
             raise ValueError(f"attn_tile must be 16, 32 or 64, not {self.attn_tile}")
-        if self.attn_mma and self.head_dim and self.kv_tokens < 16:
-            raise ValueError(f"attn_mma needs at least 16 context tokens a ring chunk (an mma's K side), and this "
-                             f"shape's chunk holds {self.kv_tokens}: raise block_rows or block_k")
         if self.batch_rows not in (0, 16, 32) or (self.batch_rows and (self.block_rows < 32 or self.block_k < 128)):
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
@@ -118,7 +114,7 @@ class StreamConfig:
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
                     XR=self.x_rows, TP=self.tensor_parallel,
-                    XB=self.x_bf16, AM=self.attn_mma)
+                    XB=self.x_bf16)
 
 
 def smem_layout(swizzled: bool = False):
