@@ -257,18 +257,19 @@ def test_batched_decoder_runs_fewer_live_rows_than_it_holds():
     assert torch.isfinite(out[8][0]).all()
 
 
-def test_a_batched_kernel_of_32_rows_trades_ring_slots_for_stages_of_x():
-    """stream_config's BATCH_SHAPES: at 32 rows, 4 ring slots of 64 weight rows by 128 inputs (the
-    wgmma tiles) and 128 KB of x (8 stages of 128 inputs) for every bench shape, within shared
-    memory; 16 rows keep the ring's defaults; every batched kernel reads bf16 rows (x_bf16), a batch-1
-    kernel fp32; the caller's fields win."""
+def test_a_batched_kernel_of_32_rows_multiplies_tiles_of_64_rows_on_wgmma():
+    """stream_config's BATCH_SHAPES: at 32 rows, tiles of 64 weight rows by 128 inputs (the wgmma
+    tiles), 8 ring slots and 64 KB of x (4 stages of 128 inputs, sized as fp32) for every bench shape, within
+    shared memory; 16 rows keep the ring's and the tiles' defaults; every batched kernel reads bf16
+    rows (x_bf16), a batch-1 kernel fp32; the caller's fields win."""
     from warploop.llm.shapes import GPU_MODELS
     for _, cfg in GPU_MODELS.values():
         c = stream_config(cfg, batch_rows=32)
-        assert (c.ring, c.x_stage_kb, c.x_stages, c.x_bf16) == (4, 128, 8, True) and c.shared_bytes <= 220 * 1024
+        assert (c.ring, c.x_stage_kb, c.x_stages, c.x_bf16) == (8, 64, 4, True) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (64, 128)
         c = stream_config(cfg, batch_rows=16)
         assert (c.ring, c.x_stage_kb, c.x_stages, c.x_bf16) == (8, 64, 4, True) and c.shared_bytes <= 220 * 1024
+        assert (c.block_rows, c.block_k) == (32, 256)
         assert stream_config(cfg).x_stages == 0 and not stream_config(cfg).x_bf16
     c = stream_config(GPU_MODELS["llama-3.2-1b"][1], batch_rows=32, ring=6, x_stage_kb=64, x_bf16=False)
     assert (c.ring, c.x_stages, c.x_bf16) == (6, 4, False)           # fp32 stages of 128 inputs: 16 KB
