@@ -17,13 +17,11 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
                                  StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128, x_bf16=True),
-                                 StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, x_bf16=True),
-                                 StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, x_bf16=True,
-                                              attn_group=2)],
+                                 StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128),
+                                 StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
-                              "batch32_x_bf16", "batch32_wgmma", "batch16_wgmma_hd128"])
+                              "batch32_wgmma", "batch16_wgmma_hd128"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
@@ -44,7 +42,7 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     # bf16 inputs multiply on wgmma instead, both operands from shared memory
     ptx = ck.asm["ptx"]
     mma = bool(cfg.batch_rows)
-    wg = mma and cfg.x_bf16 and cfg.block_rows == 64
+    wg = mma and cfg.block_rows == 64
     assert ("cp.async.cg.shared.global" in ptx) == mma
     assert ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx) == (mma and not wg)
     assert (ptx.count("wgmma.mma_async") >= 2 * cfg.block_k // 16) == wg    # a chunk's k-steps, twice for narrow tiles

@@ -28,7 +28,7 @@ def shifted(region):
     (lambda p: p.pool(torch.zeros(4, 512, dtype=torch.bfloat16)), "exceeds StreamConfig.kmax"),
     (lambda p: p.pool(torch.zeros(4, 16)), "bfloat16"),
     (lambda p: p.buffer("x", 4), "declared twice"),
-    (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["y"], xbf=True), "StreamConfig.x_bf16=False"),
+    (lambda p: p.gemv(0, 0, 16, p.regions["x"], p.regions["y"], xbf=True), r"batch-1 kernel .* as fp32"),
     (lambda p: p.cast(p.regions["x"], p.regions["y"], 12), "a multiple of 8"),
     (lambda p: p.cast(p.regions["x"], p.regions["y"], 64), "out of half that"),
 ])
@@ -44,17 +44,17 @@ def test_program_refuses_bad_input_naming_it(call, message):
 @pytest.mark.parametrize("kw, message", [(dict(block_k=512), "block_k"), (dict(block_rows=8), "block_rows"),
                                          (dict(ring=1), "ring"), (dict(kmax=3000), "kmax"),
                                          (dict(ring=32, block_rows=64), "shared memory"),
-                                         (dict(x_bf16=True), "x_bf16 is for a batched kernel")])
+                                         (dict(batch_rows=8), "batch_rows must be")])
 def test_config_refuses_bad_shapes(kw, message):
     with pytest.raises(ValueError, match=message):
         StreamConfig(**kw)
 
 
-def test_an_x_bf16_program_refuses_an_fp32_or_normed_gemv():
-    p = StreamProgram(dataclasses.replace(CFG, batch_rows=16, block_rows=32, block_k=128, x_bf16=True))
+def test_a_batched_program_refuses_an_fp32_or_normed_gemv():
+    p = StreamProgram(dataclasses.replace(CFG, batch_rows=16, block_rows=32, block_k=128))
     p.pool(torch.zeros(48, 64, dtype=torch.bfloat16))
     x, y, g = p.buffer("x", 64), p.buffer("y", 16), p.buffer("g", 64)
-    with pytest.raises(ValueError, match="StreamConfig.x_bf16=True reads every GEMV's x as bf16"):
+    with pytest.raises(ValueError, match="batched kernel .* as CAST nodes bf16 rows"):
         p.gemv(0, 0, 16, x, y)
     with pytest.raises(ValueError, match="an xbf GEMV takes no norm"):
         p.gemv(0, 0, 16, x, y, norm=g, xbf=True)

@@ -214,14 +214,14 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", **decode
     return torch.stack(want), torch.stack(got), looped, [list(r) for r in zip(*stepped, strict=True)]
 
 
-@pytest.mark.parametrize("batch, x_bf16", [(1, False), (2, False), (8, False), (32, False), (8, True), (32, True)])
-def test_batched_decoder_gives_the_per_op_backends_tokens(batch, x_bf16):
+@pytest.mark.parametrize("batch", [1, 2, 8, 32])
+def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     """Batches on the streaming program (CPU reference), every row its own position and blocks:
     the per-op backend's logits within bf16 KV rounding and its greedy picks wherever they are not
     a near tie (the cache's bf16 rounding may flip one), every step; its own greedy loop in one
-    launch equals its greedy steps. x_bf16: every GEMV reads CAST nodes' normalised bf16 rows."""
+    launch equals its greedy steps. Batched, every GEMV reads CAST nodes' normalised bf16 rows."""
     cfg = CONFIGS["qwen3_qk_norm"]
-    config = stream_config(cfg, batch_rows=batch_rows(batch), x_bf16=x_bf16)
+    config = stream_config(cfg, batch_rows=batch_rows(batch))
     want, got, looped, stepped = batch_against_per_op(cfg, batch, config=config)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g} (bf16 KV cache against the per-op backend's fp32)"
@@ -261,18 +261,18 @@ def test_a_batched_kernel_of_32_rows_multiplies_tiles_of_64_rows_on_wgmma():
     """stream_config's BATCH_SHAPES: at 32 rows, tiles of 64 weight rows by 128 inputs (the wgmma
     tiles), 8 ring slots and 64 KB of x (4 stages of 128 inputs, sized as fp32) for every bench shape, within
     shared memory; 16 rows keep the ring's and the tiles' defaults; every batched kernel reads bf16
-    rows (x_bf16), a batch-1 kernel fp32; the caller's fields win."""
+    rows, a batch-1 kernel fp32; the caller's fields win."""
     from warploop.llm.shapes import GPU_MODELS
     for _, cfg in GPU_MODELS.values():
         c = stream_config(cfg, batch_rows=32)
-        assert (c.ring, c.x_stage_kb, c.x_stages, c.x_bf16) == (8, 64, 4, True) and c.shared_bytes <= 220 * 1024
+        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 64, 4) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (64, 128)
         c = stream_config(cfg, batch_rows=16)
-        assert (c.ring, c.x_stage_kb, c.x_stages, c.x_bf16) == (8, 64, 4, True) and c.shared_bytes <= 220 * 1024
+        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 64, 4) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (32, 256)
-        assert stream_config(cfg).x_stages == 0 and not stream_config(cfg).x_bf16
-    c = stream_config(GPU_MODELS["llama-3.2-1b"][1], batch_rows=32, ring=6, x_stage_kb=64, x_bf16=False)
-    assert (c.ring, c.x_stages, c.x_bf16) == (6, 4, False)           # fp32 stages of 128 inputs: 16 KB
+        assert stream_config(cfg).x_stages == 0
+    c = stream_config(GPU_MODELS["llama-3.2-1b"][1], batch_rows=32, ring=4, x_stage_kb=128)
+    assert (c.ring, c.x_stages, c.block_rows) == (4, 8, 64)
 
 
 def test_batched_decoder_refuses_what_it_cannot_run():

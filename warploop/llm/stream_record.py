@@ -68,14 +68,14 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
     vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
     eps = cfg.rms_norm_eps
-    xbf = bool(dec.config.x_bf16)
+    xbf = bool(dec.config.batch_rows)   # a batched kernel's GEMVs read bf16 rows (gemv_rows.py)
     if xbf and world > 1:
-        raise ValueError("StreamConfig.x_bf16 is for a batched kernel, and a tensor-parallel rank decodes one row")
+        raise ValueError("a tensor-parallel rank decodes one row, and this kernel is batched (StreamConfig.batch_rows)")
     if xbf:                   # the GEMVs' inputs as bf16 rows, made once a stage by CAST nodes
         r |= {f"xb_{name}": p.buffer(f"xb_{name}", rows * width[name] // 2) for name in ("res", "attn", "act")}
 
     def gemv_in(name: str, norm, after):
-        """(x, norm, deps) for the GEMVs that read region `name`: with x_bf16, CAST nodes' bf16 copy
+        """(x, norm, deps) for the GEMVs that read region `name`: batched, CAST nodes' bf16 copy
         of its rows (normalised with norm), after them."""
         if not xbf:
             return r[name], norm, after

@@ -33,14 +33,12 @@ from warploop.runtime.stream.compiled import StreamConfig
 
 # A batched kernel's shape where it differs from StreamConfig's defaults, by batch_rows (H200,
 # context 512, tokens/s; bench/results/stream-batch-wgmma-h200-20261129.jsonl):
-# - x_bf16: every GEMV reads its input as bf16 rows CAST nodes normalised once a stage (Llama-3.2-1B
-#   5,828 / 5,044 at batch 8 and 14,167 / 10,672 at 32 with it against without);
 # - at 32 rows, tiles of 64 weight rows by 128 inputs, multiplied on wgmma (against 32-row tiles on
 #   mma_v2: Llama-3.2-1B 16,348 / 14,181, Qwen3-0.6B 11,174 / 10,149, SmolLM2-135M 22,747 / 18,657);
 #   at 16 rows (batch 8) they measured 5,610 / 5,830, 5,089 / 4,933 and 7,262 / 7,096: not taken;
 # - the ring's 8 slots and 64 KB of x (4 stages of 128 inputs at 32 rows): 4 slots and 128 KB measured
 #   16,378 / 16,691 for Llama-3.2-1B, 11,534 / 11,540 for Qwen3-0.6B
-BATCH_SHAPES = {16: {"x_bf16": True}, 32: {"x_bf16": True, "block_rows": 64, "block_k": 128}}
+BATCH_SHAPES = {16: {}, 32: {"block_rows": 64, "block_k": 128}}
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:

@@ -35,7 +35,6 @@ class StreamConfig:
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
     x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
-    x_bf16: bool = False          # with batch_rows: every GEMV reads x as bf16 rows CAST nodes normalised once
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -54,8 +53,6 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
-        if self.x_bf16 and not self.batch_rows:
-            raise ValueError("x_bf16 is for a batched kernel (batch_rows 16 or 32): a batch-1 GEMV stages its x once")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -76,8 +73,9 @@ class StreamConfig:
 
     @property
     def x_stages(self) -> int:
-        """With batch_rows: the [batch_rows, block_k] fp32 blocks of x in flight (cp.async) ahead of
-        the mmas, as many as x_stage_kb holds: 2, 4 or 8 (a power of two: the stages are one
+        """With batch_rows: the [batch_rows, block_k] blocks of x in flight (cp.async) ahead of the
+        mmas, as many as x_stage_kb holds at 4 bytes a value (the measured shapes were sized so; a
+        stage of bf16 rows fills half its share): 2, 4 or 8 (a power of two: the stages are one
         [stages, ...] shared view; 0 without batch_rows)."""
         if not self.batch_rows:
             return 0
@@ -104,17 +102,15 @@ class StreamConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """The ring, x's stages and (but with x_bf16, whose CAST nodes applied them) the norm weights'."""
-        norms = 0 if self.x_bf16 else self.x_stages
-        return self.ring * self.block_rows * self.block_k * 2 + (self.x_rows + norms) * self.block_k * 4
+        """The ring and the staged input (a batch-1 GEMV's x, or a batched kernel's stages of x)."""
+        return self.ring * self.block_rows * self.block_k * 2 + self.x_rows * self.block_k * 4
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
                     TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel,
-                    XB=self.x_bf16)
+                    XR=self.x_rows, TP=self.tensor_parallel)
 
 
 def smem_layout(swizzled: bool = False):

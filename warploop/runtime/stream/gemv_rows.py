@@ -6,8 +6,8 @@ In such a kernel the ring holds a chunk as BK // SB column blocks of [BR, SB] bf
 swizzled (the loader's TMA boxes are [BR/2, SB], StreamConfig.weight_box), so the mma's operand
 loads (ldmatrix) hit every bank once. x comes into shared memory by cp.async, a column block of
 every row a stage, XS stages ahead of the mmas (StreamConfig.x_stages), so its L2 round trip
-overlaps the chunks before. In an x_bf16 kernel (XB) x is CAST nodes' bf16 rows, normalised
-already: half the bytes a stage, and the mmas take them as they land. With tiles of 64 rows too
+overlaps the chunks before. x is CAST nodes' bf16 rows (kinds.CAST), normalised already, so the
+mmas take them as they land. With tiles of 64 rows
 (block_rows 64) the warpgroup multiplies on wgmma, both operands read from shared memory as they
 lie: the ring's [64, 64] swizzled column blocks (M: the tile's rows) against x's [NB, 64] blocks,
 stored 128-byte swizzled for it and read transposed (N: the batch's rows); no ldmatrix, no
@@ -39,25 +39,11 @@ SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the
 
 
 @gluon.jit
-def _x_fetch(xq, nq, q, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK: gl.constexpr, XS: gl.constexpr):
-    """Start the copy of x's column block q (of nblk) of every row into stage q % XS, and the norm
-    weights' into nq's, and close the cp.async group (an empty one past the last block, so a group
-    is always a block): .cg, from L2 (a predecessor on another SM wrote x; L1 may hold a stale
-    line), zeros past k and the rows (and for a node without a norm). x and the norm weights are
-    arena regions (16-byte aligned) and k % 4 == 0 (the executor checks): 16-byte copies."""
-    if q < nblk:
-        col = q * BK + cols                                   # [NKS, 1, SB]: a warp's column slab
-        _cp_async(xq.index(q % XS), arena + xrow + col, mask=rowok & (col < k // 4 * 4), cache_modifier=".cg")
-        ncol = q * BK + ncols                                 # [NKS, SB]
-        _cp_async(nq.index(q % XS), arena + gl.multiple_of(norm + ncol, [1, 4]), mask=(ncol < k // 4 * 4) & (norm >= 0),
-                  cache_modifier=".cg")
-    async_copy.commit_group()
-
-
-@gluon.jit
 def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr):
-    """_x_fetch for bf16 rows (XB): x's column block q of every row into `stage` (q's), 16 bytes (8
-    values) a copy, zeros past k and the rows; no norm weights (CAST applied them)."""
+    """Start the copy of x's column block q (of nblk) of every row into `stage` (q's), 16 bytes (8
+    values) a copy, and close the cp.async group (an empty one past the last block, so a group is
+    always a block): .cg, from L2 (a predecessor on another SM wrote x; L1 may hold a stale line),
+    zeros past k and the rows."""
     if q < nblk:
         col = q * BK + cols
         _cp_async(stage, xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
@@ -65,35 +51,30 @@ def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr):
 
 
 @gluon.jit
-def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
-              k, x, norm, eps, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
+def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
+              k, x, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
-              XS: gl.constexpr, XB: gl.constexpr):
-    """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: row b at x + b * k, its outputs at
-    out + b * ostride, its amax pair at amax + b * astride), on tensor cores: the rows are the M side
-    of mma tiles (x times its norm weights, rounded to bf16 as the per-op backend's activations
-    are), the tile's BR weight rows the N side, fp32 accumulation. Each row is RMS-normalised on
-    its own, as batch 1: its sum of squares accumulates over the chunks and scales its sums at the
-    end. A narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
-    against one x block and the bottom's against the next. XB: x is bf16 rows, normalised (norm is
-    -1). Returns the ring's chunk count and `failed`."""
+              XS: gl.constexpr):
+    """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: CAST nodes' bf16 rows, normalised,
+    row b's bf16 values from element 2 * x + b * k; its outputs at out + b * ostride, its amax pair
+    at amax + b * astride), on tensor cores: the rows are the M side of mma tiles, the tile's BR
+    weight rows the N side (on wgmma, tiles of 64 rows: the other way round), fp32 accumulation. A
+    narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
+    against one x block and the bottom's against the next. Returns the ring's chunk count and
+    `failed`."""
     HALF: gl.constexpr = BR // 2
-    WG: gl.constexpr = XB and BR == 64  # wgmma: the warpgroup's products from shared memory (docstring)
+    WG: gl.constexpr = BR == 64         # wgmma: the warpgroup's products from shared memory (docstring)
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
     WK: gl.constexpr = NKS if NKS < CW else CW
     MB: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, CW // WK],
                                                  instr_shape=[1, 16, 8])
     XA: gl.constexpr = gl.DotOperandLayout(0, MB, 2)               # [NKS, NB, SB]: x
     WB: gl.constexpr = gl.DotOperandLayout(1, MB, 2)               # [NKS, SB, BR]: the weights
-    # cp.async: 16 bytes a thread along a slab's row
-    CPL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 2, 16], [WK, CW // WK, 1], [2, 1, 0])
     # the epilogue's [NB, HALF] halves
     EL: gl.constexpr = gl.BlockedLayout([1, 1], [32 // HALF, HALF], [CW, 1], [1, 0])
-    # x's stages, [NKS, NB, SB] each: 16-byte groups swizzled by row, so the mma operand's 8 rows at
-    # a time hit 8 bank groups
-    XSL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, order=[2, 1, 0])
     WSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-    # bf16 x (XB): 8 values a 16-byte copy, stages swizzled in 16-byte groups too
+    # x: 8 values a 16-byte copy (cp.async); its stages, [NKS, NB, SB] each, 16-byte groups swizzled by
+    # row, so the mma operand's 8 rows at a time hit 8 bank groups
     CPB: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [WK, CW // WK, 1], [2, 1, 0])
     XSB: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0])
     # WG: wgmma's operands, 128-byte swizzled rows of 64 values (x's stages as [XS * NKS, NB, SB] and the
@@ -101,47 +82,30 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     NVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # wgmma's accumulator: the tile's rows (M) by the batch's (N), over the warpgroup
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, NB, 16])
-    # xs: XS stages of x; ns: XS of the norm weights ([NKS, SB] each)
-    if XB:
-        if WG:                        # the same bytes as [XS, NKS, NB, SB] for the copies and as [XS * NKS, NB, SB]
-            NVS3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-            if PUBLIC_REINTERPRET:    # for the operands (swizzled in rows of 128 bytes either way)
-                xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
-                xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
-            else:
-                xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
-                xqf = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
-        elif PUBLIC_REINTERPRET:
-            xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+    # xs: XS stages of x
+    if WG:                            # the same bytes as [XS, NKS, NB, SB] for the copies and as [XS * NKS, NB, SB]
+        NVS3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+        if PUBLIC_REINTERPRET:        # for the operands (swizzled in rows of 128 bytes either way)
+            xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
+            xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
         else:
-            xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
-        kb = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPB)))
-        bb_ = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPB)))
-        jb = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPB)))
-        colsb = kb[:, None, None] * SB + jb[None, None, :]
-        # row b's bf16 values from element 2 * x + b * k (k % 8 == 0: 16-byte rows, program.gemv checks)
-        xrowb = gl.multiple_of(2 * x + bb_ * k, 8)[None, :, None]
-        rowokb = (bb_ < nrows)[None, :, None]
-        xbp = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True)
-    if PUBLIC_REINTERPRET:
-        xq = xs.slice(0, XS * NB).reinterpret(gl.float32, [XS, NKS, NB, SB], XSL)
-        nq = ns.reinterpret(gl.float32, [XS, NKS, SB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
+            xqf = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
+    elif PUBLIC_REINTERPRET:
+        xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
     else:
-        xq = xs.slice(0, XS * NB)._reinterpret(gl.float32, [XS, NKS, NB, SB], XSL)
-        nq = ns._reinterpret(gl.float32, [XS, NKS, SB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+    kb = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPB)))
+    bb_ = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPB)))
+    jb = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPB)))
+    colsb = kb[:, None, None] * SB + jb[None, None, :]
+    # row b's bf16 values from element 2 * x + b * k (k % 8 == 0: 16-byte rows, program.gemv checks)
+    xrowb = gl.multiple_of(2 * x + bb_ * k, 8)[None, :, None]
+    rowokb = (bb_ < nrows)[None, :, None]
+    xbp = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True)
     ostride = gl.load(base + G_OSTRIDE)
     astride = gl.load(base + G_ASTRIDE)
     amx = gl.load(base + G_AMAX)
-    kc = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPL)))
-    bc = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPL)))
-    jc = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPL)))
-    cols = kc[:, None, None] * SB + jc[None, None, :]
-    ncols = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(1, CPL)))[:, None] * SB + \
-        gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPL)))[None, :]
-    # rows of x start 16-byte aligned (x: an arena region, k % 4 == 0, the executor checks), said
-    # so in the arithmetic, so the copies are 16 bytes (cp.async.cg)
-    xrow = gl.multiple_of(x + bc * k, 4)[None, :, None]
-    rowok = (bc < nrows)[None, :, None]
     wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(0, MB)))
     # the epilogue's indices (rows of the batch, a half's output rows) and what no predecessor
     # writes, read before the wait: the bias
@@ -162,8 +126,6 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     acc2 = gl.zeros([NKS, NB, BR], gl.float32, layout=MB)     # a narrow tile's bottom half
     accw = gl.zeros([BR, NB], gl.float32, layout=ACC)         # WG: the tile's sums, and a narrow one's
     accw2 = gl.zeros([BR, NB], gl.float32, layout=ACC)        # against the next x block
-    ss = gl.zeros([NKS, NB], gl.float32, layout=gl.SliceLayout(2, XA))
-    one = (norm < 0).to(gl.float32)
     # chunk c holds the tile's two row halves at x block c, or a narrow tile's rows at blocks 2c
     # (the top half) and 2c + 1 (the bottom half); blocks up to XS past the chunk's first are in flight
     issued = 0
@@ -173,10 +135,8 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
         while issued < qa + XS:       # a stage is free once the block before in it was read
             if WG:
                 _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
-            elif XB:
-                _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
             else:
-                _x_fetch(xq, nq, issued, nblk, arena, xrow, cols, ncols, k, rowok, norm, BK, XS)
+                _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
             issued += 1
         if narrow:
             async_copy.wait_group(XS - 2)
@@ -206,24 +166,12 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
                 if qa + 1 < nblk:     # no block past x's end was copied
                     for j in gl.static_range(NKS):
                         accw2 = warpgroup_mma(ww.index(j), xqb.index((qa + 1) % XS * NKS + j).permute((1, 0)), accw2)
-        elif XB:                      # the mmas take the bf16 rows as they are; each warp its slab:
+        else:                         # the mmas take the bf16 rows as they are; each warp its slab:
             wt = wq.permute((0, 2, 1)).load(WB)          # x [NB, SB] against the tile's rows [SB, BR]
             acc = mma_v2(xqb.index(qa % XS).load(XA), wt, acc)
             if narrow:
                 xb2 = xqb.index((qa + 1) % XS).load(XA)
                 acc2 = mma_v2(gl.where(qa + 1 < nblk, xb2, gl.zeros_like(xb2)), wt, acc2)
-        else:
-            wt = wq.permute((0, 2, 1)).load(WB)
-            nw = nq.index(qa % XS).load(gl.SliceLayout(1, XA)) + one                # [NKS, SB]
-            xr = xq.index(qa % XS).load(XA)                                         # [NKS, NB, SB]
-            ss += gl.sum(xr * xr, axis=2)
-            acc = mma_v2((xr * nw[:, None, :]).to(gl.bfloat16), wt, acc)
-            if narrow:
-                nw2 = nq.index((qa + 1) % XS).load(gl.SliceLayout(1, XA)) + one
-                xr2 = xq.index((qa + 1) % XS).load(XA)
-                xr2 = gl.where(qa + 1 < nblk, xr2, 0.0)     # no block past x's end was copied
-                ss += gl.sum(xr2 * xr2, axis=2)
-                acc2 = mma_v2(gl.where(qa + 1 < nblk, xr2 * nw2[:, None, :], 0.0).to(gl.bfloat16), wt, acc2)
         # every warp is done with the slot and the x stages before one thread frees the slot (and
         # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
         _barrier()
@@ -247,16 +195,12 @@ def gemv_rows(bufs, full, empty, xs, ns, it, base, arena, counters, err, epoch, 
     ya = ys.slice(0, HALF, dim=1).load(EL)
     yb = ys.slice(HALF, HALF, dim=1).load(EL)
     _barrier()                        # every thread has its sums before the stage is x again
-    scale = gl.full([NB], 1.0, gl.float32, layout=gl.SliceLayout(0, gl.SliceLayout(2, XA)))
-    if norm >= 0:
-        scale = gl.rsqrt(gl.sum(ss, axis=0) / k + eps)
-    scale = gl.convert_layout(scale, gl.SliceLayout(1, EL))[:, None]
     if narrow:
-        ya = old_a + scale * (ya + yb)
+        ya = old_a + (ya + yb)
         yb = old_b
     else:
-        ya = old_a + scale * ya
-        yb = old_b + scale * yb
+        ya = old_a + ya
+        yb = old_b + yb
     if epi == EPI_SILU:
         gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
     else:

@@ -76,12 +76,13 @@ def _words(base):
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
+def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, counters, err, epoch0, cta, trace,
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
+    XB: gl.constexpr = NB > 0         # a batched kernel's GEMVs read CAST nodes' bf16 rows: CAST compiled in
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [CW, 1], [1, 0])
@@ -118,9 +119,9 @@ def _consumer(bufs, full, empty, xs, ns, instr, n, steps, arena, ints, kv, emb, 
         if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
             if op == OP_GEMV:
                 nrows = gl.load(instr + i * W + G_BATCH)
-                it, failed = gemv_rows(bufs, full, empty, xs, ns, it, instr + i * W, arena, counters, err, epoch,
-                                       failed, cta, i, trace, w0, n0, w1, n1, k, x, norm, eps, rows_n, out, bias,
-                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, XB)
+                it, failed = gemv_rows(bufs, full, empty, xs, it, instr + i * W, arena, counters, err, epoch,
+                                       failed, cta, i, trace, w0, n0, w1, n1, k, x, rows_n, out, bias,
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
         if (op == OP_GEMV) & (NB > 0):
             staged_x = -1
         elif op == OP_GEMV:
@@ -278,8 +279,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr,
-                  XB: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -287,8 +287,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     bufs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BR, BK], d0.layout)
     # the staged input: a batch-1 GEMV's x (KMAX floats), or a batched kernel's stages of x (gemv_rows)
     xs = gl.allocate_shared_memory(gl.float32, [XR, BK], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    ns = gl.allocate_shared_memory(gl.float32, [XS if XS > 0 else 1, BK],   # its norm weights' stages
-                                   gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     pub_full = gl.allocate_shared_memory(gl.int64, [PQ, 1], mbarrier.MBarrierLayout())
@@ -301,9 +299,9 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
         mbarrier.init(pub_empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, ns, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
+        (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, XB, pub_full, pub_empty)),
+                     TP, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),

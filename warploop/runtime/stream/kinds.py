@@ -188,7 +188,7 @@ NOP = NodeKind("nop", 0, ())
 # argmax over the tiles then draws the token from softmax(y / T).
 # xbf = 1: x is bf16, already normalised (norm = -1), written by CAST nodes: row b's k values from
 # bf16 element 2 * x + b * k of the arena (x: a float offset; k a multiple of 8, so rows stay 16-byte
-# aligned), batch * k / 2 floats in all (StreamConfig.x_bf16: a batched kernel's every GEMV).
+# aligned), batch * k / 2 floats in all (a batched kernel's every GEMV: StreamConfig.batch_rows).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
@@ -268,7 +268,7 @@ ALLREDUCE = NodeKind(
     footprint=lambda f, br: ([(f["src"], f["n"])] + ([(f["out"], f["n"])] if f["epi"] == EPILOGUES["add"] else []),
                              [(f["out"], f["n"])]))
 
-# One row of a GEMV's input, once for every tile that reads it (StreamConfig.x_bf16): out gets
+# One row of a GEMV's input, once for every tile that reads it (a batched kernel's): out gets
 # x[0:k], RMS-normalised with norm >= 0 (x * rsqrt(mean(x^2) + eps) * norm), rounded to bf16: the
 # k bf16 values from bf16 element 2 * out of the arena (k / 2 floats), what a GEMV with xbf reads.
 CAST = NodeKind(

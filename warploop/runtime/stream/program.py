@@ -166,9 +166,10 @@ class StreamProgram:
         if xbf and (norm is not None or k % 8 or x.size < batch * k // 2):
             raise ValueError(f"an xbf GEMV takes no norm (its CAST nodes normalised x), a width k a multiple of 8 "
                              f"(16-byte bf16 rows; pool {pool} is {k} wide) and x of batch * k / 2 floats")
-        if xbf != bool(self.config.x_bf16):
-            raise ValueError(f"xbf={xbf}: a kernel with StreamConfig.x_bf16={self.config.x_bf16} reads every GEMV's "
-                             f"x as {'bf16' if self.config.x_bf16 else 'fp32'}")
+        if xbf != bool(self.config.batch_rows):
+            raise ValueError(f"xbf={xbf}: a {'batched' if self.config.batch_rows else 'batch-1'} kernel (StreamConfig."
+                             f"batch_rows={self.config.batch_rows}) reads every GEMV's x as "
+                             f"{'CAST nodes bf16 rows (xbf=True)' if self.config.batch_rows else 'fp32 (xbf=False)'}")
         if k % 4 or x.offset % 4 or (norm is not None and norm.offset % 4):
             raise ValueError(f"x (at {x.offset}), norm and the pool's width ({k}) must be multiples of 4 floats: the "
                              "kernel loads them 16 bytes at a time")
@@ -256,7 +257,7 @@ class StreamProgram:
              after=()) -> list[int]:
         """Each of `rows` rows of k floats at x (row b at x + b * k), RMS-normalised with norm, as bf16
         into out (row b's k values from bf16 element 2 * out.offset + b * k): a node a row
-        (kinds.CAST), for the GEMVs of a StreamConfig.x_bf16 kernel."""
+        (kinds.CAST), for the GEMVs of a batched kernel (StreamConfig.batch_rows)."""
         if k % 8 or x.offset % 4 or out.offset % 4 or x.size < rows * k or out.size < rows * k // 2 or \
                 (norm is not None and norm.size < k):
             raise ValueError(f"cast: k ({k}) a multiple of 8, x and out 16-byte aligned, x of {rows} x {k} floats, "

@@ -1,5 +1,5 @@
 """The streaming kernel's node kinds with no streamed operand (EMBED, SAMPLE, NOP, ALLREDUCE in a
-tensor-parallel kernel: allreduce.py, CAST in an x_bf16 kernel): their waits, then their bodies, run
+tensor-parallel kernel: allreduce.py, CAST in a batched kernel): their waits, then their bodies, run
 by the consumer (kernel.py)."""
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
         _sample(arena, ints, base, s, CW)
-    if XB:                    # a constexpr branch: CAST only in an x_bf16 kernel
+    if XB:                    # a constexpr branch: CAST only in a batched kernel
         if op == OP_CAST:
             _cast(arena, base, xidx)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
