@@ -15,8 +15,8 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 @pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
                                  StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
-                                 StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=128),
-                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=128),
+                                 StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=64),
+                                 StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=64),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128),
                                  StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
@@ -57,9 +57,11 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
 def test_x_stages_are_what_their_shared_memory_holds_in_a_power_of_two():
     assert StreamConfig().x_stages == 0
     assert StreamConfig(batch_rows=16).x_stages == 4 and StreamConfig(batch_rows=32).x_stages == 2
-    assert StreamConfig(batch_rows=32, ring=4, x_stage_kb=128).x_stages == 4
-    assert StreamConfig(batch_rows=32, ring=6, x_stage_kb=96).x_stages == 2      # 3 fit: the stages are a power of two
-    assert StreamConfig(batch_rows=16, ring=4, x_stage_kb=128).x_stages == 8
+    assert StreamConfig(batch_rows=32, ring=4, x_stage_kb=64).x_stages == 4
+    assert StreamConfig(batch_rows=32, ring=6, x_stage_kb=48).x_stages == 2      # 3 fit: the stages are a power of two
+    assert StreamConfig(batch_rows=16, ring=4, x_stage_kb=64).x_stages == 8
+    # bf16 stages of 16 rows take half as many float rows of the staged input, beside kmax's
+    assert StreamConfig(batch_rows=16, ring=4, x_stage_kb=64, kmax=1024).x_rows == 64
     with pytest.raises(ValueError, match="x_stage_kb must be at least 1"):
         StreamConfig(batch_rows=16, x_stage_kb=0)
     with pytest.raises(ValueError, match="over 220 KB"):

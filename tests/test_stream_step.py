@@ -265,13 +265,13 @@ def test_a_batched_kernel_of_32_rows_multiplies_tiles_of_64_rows_on_wgmma():
     from warploop.llm.shapes import GPU_MODELS
     for _, cfg in GPU_MODELS.values():
         c = stream_config(cfg, batch_rows=32)
-        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 64, 4) and c.shared_bytes <= 220 * 1024
+        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 32, 4) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (64, 128)
         c = stream_config(cfg, batch_rows=16)
-        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 64, 4) and c.shared_bytes <= 220 * 1024
+        assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 32, 4) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (32, 256)
         assert stream_config(cfg).x_stages == 0
-    c = stream_config(GPU_MODELS["llama-3.2-1b"][1], batch_rows=32, ring=4, x_stage_kb=128)
+    c = stream_config(GPU_MODELS["llama-3.2-1b"][1], batch_rows=32, ring=4, x_stage_kb=64)
     assert (c.ring, c.x_stages, c.block_rows) == (4, 8, 64)
 
 

@@ -34,7 +34,7 @@ class StreamConfig:
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
     batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
-    x_stage_kb: int = 64          # with batch_rows: shared memory for the stages of x (x_stages)
+    x_stage_kb: int = 32          # with batch_rows: shared memory for the stages of x (x_stages)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
 
@@ -73,13 +73,12 @@ class StreamConfig:
 
     @property
     def x_stages(self) -> int:
-        """With batch_rows: the [batch_rows, block_k] blocks of x in flight (cp.async) ahead of the
-        mmas, as many as x_stage_kb holds at 4 bytes a value (the measured shapes were sized so; a
-        stage of bf16 rows fills half its share): 2, 4 or 8 (a power of two: the stages are one
+        """With batch_rows: the [batch_rows, block_k] bf16 blocks of x in flight (cp.async) ahead of
+        the mmas, as many as x_stage_kb holds: 2, 4 or 8 (a power of two: the stages are one
         [stages, ...] shared view; 0 without batch_rows)."""
         if not self.batch_rows:
             return 0
-        fit = self.x_stage_kb * 1024 // (self.batch_rows * self.block_k * 4)
+        fit = self.x_stage_kb * 1024 // (self.batch_rows * self.block_k * 2)
         return 8 if fit >= 8 else 4 if fit >= 4 else 2
 
     @property
@@ -97,8 +96,8 @@ class StreamConfig:
     @property
     def x_rows(self) -> int:
         """Rows of block_k floats the staged input holds: x for a batch-1 GEMV (kmax), or x_stages
-        blocks of batch_rows rows (and beside them, x_stages rows of the norm weights)."""
-        return max(self.kmax // self.block_k, self.x_stages * self.batch_rows)
+        bf16 blocks of batch_rows rows (half a float row a row)."""
+        return max(self.kmax // self.block_k, self.x_stages * self.batch_rows // 2)
 
     @property
     def shared_bytes(self) -> int:
