@@ -34,7 +34,8 @@ def anatomy(ex) -> dict:
     its last launch: instructions, and µs summed over them and averaged over CTAs (waiting, met wait
     to first chunk, first chunk to published, the loader's wait for free slots; loader_late: from the
     met wait to the loader taking the first chunk's slot, where it took it after the wait, n_late such
-    nodes), the median instruction's stream time, the span."""
+    nodes; data_wait: the consumer's wait for its later chunks to land, part of to_published), the
+    median instruction's stream time, the span."""
     stamps = ex.trace.cpu().numpy().astype("int64")
     insts = ex.built.instructions
     t0 = stamps[:, 0][stamps[:, 0] > 0].min()
@@ -46,12 +47,13 @@ def anatomy(ex) -> dict:
         f = inst.fields
         key = inst.kind.name + (f"/k{f.get('k')}x{f.get('batch', 1)}" if inst.kind.name == "gemv" else "")
         d = kinds.setdefault(key, {"n": 0, "wait": 0.0, "to_first": 0.0, "to_published": 0.0, "loader_blocked": 0.0,
-                                   "loader_late": 0.0, "n_late": 0, "pub": []})
+                                   "loader_late": 0.0, "n_late": 0, "data_wait": 0.0, "pub": []})
         d["n"] += 1
         if stamps[j, 4] > 0 and stamps[j, 4] > stamps[j, 1]:   # the loader took the first chunk's slot after the
             d["loader_late"] += s[j, 4] - s[j, 1]             # wait was met: its copy on the critical path
             d["n_late"] += 1
         d["loader_blocked"] += stamps[j, 5] / 1e3
+        d["data_wait"] += stamps[j, 6] / 1e3
         d["wait"] += s[j, 1] - s[j, 0]
         # a node with no chunk (an attention share past the context) stamps no first chunk this launch:
         # its time after the wait counts as "to published"
@@ -62,7 +64,7 @@ def anatomy(ex) -> dict:
     return {"span_us": round(float(s[:, 3].max()), 1), "ctas": ex.ctas,
             "kinds": {k: {"n": d["n"], "n_late": d["n_late"], **{p: round(d[p] / ex.ctas, 1) for p in
                                                              ("wait", "to_first", "to_published", "loader_blocked",
-                                                              "loader_late")},
+                                                              "loader_late", "data_wait")},
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 

@@ -49,8 +49,9 @@ def test_gpu_equals_reference_node_by_node(name, cfg):
 
 def test_gpu_trace_stamps_are_causal():
     """StreamConfig.trace: every GEMV's stamps run in order (start, waits met, first chunk,
-    published), its loader's first slot comes before the consumer holds the chunk, and the loader's
-    time waiting for slots is within the run; the outputs are the untraced kernel's."""
+    published), its loader's first slot comes before the consumer holds the chunk, the loader's
+    time waiting for slots is within the run, and the consumer's wait for its later chunks within
+    its first chunk to published; the outputs are the untraced kernel's."""
     name = next(iter(SHAPES))
     chain = stream_chain.layer_chain(SHAPES[name], StreamConfig(kmax=512, trace=True), device="cuda", seed=3)
     start = chain.program.arena("cuda")
@@ -61,13 +62,14 @@ def test_gpu_trace_stamps_are_causal():
     assert first_difference(chain.program, ex.arena, want, rtol=1e-4) is None
     st = ex.trace.cpu()
     gemv = [j for j, i in enumerate(ex.built.instructions) if i.kind.name == "gemv"]
-    assert gemv and st.shape[1] == len(TRACE_STAMPS) == 6
+    assert gemv and st.shape[1] == len(TRACE_STAMPS) == 7
     s = st[gemv]
     assert (s[:, 0] > 0).all() and (s[:, 4] > 0).all()
     assert (s[:, 0] <= s[:, 1]).all() and (s[:, 1] <= s[:, 2]).all() and (s[:, 2] <= s[:, 3]).all()
     assert (s[:, 4] <= s[:, 2]).all()
     span = int(st[:, 3].max() - st[:, 0][st[:, 0] > 0].min())
     assert (s[:, 5] >= 0).all() and (s[:, 5] <= span).all()
+    assert (s[:, 6] >= 0).all() and (s[:, 6] <= s[:, 3] - s[:, 2]).all()
 
 
 PREBUILT_CHILD = BLOCK_TRITON + """

@@ -191,12 +191,18 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, HD], gl.float32, layout=QL)
     t0 = lo
+    if TRACE:
+        dwait = (lo * 0).to(gl.int64)
     while t0 < hi:                  # a ring chunk: KVT keys, then their KVT values
         b = it % NBUF               # the ring slot (s is the step)
+        if TRACE:
+            tw = now()
         mbarrier.wait(full.index(b), (it // NBUF) & 1)
         if TRACE:
             if t0 == lo:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
+            else:
+                dwait += now() - tw
         if PUBLIC_REINTERPRET:
             chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
         else:
@@ -229,6 +235,8 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         mbarrier.arrive(empty.index(b))
         it += 1
         t0 += KVT
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 6, dwait)
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     if splits == 1:
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]

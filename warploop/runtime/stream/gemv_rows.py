@@ -130,6 +130,8 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     # (the top half) and 2c + 1 (the bottom half); blocks up to XS past the chunk's first are in flight
     issued = 0
     c = 0
+    if TRACE:
+        dwait = (k * 0).to(gl.int64)  # ns waiting for chunks after the first (TRACE_STAMPS data_wait)
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
         while issued < qa + XS:       # a stage is free once the block before in it was read
@@ -146,10 +148,14 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
         if WG:
             fence_async_shared()      # cp.async wrote x through the generic proxy; wgmma reads through the async one
         slot = it % NBUF
+        if TRACE:
+            tw = now()
         mbarrier.wait(full.index(slot), (it // NBUF) & 1)
         if TRACE:
             if c == 0:
                 gl.store(trace + i * TRACE_WORDS + 2, now())
+            else:
+                dwait += now() - tw
         if PUBLIC_REINTERPRET:
             wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
         else:
@@ -179,6 +185,8 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
         it += 1
         c += 1
     async_copy.wait_group(0)
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 6, dwait)
     # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
     # tile's output row r is its top half's column r plus its bottom half's column r + HALF
     # the slabs' sums added across the warps

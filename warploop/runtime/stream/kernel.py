@@ -164,16 +164,22 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
             # a narrow tile's chunk c holds x chunks 2c (rows in part_a) and 2c + 1 (part_b); a
             # chunk past x's end is zeros in the ring and in the staged x
             c = 0
+            if TRACE:
+                dwait = (k * 0).to(gl.int64)  # ns waiting for chunks after the first (data_wait)
             while c < ((k + BK - 1) // BK + narrow) // (1 + narrow):
                 slot = it % NBUF
                 xc = xrows.index(c * (1 + narrow)).load(layout)          # [1, BK]: broadcast over the rows
                 xd = xc
                 if narrow:
                     xd = xrows.index(gl.minimum(2 * c + 1, KMAX // BK - 1)).load(layout)
+                if TRACE:
+                    tw = now()
                 mbarrier.wait(full.index(slot), (it // NBUF) & 1)
                 if TRACE:
                     if c == 0:
                         gl.store(trace + i * TRACE_WORDS + 2, now())
+                    else:
+                        dwait += now() - tw
                 buf = bufs.index(slot)
                 wa = buf.slice(0, HALF).load(layout)
                 wb = buf.slice(HALF, HALF).load(layout)
@@ -186,6 +192,8 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
                 mbarrier.arrive(empty.index(slot))
                 it += 1
                 c += 1
+            if TRACE:
+                gl.store(trace + i * TRACE_WORDS + 6, dwait)
             if restage:
                 scale = 1.0
                 if norm >= 0:

@@ -34,8 +34,9 @@ EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}   # GEMV epilogues (GEMV.field
 SAMP_WORDS = ("temperature", "seed_lo", "seed_hi", "context", "token_base")   # GEMV "samp": int-arena words
 # StreamConfig.trace: int64 words an instruction, in this order: the consumer's ns stamps (start,
 # waits met, first chunk in hand, handed to the publisher), then the loader's (its first chunk's slot
-# free, and the ns it spent waiting for free slots: its SM's copies idle, the ring full)
-TRACE_STAMPS = ("start", "waited", "first_chunk", "published", "loader_first", "loader_blocked")
+# free, and the ns it spent waiting for free slots: its SM's copies idle, the ring full), then the ns
+# the consumer spent waiting for its chunks after the first to land (data_wait: the ring empty)
+TRACE_STAMPS = ("start", "waited", "first_chunk", "published", "loader_first", "loader_blocked", "data_wait")
 
 
 def header_word(name: str) -> int:
