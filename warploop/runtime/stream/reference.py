@@ -236,8 +236,6 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
             if f["norm"] >= 0:
                 scale = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + f["eps"])
                 xs = xs * arena[f["norm"]:f["norm"] + k]
-            if program.config.batch_rows:   # gemv_rows: x times its norm weights enters the mmas as bf16
-                xs = xs.to(torch.bfloat16).float()
         if normed is not None:
             normed.clear()
             normed[key] = (xs, scale)
