@@ -8,8 +8,8 @@
               to add_request at once each round (the prompts encoded by its tokenizer), timed alike
     pool      the same for a ReplicaPool of two engine processes (what --replicas 2 serves)
 
-Each system runs as a process group of its own, started, measured and stopped in turn: wait for its
-`/health` to answer 200, one warm-up round, the engines' deferred start work (`--settle-s`), then
+Each system runs as a process group of its own (scripts/serve_groups.py), started, measured and
+stopped in turn: wait for its `/health` to answer 200, one warm-up round, the engines' deferred start work (`--settle-s`), then
 `--rounds` timed rounds. A round sends
 `--concurrency` non-streaming completions at once over as many keep-alive connections (serve_rounds.Client: a few
 lines of HTTP/1.1 on asyncio, as httpx's pool cost more CPU than the server; `ignore_eos`, greedy,
@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from serve_groups import STOP_GRACE_S, free_port, log_tail, start_profile, stop_group, wait_ready  # noqa: E402
 from serve_rounds import Client, load_round, per_round, prompt_text, scrape_counts, settle, summary  # noqa: E402
 
 SYSTEMS = ("one", "replicas", "ray", "engine", "pool")
@@ -60,7 +60,6 @@ IN_PROCESS = ("engine", "pool")         # the same engines and rounds with no HT
 REPLICAS = 2
 # the same on every system and every engine: each engine may batch all the concurrent requests
 ENGINE = {"max_num_seqs": 64, "max_model_len": 1024, "enable_prefix_caching": False}
-STOP_GRACE_S = 60.0
 RAY_SERVER = """import json, sys
 sys.path.insert(0, {scripts!r})
 from serve_load import serve_ray
@@ -182,12 +181,6 @@ def serve_ray(spec: dict) -> None:
             ray.shutdown()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def system_command(name: str, model: str, device: str, port: int, args: argparse.Namespace | None = None) -> list[str]:
     options = engine_options(device)
     if name in IN_PROCESS:
@@ -203,35 +196,6 @@ def system_command(name: str, model: str, device: str, port: int, args: argparse
             "args": {"model": model, "replicas": REPLICAS, "num_cpus": max(1, cpus // REPLICAS),
                      **({"num_gpus": 1} if device == "cuda" else {}), **options}}
     return [sys.executable, "-c", RAY_SERVER.format(scripts=str(ROOT / "scripts")), json.dumps(spec)]
-
-
-def log_tail(path: Path, lines: int = 25) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return []
-
-
-def wait_ready(name: str, proc: subprocess.Popen, url: str, log_path: Path, deadline: float) -> str:
-    """The served model's name once the system's log says it serves (`warploop serve` once every
-    engine has loaded; the Ray process once serve.run has every replica running) and `url`/health
-    answers 200; an error naming `name` if the process ends or the deadline passes first."""
-    import httpx
-
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name}: the server exited with code {proc.returncode} before it served")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name}: not serving (a 'serving' line and /health 200) within the system's "
-                               "time limit")
-        if "\nserving " in "\n" + log_path.read_text(errors="replace"):
-            try:
-                r = httpx.get(f"{url}/health", timeout=2.0)
-                if r.status_code == 200:
-                    return r.json()["model"]
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.5)
 
 
 async def measure(url: str, model: str, args: argparse.Namespace, deadline: float, on_warm=lambda: None,
@@ -258,65 +222,6 @@ async def measure(url: str, model: str, args: argparse.Namespace, deadline: floa
     steps = per_round(*counts, args.rounds) if reads == 1 else {}     # Ray's scrapes reach one replica each
     return {**({"settle_s": settled[0]} if settled else {}), **summary(timed, args.concurrency * args.max_tokens),
             **({"per_round": steps} if steps else {})}
-
-
-def live_members(pgid: int) -> list[int]:
-    """The processes of group `pgid` that are not zombies (Linux: /proc)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()    # state, ppid, pgrp, ...
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def stop_group(proc: subprocess.Popen) -> str:
-    """Stop a system: SIGTERM to its first process, which stops what it started (`warploop serve` its
-    replicas, the Ray process Serve and Ray); what is left of its process group after that (or after
-    STOP_GRACE_S) gets SIGTERM, then SIGKILL. Returns "clean" when nothing was left to signal, else
-    what it took ("SIGTERM", "SIGKILL"; "left running: PIDS" if even that failed)."""
-    proc.terminate()
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    for outcome, wait_s, then in (("clean", 1.0, signal.SIGTERM), ("SIGTERM", 10.0, signal.SIGKILL),
-                                  ("SIGKILL", 10.0, None)):
-        deadline = time.monotonic() + wait_s
-        while live_members(proc.pid):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        else:
-            return outcome
-        if then is not None:
-            for pid in live_members(proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, then)
-    proc.poll()
-    return f"left running: {live_members(proc.pid)}"
-
-
-def start_profile(args: argparse.Namespace, name: str, pgid: int) -> list[subprocess.Popen]:
-    """A py-spy on each Python process of group `pgid` for the timed rounds (--profile); py-spy's own
-    --subprocesses left the replicas' engines out."""
-    if not args.profile:
-        return []
-    seconds = max(2, int(args.rounds * args.max_tokens * 0.03) + 2)     # about the rounds at 30 ms a step
-    spies = []
-    for pid in live_members(pgid):
-        with contextlib.suppress(OSError):
-            if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            spies.append(subprocess.Popen(
-                [args.py_spy, "record", "--pid", str(pid), "--threads", "--nonblocking", "--rate", "100",
-                 "--duration", str(seconds), "--format", "raw",
-                 "-o", str(Path(args.profile) / f"serve-{name}-{pid}.txt")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-    return spies
 
 
 def run_system(name: str, args: argparse.Namespace, model: str, logs: Path) -> dict:
