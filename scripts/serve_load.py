@@ -9,8 +9,8 @@
     pool      the same for a ReplicaPool of two engine processes (what --replicas 2 serves)
 
 Each system runs as a process group of its own (scripts/serve_groups.py), started, measured and
-stopped in turn: wait for its `/health` to answer 200, one warm-up round, the engines' deferred start work (`--settle-s`), then
-`--rounds` timed rounds. A round sends
+stopped in turn: wait for its `/health` to answer 200, one warm-up round, the engines' deferred
+start work (`--settle-s`), then `--rounds` timed rounds. A round sends
 `--concurrency` non-streaming completions at once over as many keep-alive connections (serve_rounds.Client: a few
 lines of HTTP/1.1 on asyncio, as httpx's pool cost more CPU than the server; `ignore_eos`, greedy,
 `--max-tokens` each, the same short prompt with the request's number in front, so no two are equal);
