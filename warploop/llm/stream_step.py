@@ -38,7 +38,7 @@ from warploop.runtime.stream.compiled import StreamConfig
 #   at 16 rows (batch 8) they measured 5,610 / 5,830, 5,089 / 4,933 and 7,262 / 7,096: not taken;
 # - the ring's 8 slots and 4 stages of x (32 KB at 32 rows of 128 inputs): 4 slots and 8 stages measured
 #   16,378 / 16,691 for Llama-3.2-1B, 11,534 / 11,540 for Qwen3-0.6B
-BATCH_SHAPES = {16: {}, 32: {"block_rows": 64, "block_k": 128}}
+BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}}
 
 
 def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
