@@ -107,9 +107,10 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
             b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                             epi="add", after=b)
         x, norm, after = gemv_in("res", vec(f"post{i}", lw.post_norm), b)
-        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, r["act"], norm=norm, eps=eps, epi="silu_mul",
-                   up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf)
-        x, _, after = gemv_in("act", None, c)
+        # batched, gate/up writes bf16 rows that down reads as they are (obf: no CAST between them)
+        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, r["xb_act"] if xbf else r["act"], norm=norm, eps=eps,
+                   epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf)
+        x, after = (r["xb_act"], c) if xbf else (r["act"], c)
         prev = p.gemv(d_pool, d_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_mlp"],
                       epi="add" if world == 1 else "store", after=after, batch=rows,
                       narrow=narrow(cfg.hidden_size, dec.config), xbf=xbf)

@@ -33,6 +33,7 @@ from warploop.runtime.stream.sync import cp_async as _cp_async
 G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
 G_ASTRIDE = gl.constexpr(GEMV.word("astride"))
+G_OBF = gl.constexpr(GEMV.word("obf"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the TMA swizzle's span
@@ -105,6 +106,7 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     xbp = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True)
     ostride = gl.load(base + G_OSTRIDE)
     astride = gl.load(base + G_ASTRIDE)
+    obf = gl.load(base + G_OBF)
     amx = gl.load(base + G_AMAX)
     wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(0, MB)))
     # the epilogue's indices (rows of the batch, a half's output rows) and what no predecessor
@@ -209,7 +211,14 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     else:
         ya = old_a + ya
         yb = old_b + yb
-    if epi == EPI_SILU:
+    if obf != 0:                      # bf16 outputs, a next GEMV's input as they are (kinds.GEMV obf)
+        at_o = 2 * out + bo[:, None] * ostride + ro[None, :]
+        if epi == EPI_SILU:
+            gl.store(xbp + at_o, (ya / (1.0 + gl.exp(-ya)) * yb).to(gl.bfloat16), mask=ma)
+        else:
+            gl.store(xbp + at_o, ya.to(gl.bfloat16), mask=ma)
+            gl.store(xbp + at_o + HALF, yb.to(gl.bfloat16), mask=mb & (narrow == 0))
+    elif epi == EPI_SILU:
         gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
     else:
         gl.store(arena + at_a, ya, mask=ma)

@@ -162,7 +162,10 @@ def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
         reads.append((f["bias"], outs))
     if f["epi"] == EPILOGUES["add"]:
         reads += [(f["out"] + b * f["ostride"], outs) for b in rows]
-    writes = [(f["out"] + b * f["ostride"], outs) for b in rows]
+    if f["obf"]:                          # bf16 outputs: half a float each (rows and ostride even)
+        writes = [(f["out"] + b * f["ostride"] // 2, outs // 2) for b in rows]
+    else:
+        writes = [(f["out"] + b * f["ostride"], outs) for b in rows]
     if f["amax"] >= 0:
         writes += [(f["amax"] + b * f["astride"], 2) for b in rows]
     return reads, writes
@@ -190,11 +193,14 @@ NOP = NodeKind("nop", 0, ())
 # xbf = 1: x is bf16, already normalised (norm = -1), written by CAST nodes: row b's k values from
 # bf16 element 2 * x + b * k of the arena (x: a float offset; k a multiple of 8, so rows stay 16-byte
 # aligned), batch * k / 2 floats in all (a batched kernel's every GEMV: StreamConfig.batch_rows).
+# obf = 1 (a batched kernel's silu_mul or store GEMV with no bias or amax): the outputs are bf16, row
+# b's from bf16 element 2 * out + b * ostride (out a float offset, rows and ostride even), the input of
+# a GEMV with xbf and no norm, so no CAST node stands between them.
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
-            Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf")),
+            Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf"), Field("obf")),
     streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:

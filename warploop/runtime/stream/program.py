@@ -131,7 +131,8 @@ class StreamProgram:
     def gemv(self, pool: int, row: int, n: int, x: Region, out: Region, *, norm: Region | None = None,
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
-             worker: int | None = None, samp: Region | None = None, xbf: bool = False) -> list[int]:
+             worker: int | None = None, samp: Region | None = None, xbf: bool = False,
+             obf: bool = False) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
@@ -140,7 +141,8 @@ class StreamProgram:
         pool's width one after another, out that many rows of n, amax that many rows of pairs.
         samp: an int region of kinds.SAMP_WORDS: the amax pairs of a sampled row (batch 1) race
         y / T + Gumbel noise (kinds.GEMV). xbf: x holds bf16 rows, normalised already (CAST nodes),
-        batch * k / 2 floats."""
+        batch * k / 2 floats. obf: out gets bf16 rows (batch * n / 2 floats), what a GEMV with xbf and
+        no norm reads."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -176,7 +178,11 @@ class StreamProgram:
         if (not xbf and x.size < batch * k) or (norm is not None and norm.size < k):
             raise ValueError(f"x ({x.size}) must hold the pool's width {k} for each of {batch} row(s), and norm "
                              "must hold it once")
-        if out.size < batch * n or (bias is not None and bias.size < n):
+        if obf and (not xbf or epi == "add" or bias is not None or amax is not None or n % 2 or per % 2
+                    or out.offset % 4):
+            raise ValueError("an obf GEMV (bf16 outputs) is a batched kernel's store or silu_mul with no bias or "
+                             "amax, an even n and tile, and out 16-byte aligned")
+        if out.size < batch * n // (2 if obf else 1) or (bias is not None and bias.size < n):
             raise ValueError(f"out ({out.size}) must hold {n} rows for each of {batch} batch row(s), and bias "
                              f"{n} rows")
         if bias is not None and epi == "silu_mul":
@@ -188,17 +194,17 @@ class StreamProgram:
             second = up + t * per if up is not None else first if narrow else first + br // 2
             if template is None or t == count - 1:     # encoded and checked: the first and the last tile
                 fields = dict(pool=pool, row=first, row2=second, rows=min(per, n - t * per), k=k, x=x.offset,
-                              out=out.offset + t * per, norm=-1 if norm is None else norm.offset,
+                              out=out.offset + t * per // (2 if obf else 1), norm=-1 if norm is None else norm.offset,
                               bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                               narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
                               batch=batch, ostride=n, astride=2 * tiles_n, samp=-1 if samp is None else samp.offset,
-                              xbf=int(xbf))
+                              xbf=int(xbf), obf=int(obf))
                 tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                 template = template or (fields, self.nodes[-1].body)
             else:
                 # a middle tile differs from the first only in fields between the first's and the
                 # last's (which fit int32): the first's fields and words with those set
-                tile = dict(row=first, row2=second, out=out.offset + t * per,
+                tile = dict(row=first, row2=second, out=out.offset + t * per // (2 if obf else 1),
                             bias=-1 if bias is None else bias.offset + t * per,
                             amax=-1 if amax is None else amax.offset + 2 * t)
                 body = list(template[1])

@@ -254,6 +254,12 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     n = f["rows"]
     for b in range(batch):
         y, out = ys[b], f["out"] + b * f["ostride"]
+        if f["obf"]:                            # bf16 outputs (kinds.GEMV obf): no bias, add or amax
+            at = 2 * f["out"] + b * f["ostride"]
+            if f["epi"] == EPILOGUES["silu_mul"]:
+                y = torch.nn.functional.silu(y[:br // 2]) * y[br // 2:]
+            bf16_view(arena)[at:at + n] = y[:n].to(torch.bfloat16)
+            continue
         if f["epi"] == EPILOGUES["silu_mul"]:
             g, u = y[:br // 2], y[br // 2:]
             arena[out:out + n] = (torch.nn.functional.silu(g) * u)[:n]
