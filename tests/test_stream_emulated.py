@@ -135,17 +135,21 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
 
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd128"])
-def test_attention_body_gives_the_reference_outputs(name, splits, pos, steps):
+@pytest.mark.parametrize("name, obf", [("qwen3_hd16", False), ("llama_hd128", False), ("qwen3_hd16", True)])
+def test_attention_body_gives_the_reference_outputs(name, obf, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
     out (the cache holds NaN past the context), the shares' partials and their merge; arena and
-    cache against the reference's."""
+    cache against the reference's. obf: the nodes write bf16 rows (a batched kernel's, kinds.ATTN),
+    set on a batch-1 program's nodes here, the reference doing the same."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
     config = stream_config(cfg)
     dec = StreamDecoder(cfg, w, max_context=128, block_size=4, splits=splits, config=config)
     p = dec.program
+    for node in p.nodes:
+        if obf and node.kind is ATTN:
+            node.fields["obf"] = 1
     ints = p.int_arena()
     table = [int(b) for b in np.random.RandomState(0).permutation(32)]
     words_ = step_words(dec, [(pos, table)])
@@ -180,7 +184,7 @@ def test_attention_body_gives_the_reference_outputs(name, splits, pos, steps):
             it, failed = body(P(arena.numpy()), P(ints_e.numpy().astype(np.int64)), P(cache.reshape(-1)),
                               words(ATTN, f), S(ring), none, none, 0, P(counters), None, 0, s, 0, 0, 0, None,
                               -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, config.head_dim,
-                              config.attn_group, min(config.attn_tile, kvt), kvt)
+                              config.attn_group, min(config.attn_tile, kvt), kvt, obf)
             assert int(it) == cdiv(hi - lo, kvt) and failed == 0
     assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
     fin = torch.isfinite(want)

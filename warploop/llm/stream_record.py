@@ -74,6 +74,10 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     if xbf:                   # the GEMVs' inputs as bf16 rows, made once a stage by CAST nodes
         r |= {f"xb_{name}": p.buffer(f"xb_{name}", rows * width[name] // 2) for name in ("res", "attn", "act")}
 
+    def xrow(name: str, b: int) -> Region:
+        """Row b's slice of the bf16 rows xb_NAME (half a float a value)."""
+        return Region(r[f"xb_{name}"].offset + b * width[name] // 2, width[name] // 2)
+
     def gemv_in(name: str, norm, after):
         """(x, norm, deps) for the GEMVs that read region `name`: batched, CAST nodes' bf16 copy
         of its rows (normalised with norm), after them."""
@@ -94,12 +98,14 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
                    narrow=narrow(cfg.q_size + 2 * cfg.kv_size, dec.config), batch=rows,
                    norm=norm, bias=vec(f"bqkv{i}", lw.qkv_bias), after=after, xbf=xbf)
         qn, kn = vec(f"qn{i}", lw.q_norm), vec(f"kn{i}", lw.k_norm)
-        a = [p.attention(row("qkv", b), row("attn", b), row("step", b), r["cos"], r["sin"], heads=h, kv_heads=kvh,
-                         layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context, splits=splits,
-                         part=row("part", b) if splits > 1 else None, after=a) for b in range(rows)]
+        # batched, attention writes bf16 rows that o_proj reads as they are (obf: no CAST between them)
+        a = [p.attention(row("qkv", b), xrow("attn", b) if xbf else row("attn", b), row("step", b), r["cos"], r["sin"],
+                         heads=h, kv_heads=kvh, layer=i, scale=hd ** -0.5, qn=qn, kn=kn, eps=eps, ctx=max_context,
+                         splits=splits, part=row("part", b) if splits > 1 else None, after=a, obf=xbf)
+             for b in range(rows)]
         # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
         # all-reduce nodes add every rank's into the residual
-        x, _, after = gemv_in("attn", None, a)
+        x, after = (r["xb_attn"], a) if xbf else (r["attn"], a)
         b = p.gemv(o_pool, o_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_attn"],
                    epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
                    narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=after, xbf=xbf)

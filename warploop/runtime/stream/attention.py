@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, rope
-from warploop.runtime.stream.shares import share, take_ticket
+from warploop.runtime.stream.shares import share, store_out, take_ticket
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
 
 OP_ATTN = gl.constexpr(ATTN.opcode)
@@ -29,7 +29,7 @@ A_QKV, A_OUT, A_HEAD, A_KVHEAD, A_GROUP = A["qkv"], A["out"], A["head"], A["kvhe
 A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], A["cos"], A["sin"]
 A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
     A["eps"], A["scale"]
-A_SPLIT, A_SPLITS, A_PART, A_TICKET = A["split"], A["splits"], A["part"], A["ticket"]
+A_SPLIT, A_SPLITS, A_PART, A_TICKET, A_OBF = A["split"], A["splits"], A["part"], A["ticket"], A["obf"]
 
 
 @gluon.jit
@@ -92,8 +92,9 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
 @gluon.jit
 def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
          NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr):
-    """The ATTN kind's body at step s of the launch, its waits included. Returns the ring's chunk
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, XB: gl.constexpr):
+    """The ATTN kind's body at step s of the launch, its waits included (XB, a batched kernel: out
+    may hold bf16 rows, kinds.ATTN obf). Returns the ring's chunk
     count and `failed`."""
     HALF: gl.constexpr = HD // 2
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
@@ -240,12 +241,16 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     if splits == 1:
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-        gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+        if XB:                      # a constexpr branch (a batch-1 kernel's outputs are fp32)
+            store_out(arena, out, head0, grp, o, jo, dq, base + A_OBF, XB, HD)
+        else:
+            gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
     elif busy:
         pb = arena + part + split * grp * (HD + 2)
         gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
         js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
         gl.store(pb + grp * HD + js, m_i, mask=js < grp)
         gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW, HD, GP, KVT)
+        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, base + A_OBF, CW, HD, GP, KVT,
+                    XB)
     return it, failed

@@ -234,7 +234,8 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
                     it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
-                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT)
+                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT,
+                                      XB)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)

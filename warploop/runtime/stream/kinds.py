@@ -210,7 +210,10 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     for name in ("qn", "kn"):
         if f[name] >= 0:
             reads.append((f[name], f["hd"]))
-    out = [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
+    if f["obf"]:                          # bf16 rows: half a float a value (hd even)
+        out = [(f["out"] + f["head"] * f["hd"] // 2, f["group"] * f["hd"] // 2)]
+    else:
+        out = [(f["out"] + f["head"] * f["hd"], f["group"] * f["hd"])]
     if f["splits"] == 1:
         return reads, out
     writes = [(f["part"] + f["split"] * f["group"] * (f["hd"] + 2), f["group"] * (f["hd"] + 2))]  # its partials
@@ -232,13 +235,14 @@ def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
 # per q head: group * (hd + 2) floats at part + split * group * (hd + 2)), then takes a ticket (an
 # acq_rel atomic add on counter `ticket`, the KV head's own) and the share that takes the head's
 # last one merges every share's partials into out before it signals: out is written once all the
-# head's shares have signalled.
+# head's shares have signalled. obf = 1 (a batched kernel's): out holds bf16 rows, head h's values from
+# bf16 element 2 * out + h * hd, the input of a GEMV with xbf, so no CAST node stands between them.
 ATTN = NodeKind(
     "attn", 2,
     fields=(Field("qkv"), Field("out"), Field("head"), Field("kvhead"), Field("group"), Field("heads"),
             Field("kvheads"), Field("hd"), Field("step"), Field("cos"), Field("sin"), Field("qn"), Field("kn"),
             Field("layer"), Field("blocks"), Field("bs"), Field("eps", "f32"), Field("scale", "f32"), Field("ctx"),
-            Field("split"), Field("splits"), Field("part"), Field("ticket")),
+            Field("split"), Field("splits"), Field("part"), Field("ticket"), Field("obf")),
     streamed=StreamedKV("layer", "kvhead", "step", "split", "splits", "blocks", "bs"),
     cost=lambda f, br: float(4 * f["hd"] * max(1, f["ctx"] // f["splits"])), footprint=_attn_footprint)
 # The token's embedding row: out[:k] = float(emb[ints[token] - first, :k]), emb the kernel's bf16

@@ -217,12 +217,13 @@ class StreamProgram:
     def attention(self, qkv: Region, out: Region, step: Region, cos: Region, sin: Region, *, heads: int,
                   kv_heads: int, layer: int, scale: float, qn: Region | None = None, kn: Region | None = None,
                   eps: float = 0.0, ctx: int = 1024, splits: int = 1, part: Region | None = None,
-                  after=()) -> list[int]:
+                  after=(), obf: bool = False) -> list[int]:
         """One ATTN node per KV head (kinds.ATTN): qkv holds [heads + 2 kv_heads] rows of head_dim;
         step holds pos, n_ctx, slot and the block table; cos/sin are [positions, head_dim / 2].
         With splits > 1, `splits` ATTN nodes per KV head over shares of the context write their
         partials to `part`, and the share that finishes last merges them into out (its ticket);
-        returns the nodes whose completion means out is written."""
+        returns the nodes whose completion means out is written. obf (a batched kernel): out gets
+        bf16 rows (heads * head_dim / 2 floats), what a GEMV with xbf reads."""
         cfg, kv = self.config, self.kv
         if kv is None:
             raise ValueError("attention needs the KV cache: call kv_cache() first")
@@ -236,7 +237,9 @@ class StreamProgram:
             raise ValueError(f"a group of {group} q heads exceeds StreamConfig.attn_group {cfg.attn_group}")
         if not 0 <= layer < layers:
             raise ValueError(f"layer {layer} is outside the cache's {layers} layers")
-        if qkv.size < (heads + 2 * kv_heads) * hd or out.size < heads * hd or step.size < 4:
+        if obf and (not cfg.batch_rows or out.offset % 4):
+            raise ValueError("obf (bf16 outputs) is for a batched kernel's attention, out 16-byte aligned")
+        if qkv.size < (heads + 2 * kv_heads) * hd or out.size < heads * hd // (2 if obf else 1) or step.size < 4:
             raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
         if cos.size % (hd // 2) or cos.size != sin.size:
             raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
@@ -254,7 +257,7 @@ class StreamProgram:
                               group=group, heads=heads, kvheads=kv_heads, hd=hd, step=step.offset, cos=cos.offset,
                               sin=sin.offset, qn=-1 if qn is None else qn.offset, kn=-1 if kn is None else kn.offset,
                               layer=layer, blocks=blocks, bs=bs, eps=eps, scale=scale, ctx=ctx, split=s,
-                              splits=splits, part=here, ticket=ticket)
+                              splits=splits, part=here, ticket=ticket, obf=int(obf))
                      for s in range(splits)]
             done += nodes
         return done

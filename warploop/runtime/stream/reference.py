@@ -124,8 +124,7 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
         cache[1, slot // bs, slot % bs, g] = v
     if n_ctx == 0:                  # an idle row: its one share is empty (splits 1: the kernel's 0 / 0)
         if f["splits"] == 1:
-            out = f["out"] + f["head"] * hd
-            arena[out:out + grp * hd] = float("nan")
+            _attn_out(arena, f, torch.full((grp * hd,), float("nan")))
         return
     toks = torch.arange(n_ctx)
     table = ints[f["step"] + 3:f["step"] + 3 + (n_ctx + bs - 1) // bs].long().to(kv.device)
@@ -140,8 +139,7 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     lo = min(f["split"] * chunk, n_ctx)                        # one split: the whole context
     hi = min(lo + chunk, n_ctx)
     if f["splits"] == 1:
-        out = f["out"] + f["head"] * hd
-        arena[out:out + grp * hd] = (torch.softmax(sc, dim=-1) @ vals).reshape(-1)
+        _attn_out(arena, f, (torch.softmax(sc, dim=-1) @ vals).reshape(-1))
         return
     if hi <= lo:                                # a share past the context writes nothing
         return
@@ -165,8 +163,17 @@ def merge_shares(arena, f, splits: int) -> None:
     acc = parts[:, :grp * hd].view(splits, grp, hd)
     m, l = parts[:, grp * hd:grp * hd + grp], parts[:, grp * hd + grp:]
     w = torch.exp(m - m.max(0).values)
-    out = f["out"] + f["head"] * hd
-    arena[out:out + grp * hd] = ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1)
+    _attn_out(arena, f, ((acc * w[:, :, None]).sum(0) / (l * w).sum(0)[:, None]).reshape(-1))
+
+
+def _attn_out(arena, f, values) -> None:
+    """An ATTN node's q heads' rows of out: fp32, or with obf bf16 from element 2 * out."""
+    import torch
+    at = f["head"] * f["hd"]
+    if f["obf"]:
+        bf16_view(arena)[2 * f["out"] + at:2 * f["out"] + at + values.numel()] = values.to(torch.bfloat16)
+    else:
+        arena[f["out"] + at:f["out"] + at + values.numel()] = values.to(arena.device)
 
 
 def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: RankExchange | None = None,

@@ -32,8 +32,8 @@ def live_shares(n_ctx, splits, KVT: gl.constexpr):
 
 
 @gluon.jit
-def take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, CW: gl.constexpr, HD: gl.constexpr,
-            GP: gl.constexpr, KVT: gl.constexpr):
+def take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, obfw, CW: gl.constexpr,
+                HD: gl.constexpr, GP: gl.constexpr, KVT: gl.constexpr, XB: gl.constexpr):
     """After a share stored its partials: take the KV head's ticket (if it has one), and merge if
     it is the last. The share that takes the head's last ticket merges the shares the context
     fills: the acq_rel add publishes these partials to it, and orders the other shares' before its
@@ -44,13 +44,14 @@ def take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, C
         taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
         live = live_shares(n_ctx, splits, KVT)
         if taken + 1 == live:
-            merge(arena, part, out, head0, grp, live, CW, HD, GP)
+            merge(arena, part, out, head0, grp, live, obfw, CW, HD, GP, XB)
             gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
-def merge(arena, part, out, head0, grp, splits, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr):
-    """A KV head's shares' partials at `part` into its q heads' rows of out:
+def merge(arena, part, out, head0, grp, splits, obfw, CW: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr,
+          XB: gl.constexpr):
+    """A KV head's shares' partials at `part` into its q heads' rows of out (store_out):
     out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
     SB splits a round (one round trip for all their partials), the running M rescaling the sums.
     Lanes hold the splits and warps the q heads, so the sums over splits stay inside a warp."""
@@ -87,4 +88,22 @@ def merge(arena, part, out, head0, grp, splits, CW: gl.constexpr, HD: gl.constex
         s0 += SB
     j = gl.arange(0, GP, layout=gl.SliceLayout(1, OL))
     o = num / gl.convert_layout(den, gl.SliceLayout(1, OL))[:, None]
-    gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], o, mask=(j < grp)[:, None])
+    if XB:                          # a constexpr branch (a batch-1 kernel's outputs are fp32)
+        store_out(arena, out, head0, grp, o, j, d, obfw, XB, HD)
+    else:
+        gl.store(arena + out + (head0 + j)[:, None] * HD + d[None, :], o, mask=(j < grp)[:, None])
+
+
+@gluon.jit
+def store_out(arena, out, head0, grp, o, j, d, obfw, XB: gl.constexpr, HD: gl.constexpr):
+    """A KV head's q heads' output rows o ([GP, HD]; j its rows, d its columns) into out: fp32, or in a
+    batched kernel (XB) whose node's obf word (at obfw) is set, bf16 from element 2 * out (kinds.ATTN)."""
+    at = (head0 + j)[:, None] * HD + d[None, :]
+    if XB:
+        if gl.load(obfw) != 0:
+            gl.store(arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * out + at, o.to(gl.bfloat16),
+                     mask=(j < grp)[:, None])
+        else:
+            gl.store(arena + out + at, o, mask=(j < grp)[:, None])
+    else:
+        gl.store(arena + out + at, o, mask=(j < grp)[:, None])
