@@ -13,6 +13,9 @@
 #           default '{}'; e.g.
 #           '{} {"ring":4,"x_stage_kb":128}') -> $OUT/batch-MODEL-B-cN.json (tokens_per_s; `bench decode`'s per-op
 #           and torch.compile are the peers)
+#   ab      this tree against each of $AB_TREES (other checkouts inside it, carried: e.g. `git worktree add
+#           base main`, carry ["base"]): each of $STEP_MODELS' batched step at $BATCHES rows from each tree in
+#           turn, in one call -> $OUT/ab.jsonl (field `tree`)
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -70,6 +73,13 @@ e['ratios']) for n, e in r['models'].items()]" \
              python -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], 'batch', d['batch'], sys.argv[2], \
 round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', round(d['floor_ms'], 4))" "$f" "$cfg"
            done; done; done ;;
+    ab) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for bt in ${BATCHES:-8 32}; do
+          for d in . ${AB_TREES:?AB_TREES names the checkouts to compare}; do
+            (cd "$d" && PYTHONPATH="$PWD" timeout 150 python scripts/stream_step_time.py --model "$m" \
+               --context "${STEP_CONTEXT:-512}" --batch "$bt" --runs 20 --loop 4 > /tmp/ab.json) || echo "ab $d $m $bt: rc $?"
+            python -c "import json,sys; d=json.load(open('/tmp/ab.json')); d['tree']=sys.argv[1]; print(json.dumps(d)); \
+print(d['tree'], d['model'], d['batch'], round(d['kernel_ms'], 4), 'ms', file=sys.stderr)" "$d" >> "$OUT/ab.jsonl"
+          done; done; done ;;
     prebuilt) (cd tests && timeout 200 python -m pytest -q --timeout=180 test_stream_gpu.py -k "prebuilt or shipped") \
                 || echo "prebuilt test: rc $?"
               TRITON_CACHE_DIR="$(mktemp -d)" WARPLOOP_STREAM_PREBUILT="${PREBUILT:-auto}" timeout 300 \

@@ -155,7 +155,8 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
 
 def report(ck) -> dict:
     """Shared memory, registers (the launch bound; setmaxnreg then moves them between roles, so the
-    roles' own budgets come from the PTX), spill bytes and the PTX markers of a compiled kernel."""
+    roles' own budgets come from the PTX), spill bytes (local memory), stack bytes (registers spilled
+    to the stack frame) and the PTX markers of a compiled kernel."""
     import triton
     ptx = ck.asm["ptx"]
     out = {"shared": ck.metadata.shared, "ptx": {m: ptx.count(m) for m in PTX_MARKERS}}
@@ -164,7 +165,7 @@ def report(ck) -> dict:
     dec = [int(v) for v in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)]
     out["roles"] = {"consumer": max(inc, default=None), "loader": min(dec, default=None)}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    out["n_regs"] = out["spill_bytes"] = None
+    out["n_regs"] = out["spill_bytes"] = out["stack_bytes"] = None
     if os.path.exists(cuobjdump):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(ck.asm["cubin"])
@@ -173,5 +174,8 @@ def report(ck) -> dict:
         line = next((ln for ln in res.stdout.splitlines() if "REG:" in ln), "")
         usage = dict(p.split(":", 1) for p in line.split() if ":" in p)
         if usage:
+            # local memory (LOCAL), and the stack frame (STACK): with no calls in the kernel, its bytes are
+            # registers ptxas spilled too
             out["n_regs"], out["spill_bytes"] = int(usage["REG"]), int(usage.get("LOCAL", 0))
+            out["stack_bytes"] = int(usage.get("STACK", 0))
     return out
