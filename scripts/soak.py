@@ -13,7 +13,8 @@ in pieces, a stream read slowly). Sampled every second: the server's RSS and ope
 - open file descriptors are back to where they stood after the warm-up (+2);
 - every good request got exactly one answer, a 200 whose body is complete, and the server counted as
   many finished requests as were sent to the engine.
-Prints one JSON object; exit status 1 if a check failed. tests/test_soak.py runs 30 s of it in CI.
+Prints one JSON object; exit status 1 if a check failed. tests/test_soak.py runs 30 s of it in CI
+(20 s of warm-up, 10 s of soak).
 """
 from __future__ import annotations
 
