@@ -79,21 +79,27 @@ def hf_logits(directory, name: str, ids: list[int]):
         return model(torch.tensor([ids])).logits[0, -1]
 
 
-def test_greedy_tokens_match_transformers_gguf_loading_float32(gguf_dir):
+@pytest.fixture(scope="module")
+def hf_tokens(gguf_dir) -> tuple[list[int], list[int]]:
+    """(the prompt's ids, transformers' 32 greedy tokens after them) for tiny.gguf: the two tests
+    below compare with the same continuation, so transformers loads and generates it once."""
     ids = GGUFModel(gguf_dir / "tiny.gguf").tokenizer().encode(PROMPT)
-    theirs = hf_greedy(gguf_dir, "tiny.gguf", ids)
+    return ids, hf_greedy(gguf_dir, "tiny.gguf", ids)
+
+
+def test_greedy_tokens_match_transformers_gguf_loading_float32(gguf_dir, hf_tokens):
+    ids, theirs = hf_tokens
     assert len(set(theirs)) > 8  # a real continuation, not one token repeated
     assert ours_greedy(gguf_dir / "tiny.gguf", ids, "float32") == theirs
 
 
-def test_greedy_tokens_match_transformers_gguf_loading_bf16(gguf_dir):
+def test_greedy_tokens_match_transformers_gguf_loading_bf16(gguf_dir, hf_tokens):
     """The default (dequantized to bf16) against transformers' float32, teacher-forced: wherever ours
     picks another token, transformers' own logits must hold a tie at bf16's resolution there (the
     two logits within 2 bf16 ulps of the largest: seen with transformers 5.24, 7.536 vs 7.504, where
     transformers' bf16 model ties them exactly), and ours goes on from transformers' token. At most
     two such ties in 32 tokens; anything else is a real difference."""
-    ids = GGUFModel(gguf_dir / "tiny.gguf").tokenizer().encode(PROMPT)
-    theirs = hf_greedy(gguf_dir, "tiny.gguf", ids)
+    ids, theirs = hf_tokens
     assert len(set(theirs)) > 8
     pos, ties = 0, []
     while pos < len(theirs):
