@@ -19,7 +19,6 @@ import functools
 import os
 import re
 
-import install_helpers
 import pytest
 
 
@@ -88,25 +87,3 @@ def pytest_collection_modifyitems(config, items):
         return rank.get(node_id, rank.get(node_id.split("[", 1)[0], len(rank)))
 
     items.sort(key=key)  # stable: everything else keeps its order
-
-
-# The newest-torch resolve of tests/test_install.py runs in the background from here, once the run is
-# collected with that test in it (install_helpers.py: a minute or more of downloads that would hold a
-# worker). Under xdist the controller starts it, as soon as a worker has collected (the tests are sent
-# out after that); without xdist the one process does.
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    if install_helpers.RESOLVE_TEST in ids and not node.config.option.collectonly:
-        install_helpers.start_resolve(node.workerinput["testrunuid"])
-
-
-def pytest_collection_finish(session):
-    if hasattr(session.config, "workerinput") or session.config.option.collectonly:  # workers: the controller
-        return
-    if any(item.nodeid == install_helpers.RESOLVE_TEST for item in session.items):
-        install_helpers.start_resolve(install_helpers.LOCAL_RUN)
-
-
-def pytest_sessionfinish(session):
-    if not hasattr(session.config, "workerinput"):  # after every worker has finished
-        install_helpers.stop_resolves()

@@ -7,21 +7,29 @@ the dry runs lift that cap, because the point is what a user with the newest tor
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from install_helpers import ROOT, newest_version, pip, planned, require_setuptools_for_spdx, resolve_result
+from install_helpers import require_setuptools_for_spdx
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+def _pip(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PIP_CONSTRAINT": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
 def _newest(package: str) -> str:
-    proc = pip("index", "versions", package, timeout=60)
-    newest = newest_version(proc.returncode, proc.stdout)
-    if newest is None:
+    proc = _pip("index", "versions", package, timeout=60)
+    if proc.returncode != 0 or "(" not in proc.stdout:
         pytest.skip(f"the package index does not answer for {package}: {proc.stderr.strip()[-200:]}")
-    return newest
+    return proc.stdout.split("(", 1)[1].split(")", 1)[0]
 
 
 def _dry_run(tmp_path: Path, *requirements: str, ignore_installed: bool) -> dict[str, str]:
@@ -29,23 +37,15 @@ def _dry_run(tmp_path: Path, *requirements: str, ignore_installed: bool) -> dict
     require_setuptools_for_spdx()
     report = tmp_path / "report.json"
     flags = ["--ignore-installed"] if ignore_installed else []
-    proc = pip("install", "--dry-run", "--quiet", "--no-build-isolation", *flags, "--report", str(report),
-               *requirements)
+    proc = _pip("install", "--dry-run", "--quiet", "--no-build-isolation", *flags, "--report", str(report),
+                *requirements)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return planned(json.loads(report.read_text()))
+    return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
 
 
-def test_resolves_beside_the_newest_torch():
-    """The dry run of this project beside the newest torch, with --ignore-installed; it runs in the
-    background from the start of the session (install_helpers.py says why) and this checks its result."""
-    require_setuptools_for_spdx()
-    result = resolve_result()
-    assert "error" not in result, result["error"]
-    torch_version = newest_version(result["index"]["returncode"], result["index"]["stdout"])
-    if torch_version is None:
-        pytest.skip(f"the package index does not answer for torch: {result['index']['stderr'].strip()[-200:]}")
-    assert result["dry_run"]["returncode"] == 0, result["dry_run"]["stderr"][-3000:]
-    plan = planned(result["report"])
+def test_resolves_beside_the_newest_torch(tmp_path):
+    torch_version = _newest("torch")
+    plan = _dry_run(tmp_path, str(ROOT), f"torch=={torch_version}", ignore_installed=True)
     assert plan["torch"] == torch_version  # pip kept the torch asked for instead of backtracking to an older one
     assert "warploop" in plan
     if sys.platform == "linux":
