@@ -214,16 +214,24 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
                        row_words, g, kc, vc, rf, df, FL, HD, KVT)
             barrier()               # the patched rows before any warp reads them
         for sub in gl.static_range(KVT // TILE):
-            toks = t0 + sub * TILE + tk
-            live = (toks < hi)[:, None]
-            new = (toks == n_ctx - 1)[:, None]
-            # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
-            kt = gl.where(new, knew,
-                          gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-            vt = gl.where(new, vnew,
-                          gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-            sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-            sc = gl.where((t0 + sub * TILE + ts < hi)[None, :], sc, float("-inf"))
+            ta = t0 + sub * TILE
+            # a tile inside the share and without the new token (all but a share's last, or the
+            # step's) takes its rows as they are: the masks below are a quarter of the tile's work
+            if (ta + TILE <= hi) & ((n_ctx - 1 < ta) | (n_ctx - 1 >= ta + TILE)):
+                kt = chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32)
+                vt = chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32)
+                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+            else:
+                toks = ta + tk
+                live = (toks < hi)[:, None]
+                new = (toks == n_ctx - 1)[:, None]
+                # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+                kt = gl.where(new, knew,
+                              gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                vt = gl.where(new, vnew,
+                              gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+                sc = gl.where((ta + ts < hi)[None, :], sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=1))
             p = gl.exp(sc - m_new[:, None])
             alpha = gl.exp(m_i - m_new)
