@@ -17,14 +17,15 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
 @pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
-                                 StreamConfig(head_dim=128, batch_rows=32), StreamConfig(batch_rows=16),
+                                 StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2),
+                                 StreamConfig(batch_rows=16),
                                  StreamConfig(head_dim=64, batch_rows=32, ring=4, x_stage_kb=64),
                                  StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=64),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128),
                                  StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2),
                                  StreamConfig(head_dim=64, trace=True),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, trace=True)],
-                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32", "batch16",
+                         ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32_hd128", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
                               "batch32_wgmma", "batch16_wgmma_hd128", "attention_hd64_traced", "batch32_wgmma_traced"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
