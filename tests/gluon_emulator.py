@@ -195,6 +195,10 @@ class S:
     def __init__(self, a: np.ndarray):
         self.a = a
 
+    @property
+    def shape(self):
+        return list(self.a.shape)
+
     def index(self, i):
         return S(self.a[int(_a(i))])
 

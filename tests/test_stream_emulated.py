@@ -135,16 +135,18 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
 
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("name, obf", [("qwen3_hd16", False), ("llama_hd128", False), ("qwen3_hd16", True)])
-def test_attention_body_gives_the_reference_outputs(name, obf, splits, pos, steps):
+@pytest.mark.parametrize("name, obf, aw", [("qwen3_hd16", False, False), ("llama_hd128", False, False),
+                                           ("qwen3_hd16", True, False), ("llama_hd64", True, True)])
+def test_attention_body_gives_the_reference_outputs(name, obf, aw, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
     out (the cache holds NaN past the context), the shares' partials and their merge; arena and
     cache against the reference's. obf: the nodes write bf16 rows (a batched kernel's, kinds.ATTN),
-    set on a batch-1 program's nodes here, the reference doing the same."""
+    set on a batch-1 program's nodes here, the reference doing the same. aw: the products on
+    wgmma (StreamConfig.attn_wgmma, a batched kernel's chunks)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg)
+    config = stream_config(cfg, batch_rows=32, attn_wgmma=True) if aw else stream_config(cfg)
     dec = StreamDecoder(cfg, w, max_context=128, block_size=4, splits=splits, config=config)
     p = dec.program
     for node in p.nodes:
@@ -181,10 +183,12 @@ def test_attention_body_gives_the_reference_outputs(name, obf, splits, pos, step
             hi = min(lo + share, n_ctx)
             ring = kv_chunks(f, cache, ints_e.numpy(), config, lo, hi, pos)
             none = S(np.zeros((len(ring), 1)))
+            xs = S(np.zeros((config.x_rows, config.block_k), np.float32))
+            c = config.constexprs()
             it, failed = body(P(arena.numpy()), P(ints_e.numpy().astype(np.int64)), P(cache.reshape(-1)),
-                              words(ATTN, f), S(ring), none, none, 0, P(counters), None, 0, s, 0, 0, 0, None,
-                              -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, config.head_dim,
-                              config.attn_group, min(config.attn_tile, kvt), kvt, obf)
+                              words(ATTN, f), S(ring), none, none, xs, 0, P(counters), None, 0, s, 0, 0, 0, None,
+                              -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, c["HD"], c["GP"], c["TILE"],
+                              kvt, obf, aw)
             assert int(it) == cdiv(hi - lo, kvt) and failed == 0
     assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
     fin = torch.isfinite(want)

@@ -12,7 +12,12 @@ import torch  # noqa: E402
 from no_triton import BLOCK_TRITON  # noqa: E402
 from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
-from test_stream_step import batch_against_per_op, greedy, levels_against_one_program  # noqa: E402
+from test_stream_step import (  # noqa: E402
+    HD64,  # noqa: E402
+    batch_against_per_op,
+    greedy,
+    levels_against_one_program,
+)
 
 from warploop.bench import stream_chain  # noqa: E402
 from warploop.llm.stream_step import batch_rows, stream_config  # noqa: E402
@@ -236,6 +241,21 @@ def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, tiles):
     cfg = STEP_CONFIGS["qwen3_qk_norm"]
     config = stream_config(cfg, batch_rows=batch_rows(batch), block_rows=tiles, block_k=128 if tiles == 64 else 256)
     want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config)
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert err < 2e-2, f"logits differ by {err:.3g}"
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-2 * want.abs().amax(-1)
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+    assert looped == stepped
+
+
+@pytest.mark.parametrize("batch, context", [(2, 0), (17, 0), (32, 0), (8, 200), (32, 150)])
+def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(batch, context):
+    """Attention's products on wgmma (StreamConfig.attn_wgmma: q and each chunk's probabilities as
+    bf16 operands): the per-op backend's logits and clear greedy picks at batches of short and of
+    several-chunk contexts, and the loop equal to the steps."""
+    config = stream_config(HD64, batch_rows=batch_rows(batch), attn_wgmma=True)
+    want, got, looped, stepped = batch_against_per_op(HD64, batch, device="cuda", config=config, context=context)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"
     top2 = want.topk(2, dim=-1).values

@@ -170,16 +170,16 @@ def test_stream_step_levels_give_the_one_program_logits(defer):
     assert looped == ref
 
 
-def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", **decoder_options):
+def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context: int = 0, **decoder_options):
     """Rows with prompts of different lengths (mixed contexts), each its own blocks, decoded by the
     per-op backend (greedy, the whole batch a step at a time) and by a batched decoder fed the same
     tokens (step_rows), over the cache the per-op prefill wrote (rounded to the decoder's bf16); then
     a second batched decoder's own greedy loop in one launch (generate_rows) and the first one's
     own greedy steps. Returns (per-op logits, decoder logits: [steps, batch, vocab] each, looped
-    tokens, stepped tokens)."""
+    tokens, stepped tokens). context: tokens added to every prompt (contexts of several ring chunks)."""
     w = bf16_exact_weights(cfg, device)
-    per_row = 16                                          # blocks a row: 64 tokens of 4
-    lengths = [3 + (5 * b) % 23 for b in range(batch)]
+    per_row = 16 + context // 4                           # blocks a row: 64 tokens of 4, and the context's
+    lengths = [context + 3 + (5 * b) % 23 for b in range(batch)]
     prompts = [[(7 * b + 3 * i) % cfg.vocab_size for i in range(n)] for b, n in enumerate(lengths)]
     tables = [list(range(b * per_row, (b + 1) * per_row)) for b in range(batch)]
 
@@ -231,6 +231,25 @@ def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
     assert looped == stepped
     assert batch == 1 or len({tuple(r) for r in stepped}) > 1         # the rows differ
+
+
+# head_dim 64: attention on wgmma (StreamConfig.attn_wgmma) is for it
+HD64 = ModelConfig(family="qwen3", vocab_size=72, hidden_size=128, intermediate_size=128, num_layers=2, num_heads=8,
+                   num_kv_heads=2, head_dim=64, qk_norm=True)
+
+
+def test_batched_decoder_with_wgmma_attention_gives_the_per_op_backends_tokens():
+    """attn_wgmma's model on the CPU reference (q and each ring chunk's probabilities rounded to
+    bf16, the softmax online a chunk at a time, as the kernel) against the per-op backend, over
+    contexts of several chunks."""
+    config = stream_config(HD64, batch_rows=batch_rows(4), attn_wgmma=True)
+    want, got, looped, stepped = batch_against_per_op(HD64, 4, steps=3, config=config, context=100)
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert err < 2e-2, f"logits differ by {err:.3g}"
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-2 * want.abs().amax(-1)
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+    assert looped == stepped
 
 
 def test_batched_decoder_runs_fewer_live_rows_than_it_holds():

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from warploop.runtime.stream.kinds import ATTN
 from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, rope
@@ -90,12 +95,13 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
 
 
 @gluon.jit
-def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1, n1,
-         NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
-         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, XB: gl.constexpr):
+def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch, s, failed, cta, i, trace, w0, n0, w1,
+         n1, NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, HD: gl.constexpr,
+         GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, XB: gl.constexpr, AW: gl.constexpr):
     """The ATTN kind's body at step s of the launch, its waits included (XB, a batched kernel: out
-    may hold bf16 rows, kinds.ATTN obf). Returns the ring's chunk
-    count and `failed`."""
+    may hold bf16 rows, kinds.ATTN obf). AW (StreamConfig.attn_wgmma): a chunk's products on wgmma,
+    the chunk's 128-byte swizzled keys and values read from the slot as they lie, q and the
+    probabilities as bf16 through x's shared memory (xs). Returns the ring's chunk count and `failed`."""
     HALF: gl.constexpr = HD // 2
     # warps split the q heads first, so the softmax's reductions over a tile's tokens and head
     # dims stay inside a warp (shuffles, no shared-memory round trip) when the group fills them
@@ -104,6 +110,22 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
     QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
+    if AW:                          # scores and outputs transposed, [KVT, GP] and [HD, GP]: the q heads are wgmma's N
+        SACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, GP, 16])
+        KVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        XW: gl.constexpr = xs.shape[1]                    # x's rows: BK floats
+        QR: gl.constexpr = GP * HD // (2 * XW)            # q's bf16 [GP, HD] in x's rows, the probabilities after
+        PR: gl.constexpr = GP * KVT // (2 * XW)
+        OR: gl.constexpr = GP * HD // XW                  # the outputs' fp32 [GP, HD], once the chunks are done
+        if PUBLIC_REINTERPRET:
+            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [GP, HD], KVS)
+            p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
+            o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
+        else:
+            q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [GP, HD], KVS)
+            p_s = xs.slice(QR, PR)._reinterpret(gl.bfloat16, [GP, KVT], KVS)
+            o_s = xs.slice(0, OR)._reinterpret(gl.float32, [GP, HD], PLAIN)
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
@@ -184,13 +206,24 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         dst = slot.to(gl.int64) * row_words + g * HD + one[:, None] + dk[None, :]
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
-    knew = knew.to(gl.float32)
-    vnew = vnew.to(gl.float32)
-    tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
-    ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
-    m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-    l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-    acc = gl.zeros([GP, HD], gl.float32, layout=QL)
+    if AW:
+        q_s.store(q.to(gl.bfloat16))
+        fence_async_shared()        # q written through the generic proxy, read by wgmma through the async one
+        knew_f = gl.convert_layout(knew, FL)
+        vnew_f = gl.convert_layout(vnew, FL)
+        tok = gl.arange(0, KVT, layout=gl.SliceLayout(1, SACC))
+        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, SACC))
+        lp = gl.zeros([KVT, GP], gl.float32, layout=SACC)     # each thread's part of the sums, added once
+        ot = gl.zeros([HD, GP], gl.float32, layout=SACC)
+        s0 = gl.zeros([KVT, GP], gl.float32, layout=SACC)
+    else:
+        knew = knew.to(gl.float32)
+        vnew = vnew.to(gl.float32)
+        tk = gl.arange(0, TILE, layout=gl.SliceLayout(1, KL))
+        ts = gl.arange(0, TILE, layout=gl.SliceLayout(0, SL))
+        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+        l_i = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+        acc = gl.zeros([GP, HD], gl.float32, layout=QL)
     t0 = lo
     if TRACE:
         dwait = (lo * 0).to(gl.int64)
@@ -204,7 +237,12 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
                 gl.store(trace + i * TRACE_WORDS + 2, now())
             else:
                 dwait += now() - tw
-        if PUBLIC_REINTERPRET:
+        if AW:
+            if PUBLIC_REINTERPRET:
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
+            else:
+                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
+        elif PUBLIC_REINTERPRET:
             chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
         else:
             chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
@@ -212,33 +250,64 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         if stale:
             patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
                        row_words, g, kc, vc, rf, df, FL, HD, KVT)
-            barrier()               # the patched rows before any warp reads them
-        for sub in gl.static_range(KVT // TILE):
-            ta = t0 + sub * TILE
-            # a tile inside the share and without the new token (all but a share's last, or the
-            # step's) takes its rows as they are: the masks below are a quarter of the tile's work
-            if (ta + TILE <= hi) & ((n_ctx - 1 < ta) | (n_ctx - 1 >= ta + TILE)):
-                kt = chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32)
-                vt = chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32)
-                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-            else:
-                toks = ta + tk
-                live = (toks < hi)[:, None]
-                new = (toks == n_ctx - 1)[:, None]
-                # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
-                kt = gl.where(new, knew,
-                              gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-                vt = gl.where(new, vnew,
-                              gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
-                sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
-                sc = gl.where((ta + ts < hi)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-            p = gl.exp(sc - m_new[:, None])
+            if not AW:
+                barrier()           # the patched rows before any warp reads them
+        if AW:
+            tail = t0 + KVT > hi
+            if (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT) | tail:
+                # the new token's k and v over the slot's stale row, and zeros for values past the share
+                # (unwritten rows may hold NaN, and a zero probability times NaN is NaN in the product)
+                kt = chunk.slice(0, KVT).load(FL)
+                vt = chunk.slice(KVT, KVT).load(FL)
+                new = (t0 + rf == n_ctx - 1)[:, None]
+                chunk.slice(0, KVT).store(gl.where(new, knew_f, kt))
+                chunk.slice(KVT, KVT).store(gl.where(new, vnew_f, gl.where((t0 + rf < hi)[:, None], vt, 0.0)))
+            fence_async_shared()    # every write to the slot here or in patch_rows, before wgmma reads it
+            barrier()
+            # scores^T [KVT, GP]: the keys [KVT, HD] (M) by q^T [HD, GP] (N)
+            sc = warpgroup_mma(chunk.slice(0, KVT), q_s.permute((1, 0)), s0, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
+            if tail:
+                sc = gl.where((t0 + tok < hi)[:, None], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+            p = gl.exp(sc - m_new[None, :])
             alpha = gl.exp(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
-            acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            lp = lp * alpha[None, :] + p
+            ot = ot * alpha[None, :]
             m_i = m_new
+            p_s.permute((1, 0)).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            barrier()
+            # outputs^T [HD, GP] += the values^T [HD, KVT] (M) by the probabilities [KVT, GP] (N)
+            ot = warpgroup_mma(chunk.slice(KVT, KVT).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
+            ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))
+        else:
+            for sub in gl.static_range(KVT // TILE):
+                ta = t0 + sub * TILE
+                # a tile inside the share and without the new token (all but a share's last, or the
+                # step's) takes its rows as they are: the masks below are a quarter of the tile's work
+                if (ta + TILE <= hi) & ((n_ctx - 1 < ta) | (n_ctx - 1 >= ta + TILE)):
+                    kt = chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32)
+                    vt = chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32)
+                    sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+                else:
+                    toks = ta + tk
+                    live = (toks < hi)[:, None]
+                    new = (toks == n_ctx - 1)[:, None]
+                    # rows past the share are zeros or another share's: masked, so a NaN there cannot leak
+                    kt = gl.where(new, knew,
+                                  gl.where(live, chunk.slice(sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                    vt = gl.where(new, vnew,
+                                  gl.where(live, chunk.slice(KVT + sub * TILE, TILE).load(KL).to(gl.float32), 0.0))
+                    sc = gl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale
+                    sc = gl.where((ta + ts < hi)[None, :], sc, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+                p = gl.exp(sc - m_new[:, None])
+                alpha = gl.exp(m_i - m_new)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                a_q = gl.convert_layout(alpha, gl.SliceLayout(1, QL))
+                acc = acc * a_q[:, None] + gl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+                m_i = m_new
         barrier()                   # every warp is done with the slot before one thread frees it
         fence_async_shared()
         mbarrier.arrive(empty.index(b))
@@ -246,6 +315,13 @@ def attn(arena, ints, kv, base, bufs, full, empty, it, counters, err, epoch, s, 
         t0 += KVT
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 6, dwait)
+    if AW:                          # the outputs and sums into the layouts below, through x's shared memory
+        l_i = gl.convert_layout(gl.sum(lp, axis=0), gl.SliceLayout(1, SL))
+        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, SL))
+        o_s.permute((1, 0)).store(ot)
+        barrier()
+        acc = o_s.load(QL)
+        barrier()                   # every warp has its outputs before x's shared memory is another node's
     jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     if splits == 1:
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]

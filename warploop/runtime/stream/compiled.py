@@ -37,6 +37,7 @@ class StreamConfig:
     x_stage_kb: int = 32          # with batch_rows: shared memory for the stages of x (x_stages)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
+    attn_wgmma: bool = False      # with batch_rows and head_dim 64: attention's products on wgmma (attention.py)
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -53,6 +54,9 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
+        if self.attn_wgmma and (not self.batch_rows or self.head_dim != 64):
+            raise ValueError(f"attn_wgmma needs batch_rows (its q and scores stage in x's shared memory) and "
+                             f"head_dim 64, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -106,7 +110,8 @@ class StreamConfig:
 
     def constexprs(self) -> dict:
         return dict(BR=self.block_rows, BK=self.block_k, NBUF=self.ring, KMAX=self.kmax, SPIN=self.spin,
-                    TRACE=self.trace, HD=self.head_dim, GP=self.attn_group,
+                    TRACE=self.trace, HD=self.head_dim,
+                    GP=max(8, self.attn_group) if self.attn_wgmma else self.attn_group, AW=self.attn_wgmma,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
                     XR=self.x_rows, TP=self.tensor_parallel)
@@ -114,7 +119,7 @@ class StreamConfig:
 
 def smem_layout(swizzled: bool = False):
     """The shared layout of a TMA box: plain rows, or 128-byte swizzled (a batched kernel's weight
-    boxes, StreamConfig.weight_box)."""
+    boxes, StreamConfig.weight_box; attn_wgmma's KV rows of 64 values)."""
     from triton.experimental.gluon import language as gl
     return gl.NVMMASharedLayout(swizzle_byte_width=128 if swizzled else 0, element_bitwidth=16, rank=2)
 
@@ -140,7 +145,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     dkv = d
     if cfg.head_dim:                  # a cache of 16-token blocks, 2 KV heads
         cache = torch.zeros(64, 2 * cfg.head_dim, dtype=torch.bfloat16)
-        dkv = TensorDescriptor.from_tensor(cache, [cfg.kv_box(block_size), cfg.head_dim], smem_layout())
+        dkv = TensorDescriptor.from_tensor(cache, [cfg.kv_box(block_size), cfg.head_dim], smem_layout(cfg.attn_wgmma))
     i32 = torch.zeros(64, dtype=torch.int32)
     from warploop.runtime.stream.kernel import CW
     kw = dict(cfg.constexprs(), num_warps=CW.value)

@@ -192,8 +192,8 @@ class StreamExecutor:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
             box, layout = list(cfg.weight_box), smem_layout(bool(cfg.batch_rows))
             self.descs = [TensorDescriptor.from_tensor(p, box, layout) for p in self._desc_tensors]
-            self.kv_desc = TensorDescriptor.from_tensor(self._kv_rows, kv_box, smem_layout() if cfg.head_dim
-                                                        and program.kv is not None else layout)
+            self.kv_desc = TensorDescriptor.from_tensor(self._kv_rows, kv_box, smem_layout(cfg.attn_wgmma)
+                                                        if cfg.head_dim and program.kv is not None else layout)
         self.epoch = 0
 
     def launch(self, steps: int = 1) -> None:

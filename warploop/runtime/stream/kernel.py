@@ -80,7 +80,7 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     XB: gl.constexpr = NB > 0         # a batched kernel's GEMVs read CAST nodes' bf16 rows: CAST compiled in
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
@@ -233,9 +233,9 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
         else:
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:
-                    it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, it, counters, err, epoch, s,
-                                      failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE, KVT,
-                                      XB)
+                    it, failed = attn(arena, ints, kv, instr + i * W, bufs, full, empty, xs, it, counters, err, epoch,
+                                      s, failed, cta, i, trace, w0, n0, w1, n1, NBUF, SPIN, TRACE, CW, HD, GP, TILE,
+                                      KVT, XB, AW)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
                                     epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)
@@ -288,7 +288,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BR: gl.constexpr,
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
-                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr):
+                  NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -310,7 +310,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, pub_full, pub_empty)),
+                     TP, AW, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
                    BK, NBUF, HD, KVT, NB, TRACE)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),

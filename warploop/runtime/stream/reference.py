@@ -132,20 +132,36 @@ def run_attention(program, arena, ints, kv, f, s: int = 0) -> None:
     keys = cache[0, blk, toks % bs, g].float()
     vals = cache[1, blk, toks % bs, g].float()
     keys[n_ctx - 1], vals[n_ctx - 1] = k.float(), v.float()   # the new token as computed, slot or not
+    wg = program.config.attn_wgmma              # q and each chunk's probabilities as bf16 (wgmma's operands)
+    if wg:
+        q = q.to(torch.bfloat16).float()
     sc = (q @ keys.T) * f["scale"]
     tile = program.config.kv_tokens
     cdiv = lambda a, b: -(-a // b)
     chunk = cdiv(cdiv(n_ctx, f["splits"]), tile) * tile          # the kernel's shares: whole tiles
     lo = min(f["split"] * chunk, n_ctx)                        # one split: the whole context
     hi = min(lo + chunk, n_ctx)
-    if f["splits"] == 1:
+    if f["splits"] == 1 and not wg:
         _attn_out(arena, f, (torch.softmax(sc, dim=-1) @ vals).reshape(-1))
         return
     if hi <= lo:                                # a share past the context writes nothing
         return
-    m = sc[:, lo:hi].max(-1).values
-    e = torch.exp(sc[:, lo:hi] - m[:, None])
-    acc, l = e @ vals[lo:hi], e.sum(-1)
+    if wg:                                      # online, a ring chunk at a time, as the kernel
+        m = torch.full((grp,), float("-inf"), device=sc.device)
+        acc, l = torch.zeros(grp, hd, device=sc.device), torch.zeros(grp, device=sc.device)
+        for t in range(lo, hi, tile):
+            st = sc[:, t:min(t + tile, hi)]
+            m_new = torch.maximum(m, st.max(-1).values)
+            e, alpha = torch.exp(st - m_new[:, None]), torch.exp(m - m_new)
+            acc = acc * alpha[:, None] + e.to(torch.bfloat16).float() @ vals[t:t + st.shape[1]]
+            l, m = l * alpha + e.sum(-1), m_new
+        if f["splits"] == 1:
+            _attn_out(arena, f, (acc / l[:, None]).reshape(-1))
+            return
+    else:
+        m = sc[:, lo:hi].max(-1).values
+        e = torch.exp(sc[:, lo:hi] - m[:, None])
+        acc, l = e @ vals[lo:hi], e.sum(-1)
     base = f["part"] + f["split"] * grp * (hd + 2)
     arena[base:base + grp * hd] = acc.reshape(-1)
     arena[base + grp * hd:base + grp * hd + grp] = m
