@@ -170,7 +170,8 @@ def test_stream_step_levels_give_the_one_program_logits(defer):
     assert looped == ref
 
 
-def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context: int = 0, **decoder_options):
+def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context: int = 0, block_size: int = 4,
+                         **decoder_options):
     """Rows with prompts of different lengths (mixed contexts), each its own blocks, decoded by the
     per-op backend (greedy, the whole batch a step at a time) and by a batched decoder fed the same
     tokens (step_rows), over the cache the per-op prefill wrote (rounded to the decoder's bf16); then
@@ -178,13 +179,13 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context:
     own greedy steps. Returns (per-op logits, decoder logits: [steps, batch, vocab] each, looped
     tokens, stepped tokens). context: tokens added to every prompt (contexts of several ring chunks)."""
     w = bf16_exact_weights(cfg, device)
-    per_row = 16 + context // 4                           # blocks a row: 64 tokens of 4, and the context's
+    per_row = (64 + context) // block_size                # blocks a row: 64 tokens and the context
     lengths = [context + 3 + (5 * b) % 23 for b in range(batch)]
     prompts = [[(7 * b + 3 * i) % cfg.vocab_size for i in range(n)] for b, n in enumerate(lengths)]
     tables = [list(range(b * per_row, (b + 1) * per_row)) for b in range(batch)]
 
     def prefilled():
-        backend, _ = build_backend(cfg, w, torch.device(device), block_size=4, num_kv_blocks=batch * per_row,
+        backend, _ = build_backend(cfg, w, torch.device(device), block_size=block_size, num_kv_blocks=batch * per_row,
                                    use_cuda_graphs=False)
         firsts = []
         for prompt, table in zip(prompts, tables, strict=True):
@@ -194,7 +195,7 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context:
 
     def decoder():
         backend, firsts = prefilled()
-        return StreamDecoder(cfg, w, device=device, max_context=per_row * 4, block_size=4,
+        return StreamDecoder(cfg, w, device=device, max_context=per_row * block_size, block_size=block_size,
                              kv=backend.kv.to(torch.bfloat16), batch=batch, **decoder_options), firsts
 
     ref, firsts = prefilled()
@@ -243,13 +244,22 @@ def test_batched_decoder_with_wgmma_attention_gives_the_per_op_backends_tokens()
     bf16, the softmax online a chunk at a time, as the kernel) against the per-op backend, over
     contexts of several chunks."""
     config = stream_config(HD64, batch_rows=batch_rows(4), attn_wgmma=True)
-    want, got, looped, stepped = batch_against_per_op(HD64, 4, steps=3, config=config, context=100)
+    want, got, looped, stepped = batch_against_per_op(HD64, 4, steps=3, config=config, context=100, block_size=16)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"
     top2 = want.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 1e-2 * want.abs().amax(-1)
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
     assert looped == stepped
+
+
+def test_wgmma_attention_refuses_kv_blocks_under_8_tokens():
+    config = stream_config(HD64, batch_rows=16, attn_wgmma=True)
+    assert config.kv_box(16) == 16
+    with pytest.raises(ValueError, match="attn_wgmma needs KV blocks of at least 8 tokens"):
+        config.kv_box(4)
+    with pytest.raises(ValueError, match="attn_wgmma needs batch_rows"):
+        stream_config(HD64, attn_wgmma=True)
 
 
 def test_batched_decoder_runs_fewer_live_rows_than_it_holds():

@@ -95,6 +95,9 @@ class StreamConfig:
         """The TMA box's token rows for a cache of `block_size`: a box never crosses a block."""
         if block_size < 1 or block_size & (block_size - 1):
             raise ValueError(f"the streaming executor needs a power-of-two KV block size, not {block_size}")
+        if self.attn_wgmma and min(block_size, self.kv_tokens) < 8:
+            raise ValueError(f"attn_wgmma needs KV blocks of at least 8 tokens (its TMA boxes are 128-byte swizzled, "
+                             f"8 rows a swizzle), not {block_size}")
         return min(block_size, self.kv_tokens)
 
     @property
