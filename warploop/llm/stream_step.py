@@ -38,19 +38,24 @@ from warploop.runtime.stream.compiled import StreamConfig
 #   at 16 rows (batch 8) they measured 5,610 / 5,830, 5,089 / 4,933 and 7,262 / 7,096: not taken;
 # - the ring's 8 slots and 4 stages of x (32 KB at 32 rows of 128 inputs): 4 slots and 8 stages measured
 #   16,378 / 16,691 for Llama-3.2-1B, 11,534 / 11,540 for Qwen3-0.6B
+# - attention on wgmma (attn_wgmma, head_dim 64; bench/results/stream-attn-wgmma-h200-20261130.jsonl), ms a
+#   step against the CUDA cores' chunks: Llama-3.2-1B 1.264 -> 1.218 at batch 8, 1.699 -> 1.557 at 32 and
+#   1.919 -> 1.520 at batch 8 over 4,096 tokens; SmolLM2-135M 0.994 -> 0.982 and 1.161 -> 1.025
 BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}}
 
 
-def stream_config(cfg: ModelConfig, **overrides) -> StreamConfig:
+def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> StreamConfig:
     """The kernel shape a model needs: the widest input, its head size and group (and a batched
-    kernel's BATCH_SHAPES); `overrides` win."""
+    kernel's BATCH_SHAPES, with attention on wgmma where it runs: head_dim 64, KV blocks of 8 tokens
+    or more); `overrides` win."""
     kmax = 256
     while kmax < max(cfg.hidden_size, cfg.q_size, cfg.intermediate_size):
         kmax *= 2
     group = 1
     while group < cfg.num_heads // cfg.num_kv_heads:
         group *= 2
-    shape = BATCH_SHAPES.get(overrides.get("batch_rows", 0), {})
+    rows = overrides.get("batch_rows", 0)
+    shape = BATCH_SHAPES.get(rows, {}) | {"attn_wgmma": bool(rows) and cfg.head_dim == 64 and block_size >= 8}
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | shape | overrides))
 
 
@@ -140,7 +145,8 @@ class StreamDecoder:
         self.cfg, self.device, self.batch = cfg, torch.device(device), batch
         if batch > BATCH_ROWS[-1]:
             raise ValueError(f"batch {batch}: a decoder runs at most {BATCH_ROWS[-1]} rows")
-        self.config = config or stream_config(cfg, batch_rows=batch_rows(batch), tensor_parallel=tp is not None)
+        self.config = config or stream_config(cfg, block_size, batch_rows=batch_rows(batch),
+                                              tensor_parallel=tp is not None)
         if self.device.type == "cuda" and batch > max(1, self.config.batch_rows):
             raise ValueError(f"batch {batch}: the kernel's StreamConfig.batch_rows is {self.config.batch_rows}; "
                              f"use {batch_rows(batch)} (or leave config out)")
