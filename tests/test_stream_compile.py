@@ -23,11 +23,14 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=64, batch_rows=16, ring=4, x_stage_kb=64),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128),
                                  StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2),
+                                 StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True),
+                                 StreamConfig(head_dim=64, batch_rows=16, attn_wgmma=True),
                                  StreamConfig(head_dim=64, trace=True),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, trace=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32_hd128", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
-                              "batch32_wgmma", "batch16_wgmma_hd128", "attention_hd64_traced", "batch32_wgmma_traced"])
+                              "batch32_wgmma", "batch16_wgmma_hd128", "batch32_attn_wgmma", "batch16_attn_wgmma",
+                              "attention_hd64_traced", "batch32_wgmma_traced"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
     r = report(ck)
