@@ -39,7 +39,12 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
              "act": cfg.intermediate_size, "logits": vocab, "pairs": 2 * per * world, "step": dec.step_words,
              "token": 1, "tokens": dec.MAX_STEPS, "part": kvh * dec.splits * (h // kvh) * (hd + 2)}
-    r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")}
+    xbf = bool(dec.config.batch_rows)   # a batched kernel's GEMVs read bf16 rows (gemv_rows.py)
+    if xbf and world > 1:
+        raise ValueError("a tensor-parallel rank decodes one row, and this kernel is batched (StreamConfig.batch_rows)")
+    # batched, attention and gate/up write o_proj's and down's inputs as bf16 rows only (xb_attn, xb_act)
+    r = {name: p.buffer(name, rows * width[name]) for name in ("res", "qkv", "attn", "act", "logits")
+         if not (xbf and name in ("attn", "act"))}
     if world > 1:             # each rank's partial sums, one region an all-reduce a layer (two
         # regions, so a rank overwrites one only after a later all-reduce, whose signals the
         # peers send once they are done reading it: on a GPU they read it in place); the
@@ -68,23 +73,20 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     row = lambda name, b: Region(r[name].offset + b * width[name], width[name])    # row b's slice
     vec = lambda name, t: None if t is None else p.buffer(name, t.numel(), init=f32(t))
     eps = cfg.rms_norm_eps
-    xbf = bool(dec.config.batch_rows)   # a batched kernel's GEMVs read bf16 rows (gemv_rows.py)
-    if xbf and world > 1:
-        raise ValueError("a tensor-parallel rank decodes one row, and this kernel is batched (StreamConfig.batch_rows)")
-    if xbf:                   # the GEMVs' inputs as bf16 rows, made once a stage by CAST nodes
+    if xbf:                   # the GEMVs' inputs as bf16 rows: xb_res made by CAST nodes, xb_attn by
+        # attention and xb_act by gate/up (ATTN and GEMV obf)
         r |= {f"xb_{name}": p.buffer(f"xb_{name}", rows * width[name] // 2) for name in ("res", "attn", "act")}
 
     def xrow(name: str, b: int) -> Region:
         """Row b's slice of the bf16 rows xb_NAME (half a float a value)."""
         return Region(r[f"xb_{name}"].offset + b * width[name] // 2, width[name] // 2)
 
-    def gemv_in(name: str, norm, after):
-        """(x, norm, deps) for the GEMVs that read region `name`: batched, CAST nodes' bf16 copy
-        of its rows (normalised with norm), after them."""
+    def res_in(norm, after):
+        """(x, norm, deps) for a GEMV that reads the residual through `norm`: batched, CAST nodes'
+        normalised bf16 copy of its rows, after them."""
         if not xbf:
-            return r[name], norm, after
-        return r[f"xb_{name}"], None, p.cast(r[name], r[f"xb_{name}"], width[name], rows, norm=norm, eps=eps,
-                                             after=after)
+            return r["res"], norm, after
+        return r["xb_res"], None, p.cast(r["res"], r["xb_res"], width["res"], rows, norm=norm, eps=eps, after=after)
     if world == 1:
         firsts = [p.embed(row("token", b), row("res", b), cfg.hidden_size) for b in range(rows)]
         prev: list[int] = firsts
@@ -93,7 +95,7 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
         prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=dec.tp.rank, after=firsts)
     for i, lw in enumerate(weights.layers):
         (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
-        x, norm, after = gemv_in("res", vec(f"in{i}", lw.input_norm), prev)
+        x, norm, after = res_in(vec(f"in{i}", lw.input_norm), prev)
         a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, x, r["qkv"], eps=eps,
                    narrow=narrow(cfg.q_size + 2 * cfg.kv_size, dec.config), batch=rows,
                    norm=norm, bias=vec(f"bqkv{i}", lw.qkv_bias), after=after, xbf=xbf)
@@ -105,26 +107,26 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
              for b in range(rows)]
         # with tensor parallelism, o_proj and down_proj store this rank's partial sums and
         # all-reduce nodes add every rank's into the residual
-        x, after = (r["xb_attn"], a) if xbf else (r["attn"], a)
-        b = p.gemv(o_pool, o_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_attn"],
-                   epi="add" if world == 1 else "store", bias=vec(f"bo{i}", lw.o_bias),
-                   narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=after, xbf=xbf)
+        b = p.gemv(o_pool, o_row, cfg.hidden_size, r["xb_attn" if xbf else "attn"],
+                   r["res"] if world == 1 else r["red_attn"], epi="add" if world == 1 else "store",
+                   bias=vec(f"bo{i}", lw.o_bias), narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=a,
+                   xbf=xbf)
         if world > 1:
             b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                             epi="add", after=b)
-        x, norm, after = gemv_in("res", vec(f"post{i}", lw.post_norm), b)
+        x, norm, after = res_in(vec(f"post{i}", lw.post_norm), b)
         # batched, gate/up writes bf16 rows that down reads as they are (obf: no CAST between them)
-        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, r["xb_act"] if xbf else r["act"], norm=norm, eps=eps,
-                   epi="silu_mul", up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf)
-        x, after = (r["xb_act"], c) if xbf else (r["act"], c)
-        prev = p.gemv(d_pool, d_row, cfg.hidden_size, x, r["res"] if world == 1 else r["red_mlp"],
-                      epi="add" if world == 1 else "store", after=after, batch=rows,
+        act = r["xb_act" if xbf else "act"]
+        c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, act, norm=norm, eps=eps, epi="silu_mul",
+                   up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf)
+        prev = p.gemv(d_pool, d_row, cfg.hidden_size, act, r["res"] if world == 1 else r["red_mlp"],
+                      epi="add" if world == 1 else "store", after=c, batch=rows,
                       narrow=narrow(cfg.hidden_size, dec.config), xbf=xbf)
         if world > 1:
             prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                                epi="add", after=prev)
     if world == 1:
-        x, norm, after = gemv_in("res", vec("final", weights.norm), prev)
+        x, norm, after = res_in(vec("final", weights.norm), prev)
         head = p.gemv(*at[-1], cfg.vocab_size, x, r["logits"], norm=norm, eps=eps, amax=r["pairs"], batch=rows,
                       after=after, samp=r.get("samp"), xbf=xbf)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
