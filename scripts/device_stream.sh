@@ -75,8 +75,10 @@ round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', roun
            done; done; done ;;
     ab) for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for bt in ${BATCHES:-8 32}; do
           for d in . ${AB_TREES:?AB_TREES names the checkouts to compare}; do
+            rm -f /tmp/ab.json       # a failed run leaves no result, not the tree before's under this tree's name
             (cd "$d" && PYTHONPATH="$PWD" timeout 150 python scripts/stream_step_time.py --model "$m" \
-               --context "${STEP_CONTEXT:-512}" --batch "$bt" --runs 20 --loop 4 > /tmp/ab.json) || echo "ab $d $m $bt: rc $?"
+               --context "${STEP_CONTEXT:-512}" --batch "$bt" --runs 20 --loop 4 > /tmp/ab.json) \
+              || { echo "ab $d $m $bt: rc $?"; continue; }
             python -c "import json,sys; d=json.load(open('/tmp/ab.json')); d['tree']=sys.argv[1]; print(json.dumps(d)); \
 print(d['tree'], d['model'], d['batch'], round(d['kernel_ms'], 4), 'ms', file=sys.stderr)" "$d" >> "$OUT/ab.jsonl"
           done; done; done ;;
