@@ -54,6 +54,12 @@ def test_errors_are_one_clear_line(model_dir, tmp_path, capsys, monkeypatch):
     assert code == 2 and "temperature" in err
     code, _, err = generate(capsys, "--model", str(model_dir), "--prompt", "x" * 600, "--max-tokens", "8")
     assert code == 2 and "context" in err
+    # a prompt that fits, and more tokens than the context leaves: the flag and how many fit
+    code, _, err = generate(capsys, "--model", str(model_dir), "--prompt", "x", "--max-tokens", "100000")
+    assert code == 2 and "--max-tokens (100000)" in err and "ask for at most" in err
+    # a file where the directory goes (config.json itself): says so, and names its folder
+    code, _, err = generate(capsys, "--model", str(model_dir / "config.json"), "--prompt", "x")
+    assert code == 2 and "is a file, not a model directory" in err and str(model_dir) in err
     monkeypatch.setattr(loader, "TINY_DIR", tmp_path / "tiny")
     code, _, err = generate(capsys, "--model", "tiny", "--prompt", "x")
     assert code == 2 and "embedded tiny model is missing" in err

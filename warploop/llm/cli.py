@@ -100,8 +100,8 @@ def main(args: argparse.Namespace) -> int:
                 return 1
         sys.stdout.write("\n")
         return 0
-    except ValueError as e:  # prompt too long for the context, no chat template, ...
-        print(f"warploop generate: error: {e}", file=sys.stderr)
+    except ValueError as e:  # prompt too long for the context (--max-tokens), no chat template, ...
+        print(f"warploop generate: error: {flag_error(e)}", file=sys.stderr)
         return 2
     finally:
         engine.close()

@@ -19,7 +19,7 @@ from warploop.llm.engine_config import EngineConfig
 from warploop.llm.engine_loop import EngineLoop
 from warploop.llm.kv_cache import BlockManager
 from warploop.llm.loop_step import LoopStep
-from warploop.llm.params import Completion, SamplingParams, StreamEvent
+from warploop.llm.params import Completion, SamplingParams, SamplingParamsError, StreamEvent
 from warploop.llm.parts import load_parts
 from warploop.llm.sampler import make_generator
 from warploop.llm.scheduler import Scheduler
@@ -197,9 +197,13 @@ class Engine(EngineLoop):
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) fills the context of {self.max_context} tokens "
+                             "and leaves no room to generate; shorten the prompt")
         if room < (params.max_tokens or 1):
-            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                             f"the context of {self.max_context} tokens")
+            raise SamplingParamsError("max_tokens", f"max_tokens ({params.max_tokens}) plus the prompt's "
+                                      f"{len(prompt_ids)} tokens exceeds the context of {self.max_context} tokens; "
+                                      f"ask for at most {room} or shorten the prompt")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none")
 

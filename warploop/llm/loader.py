@@ -40,6 +40,10 @@ def resolve_model_dir(model: str) -> Path:
                                  "rebuild it with scripts/train_tiny.py, or pass --model DIR")
         return TINY_DIR
     path = Path(model).expanduser()
+    if path.is_file():
+        raise ModelLoadError(f"{str(path)!r} is a file, not a model directory; pass its folder "
+                             f"({str(path.parent)!r}) if it holds a Hugging Face-format model, a .gguf file, or "
+                             "--model tiny")
     if not path.is_dir():
         raise ModelLoadError(f"model directory {str(path)!r} does not exist; pass --model tiny or a Hugging "
                              "Face-format directory (config.json, tokenizer.json, *.safetensors)")
