@@ -3,6 +3,7 @@ and gives the same greedy tokens as transformers' own GGUF loading; what is not 
 from __future__ import annotations
 
 import json
+import queue
 import sys
 
 import pytest
@@ -137,6 +138,25 @@ def test_generate_takes_a_gguf_file_or_a_directory_holding_one(gguf_dir, capsys)
         outputs.append(json.loads(capsys.readouterr().out))
         assert code == 0 and len(outputs[-1]["token_ids"]) == 8
     assert outputs[0] == {**outputs[1], "ttft_ms": outputs[0]["ttft_ms"], "ms_per_token": outputs[0]["ms_per_token"]}
+
+
+def test_a_replica_pool_serves_a_gguf_file(gguf_dir):
+    """`serve --replicas N` takes a .gguf file as one engine does (it read the path as a directory and
+    said it did not exist): its tokenizer and config from the file, a replica's greedy tokens one engine's."""
+    from warploop.llm.engine import SamplingParams
+    from warploop.llm.replicas import ReplicaPool
+
+    path = gguf_dir / "tiny.gguf"
+    ids = GGUFModel(path).tokenizer().encode(PROMPT)
+    events: queue.Queue = queue.Queue()
+    with ReplicaPool(str(path), 1, device="cpu", dtype="float32", max_num_seqs=1) as pool:
+        assert pool.tokenizer.encode(PROMPT) == ids
+        pool.add_request(ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), events.put)
+        got = []
+        while not got or got[-1].finish_reason is None:
+            got.append(events.get(timeout=120))
+    assert got[-1].error is None
+    assert [e.token_id for e in got] == ours_greedy(path, ids, "float32", n=8)
 
 
 def test_llama3_rope_scaling_is_read_from_rope_freqs(tmp_path):

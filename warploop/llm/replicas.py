@@ -107,17 +107,21 @@ class ReplicaPool:
                  **options) -> None:
         import multiprocessing
 
-        from warploop.llm.loader import load_config, resolve_model_dir
+        from warploop.llm.loader import load_config, open_gguf, resolve_model_dir
         from warploop.llm.tokenizer import Tokenizer
 
         if replicas < 1:
             raise ValueError(f"--replicas {replicas}: must be at least 1")
-        path = resolve_model_dir(model)
-        cfg = load_config(path)
+        gguf = open_gguf(model)     # a .gguf file: its config and tokenizer, as each replica's engine reads them
+        if gguf is not None:
+            cfg, self.tokenizer = gguf.config, gguf.tokenizer()
+        else:
+            path = resolve_model_dir(model)
+            cfg = load_config(path)
+            self.tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
         if tensor_parallel != 1:
             from warploop.llm.tp.shard import check
             check(cfg, tensor_parallel)
-        self.tokenizer = Tokenizer(path, extra_eos_ids=cfg.eos_token_ids)
         self.vocab_size = cfg.vocab_size
         options = dict(options, device=device, tensor_parallel=tensor_parallel, progress=False)
         jobs = [ReplicaJob(model, options, env, threads) for env, threads in
