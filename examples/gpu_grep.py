@@ -111,6 +111,8 @@ def grep(pattern: str, root: str, programs: int | None = None, chunk: int = 1 <<
     data = pattern.encode()
     if not 0 < len(data) <= MAX_PATTERN or b"\n" in data:
         raise ValueError(f"the pattern must be 1-{MAX_PATTERN} bytes without a newline")
+    if chunk < len(data):       # a read must advance past a window: a shorter chunk would read forever
+        raise ValueError(f"chunk ({chunk} bytes) must hold the pattern ({len(data)} bytes)")
     files = list_files(root)
     if not files:
         return 0
@@ -146,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isdir(args.dir):
         parser.error(f"dir {args.dir!r}: not a directory (give the folder to search)")
+    size = len(args.pattern.encode())
+    if not 0 < size <= MAX_PATTERN or "\n" in args.pattern:
+        parser.error(f"pattern: {size} bytes; it must be 1-{MAX_PATTERN} bytes without a newline")
+    if args.programs is not None and args.programs < 1:
+        parser.error(f"--programs {args.programs}: must be at least 1 (or left out: one per SM)")
+    if args.chunk < size:
+        parser.error(f"--chunk {args.chunk}: must be at least the pattern's {size} bytes (default 64 KiB)")
     total = grep(args.pattern, args.dir, programs=args.programs, chunk=args.chunk)
     print(total)
     return 0

@@ -3,6 +3,7 @@ lines; its last output line must equal a plain Python count. Runs as a user woul
 CPU the example switches the Triton interpreter on for itself)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -57,7 +58,22 @@ def test_grep_matches_python_with_small_chunks(tree):
 def test_grep_no_match_and_bad_pattern(tree):
     assert run_grep("zebra", tree)[-1] == "0"
     done = subprocess.run([sys.executable, EXAMPLE, "x" * 65, str(tree)], capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "1-64 bytes" in done.stderr
+    assert done.returncode == 2 and "1-64 bytes" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", ), "pattern: 0 bytes"),
+    (("needle", "--chunk", "3"), "--chunk 3: must be at least the pattern's 6 bytes"),   # it read forever
+    (("needle", "--programs", "0"), "--programs 0: must be at least 1"),                # a traceback
+])
+def test_grep_refuses_bad_arguments_naming_them(tree, capsys, args, message):
+    """In this process (the refusals come before any kernel): a usage error, status 2, no traceback."""
+    spec = importlib.util.spec_from_file_location("gpu_grep", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with pytest.raises(SystemExit) as exit_:
+        example.main([args[0], str(tree), *args[1:]])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_grep_refuses_a_folder_that_is_not_there(tmp_path):
