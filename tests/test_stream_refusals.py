@@ -59,6 +59,11 @@ def test_a_batched_program_refuses_an_fp32_or_normed_gemv():
     with pytest.raises(ValueError, match="an xbf GEMV takes no norm"):
         p.gemv(0, 0, 16, x, y, norm=g, xbf=True)
     p.gemv(0, 0, 16, x, y, xbf=True, after=p.cast(x, x, 64, 1))     # x's bf16 row over its first 32 words
+    with pytest.raises(ValueError, match="an obf GEMV"):
+        p.gemv(0, 0, 16, x, y, xbf=True, epi="add", obf=True)
+    with pytest.raises(ValueError, match=r"must hold 16 rows for each of 2 batch row\(s\) as bf16"):
+        p.gemv(0, 0, 16, x, p.buffer("half", 8), xbf=True, batch=2, obf=True)      # 2 rows of 16 bf16: 16 floats
+    p.gemv(0, 0, 16, x, p.buffer("bf", 16), xbf=True, batch=2, obf=True)
 
 
 def test_attention_refuses_what_does_not_fit_naming_it():

@@ -183,8 +183,8 @@ class StreamProgram:
             raise ValueError("an obf GEMV (bf16 outputs) is a batched kernel's store or silu_mul with no bias or "
                              "amax, an even n and tile, and out 16-byte aligned")
         if out.size < batch * n // (2 if obf else 1) or (bias is not None and bias.size < n):
-            raise ValueError(f"out ({out.size}) must hold {n} rows for each of {batch} batch row(s), and bias "
-                             f"{n} rows")
+            raise ValueError(f"out ({out.size}) must hold {n} rows for each of {batch} batch row(s)"
+                             f"{' as bf16 (half a float each)' if obf else ''}, and bias {n} rows")
         if bias is not None and epi == "silu_mul":
             raise ValueError("silu_mul takes no bias")
         tiles, after = [], _Deps(self._deps(after))
@@ -240,7 +240,8 @@ class StreamProgram:
         if obf and (not cfg.batch_rows or out.offset % 4):
             raise ValueError("obf (bf16 outputs) is for a batched kernel's attention, out 16-byte aligned")
         if qkv.size < (heads + 2 * kv_heads) * hd or out.size < heads * hd // (2 if obf else 1) or step.size < 4:
-            raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd}, step at least 4 words")
+            raise ValueError(f"qkv needs {(heads + 2 * kv_heads) * hd} floats, out {heads * hd // (2 if obf else 1)}"
+                             f"{' (bf16 rows)' if obf else ''}, step at least 4 words")
         if cos.size % (hd // 2) or cos.size != sin.size:
             raise ValueError(f"cos and sin are [positions, {hd // 2}] tables of one size")
         if splits < 1 or (splits > 1 and (part is None or part.size < kv_heads * splits * group * (hd + 2))):
