@@ -155,6 +155,14 @@ def test_counts_must_be_positive(capsys, argv):
     assert exit_.value.code == 2 and argv[-2].lstrip("-") in line and "positive integer" in line
 
 
+@pytest.mark.parametrize("value", ["65536", "-1", "http"])
+def test_serve_port_out_of_range_is_a_usage_error_naming_the_flag(capsys, value):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--port", value])
+    line = one_line_error(capsys.readouterr().err)
+    assert exit_.value.code == 2 and "--port" in line and value in line
+
+
 def test_bundle_build_into_a_missing_folder_names_the_flag(capsys, tmp_path):
     out = tmp_path / "no" / "such" / "x.wlb"
     code, _, err = run(capsys, "bundle", "build", str(KERNELS), "-t", "cpu", "-o", str(out))

@@ -14,3 +14,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), got {text}")
     return value
+
+
+def port(text: str) -> int:
+    """argparse type for a TCP port: 0 (a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 (a free port) to 65535, got {text}")
+    return value

@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 
-from warploop.args import positive_int
+from warploop.args import port, positive_int
 from warploop.llm.build import BACKEND_HELP, BACKENDS
 from warploop.llm.server_limits import ServerLimits, fit_connections_to_fd_limit, guarded_protocol
 from warploop.llm.server_watchdog import DEFAULT_ENGINE_TIMEOUT_S
@@ -25,10 +25,11 @@ ENGINE_CLOSE_TIMEOUT_S = 10.0   # after a device fault the engine's thread may b
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny",
-                        help="'tiny' (the embedded model) or a Hugging Face-format model directory")
+                        help="'tiny' (the embedded model, the default), a Hugging Face-format directory, "
+                             "or a .gguf file (or a directory holding one)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: loopback only; use 0.0.0.0 to expose, with --api-key)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
+    parser.add_argument("--port", type=port, default=8000, help="port to bind; 0 picks a free one (default 8000)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on every /v1 route")
     engine = parser.add_argument_group("engine")
