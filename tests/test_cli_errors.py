@@ -155,6 +155,15 @@ def test_counts_must_be_positive(capsys, argv):
     assert exit_.value.code == 2 and argv[-2].lstrip("-") in line and "positive integer" in line
 
 
+def test_bench_decode_steps_past_the_engines_context_are_refused_before_any_model(capsys):
+    """It measured every system into a traceback each (the engine refused the request) and printed a
+    JSON of errors."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "decode", "--steps", "100000", "--json"])
+    assert "--steps 100000" in str(exit_.value.code) and "give at most 2015" in str(exit_.value.code)
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize("value", ["65536", "-1", "http"])
 def test_serve_port_out_of_range_is_a_usage_error_naming_the_flag(capsys, value):
     with pytest.raises(SystemExit) as exit_:

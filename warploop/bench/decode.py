@@ -31,6 +31,7 @@ from warploop.llm.shapes import CPU_MODELS, GPU_MODELS, LLAMA_3_2_1B, QWEN3_0_6B
 
 SYSTEMS = ("megakernel", "stream", "warploop", "torch_compile", "hf_eager")
 PROMPT_LEN, TTFT_LEN, BATCHES = 32, 1024, (1, 8, 32)
+ENGINE_MAX_LEN = 2048           # the measured engines' context: the prompt, then --steps + 1 tokens
 # a 1,024-token TTFT is 5-20 ms, host-bound, and one backend's moves by 2x from run to run (BENCHMARKS.md,
 # Decode, session 19): its median takes at least this many runs (each costs milliseconds)
 TTFT_RUNS = 11
@@ -86,6 +87,10 @@ def main(args: argparse.Namespace) -> int:
     batches = _parse_batches(args.batches)
     skip = set(args.skip) | (set() if gpu else {"megakernel", "stream", "torch_compile"})
     steps = args.steps or (128 if gpu else 16)
+    if PROMPT_LEN + steps + 1 > ENGINE_MAX_LEN:
+        most = ENGINE_MAX_LEN - PROMPT_LEN - 1
+        raise SystemExit(f"bench decode: --steps {steps}: the engines hold {ENGINE_MAX_LEN} tokens, a "
+                         f"{PROMPT_LEN}-token prompt and steps + 1 more; give at most {most}")
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     result = header("decode")
     result["torch_device"] = torch.cuda.get_device_name(device) if gpu else "cpu"
@@ -219,7 +224,7 @@ def _engine(cfg: ModelConfig, weights, device, backend: str):
     from warploop.llm.build import build_backend
     from warploop.llm.engine import Engine
 
-    max_len = 2048
+    max_len = ENGINE_MAX_LEN
     backend, max_context = build_backend(cfg, weights, device, block_size=16, num_kv_blocks=(64 * max_len) // 16,
                                          max_num_seqs=max(BATCHES), max_model_len=max_len, backend=backend)
     return Engine(cfg, backend, None, model_name="random", max_context=max_context,
