@@ -115,8 +115,9 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
     bs = cache.shape[3]
     kvb = config.kv_box(bs)
     nsub, chunks, t0 = kvt // kvb, [], lo
+    kw = config.kv_width            # kv_split: the keys' slot, then the values', each [hd / kw, kvt, kw]
     while t0 < hi:
-        slot = np.zeros((2 * nsub, kvb, hd), np.float32)
+        slot = np.zeros((2, hd // kw, nsub, kvb, kw), np.float32)
         for j in range(nsub):
             t = t0 + j * kvb
             if t < hi:
@@ -125,10 +126,11 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
                     rows = cache[f["layer"], which, blk, t % bs:t % bs + kvb, f["kvhead"]].copy()
                     toks = t + np.arange(kvb)
                     rows[(toks >= launch_pos) & (toks < hi)] = np.nan
-                    slot[j + which * nsub] = rows
-        flat = np.zeros(config.block_rows * config.block_k, np.float32)
-        flat[:slot.size] = slot.reshape(-1)
-        chunks.append(flat.reshape(config.block_rows, config.block_k))
+                    slot[which, :, j] = rows.reshape(kvb, hd // kw, kw).transpose(1, 0, 2)
+        for part in (slot[0], slot[1]) if config.kv_split else (slot,):
+            flat = np.zeros(config.block_rows * config.block_k, np.float32)
+            flat[:part.size] = part.reshape(-1)
+            chunks.append(flat.reshape(config.block_rows, config.block_k))
         t0 += kvt
     return np.stack(chunks) if chunks else np.zeros((1, config.block_rows, config.block_k), np.float32)
 
@@ -136,7 +138,8 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name, obf, aw", [("qwen3_hd16", False, False), ("llama_hd128", False, False),
-                                           ("qwen3_hd16", True, False), ("llama_hd64", True, True)])
+                                           ("qwen3_hd16", True, False), ("llama_hd64", True, True),
+                                           ("llama_hd128", True, True)])
 def test_attention_body_gives_the_reference_outputs(name, obf, aw, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
@@ -190,7 +193,7 @@ def test_attention_body_gives_the_reference_outputs(name, obf, aw, splits, pos, 
                               words(ATTN, f), S(ring), none, none, xs, 0, P(counters), None, 0, s, 0, 0, 0, None,
                               -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, c["HD"], c["GP"], c["TILE"],
                               kvt, obf, aw)
-            assert int(it) == cdiv(hi - lo, kvt) and failed == 0
+            assert int(it) == cdiv(hi - lo, kvt) * (2 if config.kv_split else 1) and failed == 0
     assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
     fin = torch.isfinite(want)
     # a later step's k, rounded to bf16 after fp32 math in another order, can flip an ulp

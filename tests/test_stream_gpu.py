@@ -13,7 +13,7 @@ from no_triton import BLOCK_TRITON  # noqa: E402
 from test_stream_program import SHAPES, small  # noqa: E402
 from test_stream_step import CONFIGS as STEP_CONFIGS  # noqa: E402
 from test_stream_step import (  # noqa: E402
-    HD64,  # noqa: E402
+    WGMMA_MODELS,
     batch_against_per_op,
     greedy,
     levels_against_one_program,
@@ -249,13 +249,15 @@ def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, tiles):
     assert looped == stepped
 
 
+@pytest.mark.parametrize("model", WGMMA_MODELS)
 @pytest.mark.parametrize("batch, context", [(2, 0), (17, 0), (32, 0), (8, 200), (32, 150)])
-def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(batch, context):
+def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(model, batch, context):
     """Attention's products on wgmma (StreamConfig.attn_wgmma: q and each chunk's probabilities as
     bf16 operands): the per-op backend's logits and clear greedy picks at batches of short and of
     several-chunk contexts, and the loop equal to the steps."""
-    config = stream_config(HD64, batch_rows=batch_rows(batch), attn_wgmma=True)
-    want, got, looped, stepped = batch_against_per_op(HD64, batch, device="cuda", config=config, context=context,
+    cfg = WGMMA_MODELS[model]
+    config = stream_config(cfg, batch_rows=batch_rows(batch), attn_wgmma=True)
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config, context=context,
                                                       block_size=16)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"

@@ -237,14 +237,19 @@ def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
 # head_dim 64: attention on wgmma (StreamConfig.attn_wgmma) is for it
 HD64 = ModelConfig(family="qwen3", vocab_size=72, hidden_size=128, intermediate_size=128, num_layers=2, num_heads=8,
                    num_kv_heads=2, head_dim=64, qk_norm=True)
+HD128 = ModelConfig(family="qwen3", vocab_size=72, hidden_size=128, intermediate_size=128, num_layers=2, num_heads=8,
+                    num_kv_heads=4, head_dim=128, qk_norm=True)
+WGMMA_MODELS = {"hd64": HD64, "hd128": HD128}
 
 
-def test_batched_decoder_with_wgmma_attention_gives_the_per_op_backends_tokens():
+@pytest.mark.parametrize("model", WGMMA_MODELS)
+def test_batched_decoder_with_wgmma_attention_gives_the_per_op_backends_tokens(model):
     """attn_wgmma's model on the CPU reference (q and each ring chunk's probabilities rounded to
     bf16, the softmax online a chunk at a time, as the kernel) against the per-op backend, over
     contexts of several chunks."""
-    config = stream_config(HD64, batch_rows=batch_rows(4), attn_wgmma=True)
-    want, got, looped, stepped = batch_against_per_op(HD64, 4, steps=3, config=config, context=100, block_size=16)
+    cfg = WGMMA_MODELS[model]
+    config = stream_config(cfg, batch_rows=batch_rows(4), attn_wgmma=True)
+    want, got, looped, stepped = batch_against_per_op(cfg, 4, steps=3, config=config, context=100, block_size=16)
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert err < 2e-2, f"logits differ by {err:.3g}"
     top2 = want.topk(2, dim=-1).values

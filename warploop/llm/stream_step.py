@@ -42,6 +42,7 @@ from warploop.runtime.stream.compiled import StreamConfig
 #   step against the CUDA cores' chunks: Llama-3.2-1B 1.264 -> 1.218 at batch 8, 1.699 -> 1.557 at 32 and
 #   1.919 -> 1.520 at batch 8 over 4,096 tokens; SmolLM2-135M 0.994 -> 0.982 and 1.161 -> 1.025
 BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}}
+WGMMA_HEADS = (64,)                                 # head sizes whose batched attention runs on wgmma
 
 
 def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> StreamConfig:
@@ -55,7 +56,7 @@ def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> Stream
     while group < cfg.num_heads // cfg.num_kv_heads:
         group *= 2
     rows = overrides.get("batch_rows", 0)
-    shape = BATCH_SHAPES.get(rows, {}) | {"attn_wgmma": bool(rows) and cfg.head_dim == 64 and block_size >= 8}
+    shape = BATCH_SHAPES.get(rows, {}) | {"attn_wgmma": bool(rows) and cfg.head_dim in WGMMA_HEADS and block_size >= 8}
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | shape | overrides))
 
 

@@ -24,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from warploop.runtime.stream.kinds import ATTN
-from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, rope
+from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_block, patch_rows, rope
 from warploop.runtime.stream.shares import share, store_out, take_ticket
 from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
 
@@ -39,14 +39,17 @@ A_SPLIT, A_SPLITS, A_PART, A_TICKET, A_OBF = A["split"], A["splits"], A["part"],
 
 @gluon.jit
 def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.constexpr, HD: gl.constexpr,
-              KVT: gl.constexpr, TRACE: gl.constexpr):
+              KVT: gl.constexpr, TRACE: gl.constexpr, AW: gl.constexpr):
     """The loader's part of an ATTN node at step s of the launch: its share of the cached context
     into the ring (rows this launch wrote are streamed too, stale: the consumer patches them). A box past
     the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
     carries its whole byte count (an mbarrier's expected bytes are a compile-time constant). A
-    chunk's block ids load while the chunk before it is issued (one L2 round trip a node, not one a
-    chunk). With TRACE, the ns it waited for free slots go to the node's trace word 5."""
+    chunk). With TRACE, the ns it waited for free slots go to the node's trace word 5. A box of a
+    head's 64-column block (attn_wgmma: KW 64): NHB boxes a row of boxes, and over head_dim 64 a
+    chunk's keys fill one slot and its values the next (StreamConfig.kv_split)."""
     KVB: gl.constexpr = dkv.block_type.shape[0]
+    KW: gl.constexpr = dkv.block_type.shape[1]
+    NHB: gl.constexpr = HD // KW
     NSUB: gl.constexpr = KVT // KVB
     layer = gl.load(base + A_LAYER)
     blocks = gl.load(base + A_BLOCKS)
@@ -68,25 +71,39 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
     while t0 < hi:
         tn = t0 + KVT + jb * KVB         # the next chunk's block ids, in flight while this one issues
         n_ids = gl.load(ints + step + 3 + tn // bs, mask=tn < hi, other=0)
-        slot = it % NBUF
-        if TRACE:
-            tw = now()
-        mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
-        if TRACE:
-            blocked += now() - tw
-        bar = full.index(slot)
-        mbarrier.expect(bar, 2 * KVT * HD * 2)
-        if PUBLIC_REINTERPRET:
-            view = bufs.index(slot).reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
-        else:
-            view = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
-        for j in gl.static_range(NSUB):
-            t = t0 + j * KVB
-            ok = t < hi
-            r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
-            tma_load(dkv, [gl.where(ok, krow + r, -KVB), col], bar, view.index(j))
-            tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
-        it += 1
+        for half in gl.static_range(2 if NHB > 1 else 1):   # kv_split: the keys' slot, then the values'
+            slot = it % NBUF
+            if TRACE:
+                tw = now()
+            mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+            if TRACE:
+                blocked += now() - tw
+            bar = full.index(slot)
+            if NHB > 1:
+                mbarrier.expect(bar, KVT * HD * 2)
+                if PUBLIC_REINTERPRET:
+                    view = bufs.index(slot).reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
+                else:
+                    view = bufs.index(slot)._reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
+                for j in gl.static_range(NSUB):
+                    t = t0 + j * KVB
+                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
+                    at = gl.where(t < hi, krow + half * (vrow - krow) + r, -KVB)
+                    for c in gl.static_range(NHB):
+                        tma_load(dkv, [at, col + c * KW], bar, view.index(c * NSUB + j))
+            else:
+                mbarrier.expect(bar, 2 * KVT * HD * 2)
+                if PUBLIC_REINTERPRET:
+                    view = bufs.index(slot).reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
+                else:
+                    view = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
+                for j in gl.static_range(NSUB):
+                    t = t0 + j * KVB
+                    ok = t < hi
+                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
+                    tma_load(dkv, [gl.where(ok, krow + r, -KVB), col], bar, view.index(j))
+                    tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
+            it += 1
         t0 += KVT
         ids = n_ids
     if TRACE:
@@ -110,6 +127,8 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
     QL: gl.constexpr = gl.SliceLayout(1, L3)          # [GP, HD]: q heads, the output
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
+    KW: gl.constexpr = 64 if AW else HD               # the slot's rows: a head's, or 64-column blocks of it
+    NHB: gl.constexpr = HD // KW                      # 2: kv_split (keys and values in a slot each)
     if AW:                          # scores and outputs transposed, [KVT, GP] and [HD, GP]: the q heads are wgmma's N
         SACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, GP, 16])
         KVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -118,12 +137,24 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         QR: gl.constexpr = GP * HD // (2 * XW)            # q's bf16 [GP, HD] in x's rows, the probabilities after
         PR: gl.constexpr = GP * KVT // (2 * XW)
         OR: gl.constexpr = GP * HD // XW                  # the outputs' fp32 [GP, HD], once the chunks are done
-        if PUBLIC_REINTERPRET:
+        if NHB > 1:                 # q as [NHB, GP, KW] blocks; q, the new k and v staged fp32 first (a slice's
+            # offset a multiple of its rows)
+            if PUBLIC_REINTERPRET:
+                q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
+                f_s = xs.slice(OR, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
+                n_s = xs.slice(2 * OR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
+            else:
+                q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
+                f_s = xs.slice(OR, OR)._reinterpret(gl.float32, [GP, HD], PLAIN)
+                n_s = xs.slice(2 * OR, 2 * HD // XW)._reinterpret(gl.float32, [2, HD], PLAIN)
+        elif PUBLIC_REINTERPRET:
             q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [GP, HD], KVS)
+        else:
+            q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [GP, HD], KVS)
+        if PUBLIC_REINTERPRET:
             p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
             o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
         else:
-            q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [GP, HD], KVS)
             p_s = xs.slice(QR, PR)._reinterpret(gl.bfloat16, [GP, KVT], KVS)
             o_s = xs.slice(0, OR)._reinterpret(gl.float32, [GP, HD], PLAIN)
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
@@ -176,14 +207,14 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
     # SM made, ordered before this node by the chain of waits): the ring may hold what TMA read
     # before them, so the chunks holding them are patched from L2. Their cache rows are found here,
     # before the waits (the block table is the host's), for the first and the last such chunk
-    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HD // 8), HD // 8], [CW, 1], [1, 0])
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (KW // 8), KW // 8], [CW, 1], [1, 0])
     f0 = gl.maximum(lo, pos0)
     f1 = gl.minimum(hi, pos)
     fresh = (s > 0) & (f0 < f1)
     ca = lo + (f0 - lo) // KVT * KVT
     cb = lo + (f1 - 1 - lo) // KVT * KVT
     rf = gl.arange(0, KVT, layout=gl.SliceLayout(1, FL))
-    df = gl.arange(0, HD, layout=gl.SliceLayout(0, FL))
+    df = gl.arange(0, KW, layout=gl.SliceLayout(0, FL))
     row_a, in_a = fresh_rows(ints, step, bs, ca + rf, f0, f1, fresh, row_words, g, HD)
     row_b, in_b = fresh_rows(ints, step, bs, cb + rf, f0, f1, fresh, row_words, g, HD)
     # a share past the context (a program of more shares than the context fills) only waits and
@@ -207,14 +238,23 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
     if AW:
-        q_s.store(q.to(gl.bfloat16))
+        if NHB > 1:                 # q into its column blocks, the new k and v kept for the slots' patches
+            f_s.store(q)
+            n_s.slice(0, 1).store(knew.to(gl.float32))
+            n_s.slice(1, 1).store(vnew.to(gl.float32))
+            barrier()
+            for c in gl.static_range(NHB):
+                q_s.index(c).store(f_s.slice(c * KW, KW, dim=1).load(FL).to(gl.bfloat16))
+            ot2 = gl.zeros([KW, GP], gl.float32, layout=SACC)
+        else:
+            q_s.store(q.to(gl.bfloat16))
+            knew_f = gl.convert_layout(knew, FL)
+            vnew_f = gl.convert_layout(vnew, FL)
         fence_async_shared()        # q written through the generic proxy, read by wgmma through the async one
-        knew_f = gl.convert_layout(knew, FL)
-        vnew_f = gl.convert_layout(vnew, FL)
         tok = gl.arange(0, KVT, layout=gl.SliceLayout(1, SACC))
         m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, SACC))
         lp = gl.zeros([KVT, GP], gl.float32, layout=SACC)     # each thread's part of the sums, added once
-        ot = gl.zeros([HD, GP], gl.float32, layout=SACC)
+        ot = gl.zeros([KW, GP], gl.float32, layout=SACC)
         s0 = gl.zeros([KVT, GP], gl.float32, layout=SACC)
     else:
         knew = knew.to(gl.float32)
@@ -237,22 +277,69 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                 gl.store(trace + i * TRACE_WORDS + 2, now())
             else:
                 dwait += now() - tw
-        if AW:
-            if PUBLIC_REINTERPRET:
-                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
-            else:
-                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
-        elif PUBLIC_REINTERPRET:
-            chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
-        else:
-            chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
         stale = fresh & (t0 < f1) & (t0 + KVT > f0)
-        if stale:
-            patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
-                       row_words, g, kc, vc, rf, df, FL, HD, KVT)
-            if not AW:
-                barrier()           # the patched rows before any warp reads them
-        if AW:
+        if NHB > 1:                 # kv_split: this slot holds the chunk's keys, the next its values
+            tail = t0 + KVT > hi
+            newin = (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)
+            new = (t0 + rf == n_ctx - 1)[:, None]
+            if PUBLIC_REINTERPRET:
+                kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            else:
+                kv3 = bufs.index(b)._reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            for c in gl.static_range(NHB):
+                if stale:
+                    patch_block(kv3.index(c), kc + c * KW, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0,
+                                f1, fresh, row_words, g, rf, df, FL, HD)
+                if newin:
+                    kt = kv3.index(c).load(FL)
+                    nk = n_s.slice(0, 1).slice(c * KW, KW, dim=1).load(FL)
+                    kv3.index(c).store(gl.where(new, nk.to(gl.bfloat16), kt))
+            fence_async_shared()
+            barrier()
+            # scores^T [KVT, GP]: the keys' column blocks [KVT, KW] (M) by q's [KW, GP] (N), summed
+            sc = warpgroup_mma(kv3.index(0), q_s.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
+            for c in gl.static_range(1, NHB):
+                sc = warpgroup_mma(kv3.index(c), q_s.index(c).permute((1, 0)), sc, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
+            barrier()               # every warp's products are done before the keys' slot is freed
+            mbarrier.arrive(empty.index(b))
+            it += 1
+            b = it % NBUF
+            if TRACE:
+                tw = now()
+            mbarrier.wait(full.index(b), (it // NBUF) & 1)
+            if TRACE:
+                dwait += now() - tw
+            if PUBLIC_REINTERPRET:
+                kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            else:
+                kv3 = bufs.index(b)._reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            for c in gl.static_range(NHB):
+                if stale:
+                    patch_block(kv3.index(c), vc + c * KW, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0,
+                                f1, fresh, row_words, g, rf, df, FL, HD)
+                if newin | tail:    # the new v; zeros past the share (a zero probability times NaN is NaN)
+                    vt = kv3.index(c).load(FL)
+                    nv = n_s.slice(1, 1).slice(c * KW, KW, dim=1).load(FL)
+                    kv3.index(c).store(gl.where(new, nv.to(gl.bfloat16), gl.where((t0 + rf < hi)[:, None], vt, 0.0)))
+            fence_async_shared()
+            barrier()
+        else:
+            if AW:
+                if PUBLIC_REINTERPRET:
+                    chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
+                else:
+                    chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
+            elif PUBLIC_REINTERPRET:
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+            else:
+                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+            if stale:
+                patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
+                           row_words, g, kc, vc, rf, df, FL, HD, KVT)
+                if not AW:
+                    barrier()       # the patched rows before any warp reads them
+        if AW & (NHB == 1):
             tail = t0 + KVT > hi
             if (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT) | tail:
                 # the new token's k and v over the slot's stale row, and zeros for values past the share
@@ -267,6 +354,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             # scores^T [KVT, GP]: the keys [KVT, HD] (M) by q^T [HD, GP] (N)
             sc = warpgroup_mma(chunk.slice(0, KVT), q_s.permute((1, 0)), s0, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
+        if AW:
             if tail:
                 sc = gl.where((t0 + tok < hi)[:, None], sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=0))
@@ -274,13 +362,21 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             alpha = gl.exp(m_i - m_new)
             lp = lp * alpha[None, :] + p
             ot = ot * alpha[None, :]
+            if NHB > 1:
+                ot2 = ot2 * alpha[None, :]
             m_i = m_new
             p_s.permute((1, 0)).store(p.to(gl.bfloat16))
             fence_async_shared()
             barrier()
-            # outputs^T [HD, GP] += the values^T [HD, KVT] (M) by the probabilities [KVT, GP] (N)
-            ot = warpgroup_mma(chunk.slice(KVT, KVT).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
-            ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))
+            # outputs^T [HD, GP] += the values^T [HD, KVT] (M) by the probabilities [KVT, GP] (N); over
+            # head_dim 64, a [KW, GP] product a column block
+            if NHB > 1:
+                ot = warpgroup_mma(kv3.index(0).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
+                ot2 = warpgroup_mma(kv3.index(1).permute((1, 0)), p_s.permute((1, 0)), ot2, is_async=True)
+                ot, ot2 = warpgroup_mma_wait(num_outstanding=0, deps=(ot, ot2))
+            else:
+                ot = warpgroup_mma(chunk.slice(KVT, KVT).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
+                ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))
         else:
             for sub in gl.static_range(KVT // TILE):
                 ta = t0 + sub * TILE
@@ -318,7 +414,11 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
     if AW:                          # the outputs and sums into the layouts below, through x's shared memory
         l_i = gl.convert_layout(gl.sum(lp, axis=0), gl.SliceLayout(1, SL))
         m_i = gl.convert_layout(m_i, gl.SliceLayout(1, SL))
-        o_s.permute((1, 0)).store(ot)
+        if NHB > 1:
+            o_s.slice(0, KW, dim=1).permute((1, 0)).store(ot)
+            o_s.slice(KW, KW, dim=1).permute((1, 0)).store(ot2)
+        else:
+            o_s.permute((1, 0)).store(ot)
         barrier()
         acc = o_s.load(QL)
         barrier()                   # every warp has its outputs before x's shared memory is another node's

@@ -37,7 +37,7 @@ class StreamConfig:
     x_stage_kb: int = 32          # with batch_rows: shared memory for the stages of x (x_stages)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
-    attn_wgmma: bool = False      # with batch_rows and head_dim 64: attention's products on wgmma (attention.py)
+    attn_wgmma: bool = False      # with batch_rows, head_dim 64 or 128: attention's products on wgmma (attention.py)
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -54,9 +54,9 @@ class StreamConfig:
             raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
                              f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
                              f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
-        if self.attn_wgmma and (not self.batch_rows or self.head_dim != 64):
+        if self.attn_wgmma and (not self.batch_rows or self.head_dim not in (64, 128)):
             raise ValueError(f"attn_wgmma needs batch_rows (its q and scores stage in x's shared memory) and "
-                             f"head_dim 64, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")
+                             f"head_dim 64 or 128, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -86,10 +86,23 @@ class StreamConfig:
         return 8 if fit >= 8 else 4 if fit >= 4 else 2
 
     @property
+    def kv_split(self) -> bool:
+        """attn_wgmma over head_dim 128: a chunk's keys fill one ring slot and its values the next
+        (a slot holds 64 tokens of them, wgmma's M), not one slot the two."""
+        return self.attn_wgmma and self.head_dim > SWIZZLE_COLS
+
+    @property
     def kv_tokens(self) -> int:
         """Context tokens per ring chunk of an attention node (their keys, then their values): a
-        slot's [BR, BK] bf16 holds 2 x kv_tokens rows of head_dim, at most 128 tokens."""
-        return min(128, self.block_rows * self.block_k // (2 * self.head_dim)) if self.head_dim else 0
+        slot's [BR, BK] bf16 holds 2 x kv_tokens rows of head_dim (kv_split: kv_tokens rows, the
+        values in the next slot), at most 128 tokens."""
+        rows = 1 if self.kv_split else 2
+        return min(128, self.block_rows * self.block_k // (rows * self.head_dim)) if self.head_dim else 0
+
+    @property
+    def kv_width(self) -> int:
+        """A KV TMA box's columns: a head's row, or with attn_wgmma a 128-byte swizzled block of it."""
+        return min(self.head_dim, SWIZZLE_COLS) if self.attn_wgmma else self.head_dim
 
     def kv_box(self, block_size: int) -> int:
         """The TMA box's token rows for a cache of `block_size`: a box never crosses a block."""
@@ -148,7 +161,7 @@ def compile_for(cfg: StreamConfig, arch: int = 90, block_size: int = 16):
     dkv = d
     if cfg.head_dim:                  # a cache of 16-token blocks, 2 KV heads
         cache = torch.zeros(64, 2 * cfg.head_dim, dtype=torch.bfloat16)
-        dkv = TensorDescriptor.from_tensor(cache, [cfg.kv_box(block_size), cfg.head_dim], smem_layout(cfg.attn_wgmma))
+        dkv = TensorDescriptor.from_tensor(cache, [cfg.kv_box(block_size), cfg.kv_width], smem_layout(cfg.attn_wgmma))
     i32 = torch.zeros(64, dtype=torch.int32)
     from warploop.runtime.stream.kernel import CW
     kw = dict(cfg.constexprs(), num_warps=CW.value)

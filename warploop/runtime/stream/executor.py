@@ -171,7 +171,7 @@ class StreamExecutor:
         kv_box = list(cfg.weight_box)
         if program.kv is not None and cfg.head_dim:
             layers, _, blocks, bs, kvh, hd = self.kv.shape
-            self._kv_rows, kv_box = self.kv.view(-1, kvh * hd), [cfg.kv_box(bs), hd]
+            self._kv_rows, kv_box = self.kv.view(-1, kvh * hd), [cfg.kv_box(bs), cfg.kv_width]
         self.prebuilt = None
         if prebuilt is not None:
             from warploop.driver.select import get_driver

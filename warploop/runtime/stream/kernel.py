@@ -312,6 +312,6 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
                      TP, AW, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
-                   BK, NBUF, HD, KVT, NB, TRACE)),
+                   BK, NBUF, HD, KVT, NB, TRACE, AW)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
     ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])

@@ -44,6 +44,22 @@ def patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, 
 
 
 @gluon.jit
+def patch_block(block, cache, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh, row_words, g, rf, df,
+                FL: gl.constexpr, HD: gl.constexpr):
+    """patch_rows for one column block of a kv_split slot (StreamConfig.kv_split): block [KVT, KW]
+    of the keys' or the values' slot, cache their cache offset by the block's first column."""
+    if t0 == ca:
+        rows_f, in_f = row_a, in_a
+    elif t0 == cb:
+        rows_f, in_f = row_b, in_b
+    else:
+        rows_f, in_f = fresh_rows(ints, step, bs, t0 + rf, f0, f1, fresh, row_words, g, HD)
+    m2 = in_f[:, None]
+    got = gl.load(cache + rows_f[:, None] + df[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+    block.store(gl.where(m2, got, block.load(FL)))
+
+
+@gluon.jit
 def rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
     """Heads x ([R, HD]; xp: the same rows with the halves swapped) RMS-normed by w (when NORM; wp
     its halves swapped) and rotated by the RoPE rows cs, sn ([HD], the half-rows repeated): the

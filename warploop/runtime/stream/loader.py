@@ -45,7 +45,8 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
 
 @gluon.jit
 def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
-            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr):
+            NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
+            AW: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     it = 0
     op = gl.load(instr + H_OP)
@@ -106,6 +107,6 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
                 if TRACE:
                     gl.store(trace + i * TRACE_WORDS + 4, now())
                 it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, trace, i, NBUF, HD, KVT,
-                              TRACE)
+                              TRACE, AW)
         op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
         j += 1
