@@ -14,6 +14,12 @@ import triton  # noqa: E402
 from warploop.runtime.stream.compiled import PTX_MARKERS, StreamConfig, compile_for, report  # noqa: E402
 from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
+# Stack frames over 64 bytes with a measured reason: Qwen3-0.6B's batch-32 kernel with attention on wgmma
+# holds 160 bytes under Triton 3.6 (56 under 3.9) and measured 2.347 -> 2.069 ms a step against the CUDA
+# cores' attention with none (H200; bench/results/stream-attn-wgmma-hd128-h200-20261130.jsonl)
+STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2,
+                            attn_wgmma=True): 160}
+
 
 @pytest.mark.parametrize("cfg", [StreamConfig(), StreamConfig(block_rows=16, block_k=128, ring=12, kmax=4096),
                                  StreamConfig(head_dim=64), StreamConfig(head_dim=128, attn_group=2, attn_tile=16),
@@ -25,11 +31,14 @@ from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
                                  StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True),
                                  StreamConfig(head_dim=64, batch_rows=16, attn_wgmma=True),
+                                 StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2,
+                                              attn_wgmma=True),
                                  StreamConfig(head_dim=64, trace=True),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, trace=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32_hd128", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
                               "batch32_wgmma", "batch16_wgmma_hd128", "batch32_attn_wgmma", "batch16_attn_wgmma",
+                              "batch32_attn_wgmma_hd128",
                               "attention_hd64_traced", "batch32_wgmma_traced"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     ck = compile_for(cfg, arch=90)
@@ -41,7 +50,8 @@ def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):
     assert cfg.shared_bytes <= r["shared"] <= 227 * 1024       # an H100's or H200's most for one CTA
     if r["spill_bytes"] is not None:       # cuobjdump ships with Triton's NVIDIA backend
         assert r["spill_bytes"] == 0, f"the kernel spills {r['spill_bytes']} bytes"
-        assert 0 <= r["stack_bytes"] <= 64, f"the kernel's stack frame holds {r['stack_bytes']} bytes"
+        limit = STACK_BYTES.get(cfg, 64)
+        assert 0 <= r["stack_bytes"] <= limit, f"the kernel's stack frame holds {r['stack_bytes']} bytes"
     if cfg.head_dim:
         # the loader streams the cached context too: two TMA copies (keys, values) per box of a
         # chunk, beside the four weight pools' one each

@@ -42,13 +42,16 @@ from warploop.runtime.stream.compiled import StreamConfig
 #   step against the CUDA cores' chunks: Llama-3.2-1B 1.264 -> 1.218 at batch 8, 1.699 -> 1.557 at 32 and
 #   1.919 -> 1.520 at batch 8 over 4,096 tokens; SmolLM2-135M 0.994 -> 0.982 and 1.161 -> 1.025
 BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}}
-WGMMA_HEADS = (64,)                                 # head sizes whose batched attention runs on wgmma
+# - attention on wgmma (attn_wgmma) by head size: the batch_rows where it runs (measured faster; at head_dim
+#   128 Qwen3-0.6B 2.347 -> 2.069 ms at batch 32, 1.463 -> 1.559 at 8;
+#   bench/results/stream-attn-wgmma-hd128-h200-20261130.jsonl)
+WGMMA_ATTENTION = {64: (16, 32), 128: (32,)}
 
 
 def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> StreamConfig:
     """The kernel shape a model needs: the widest input, its head size and group (and a batched
-    kernel's BATCH_SHAPES, with attention on wgmma where it runs: head_dim 64, KV blocks of 8 tokens
-    or more); `overrides` win."""
+    kernel's BATCH_SHAPES, with attention on wgmma where WGMMA_ATTENTION says, over KV blocks of 8
+    tokens or more); `overrides` win."""
     kmax = 256
     while kmax < max(cfg.hidden_size, cfg.q_size, cfg.intermediate_size):
         kmax *= 2
@@ -56,7 +59,8 @@ def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> Stream
     while group < cfg.num_heads // cfg.num_kv_heads:
         group *= 2
     rows = overrides.get("batch_rows", 0)
-    shape = BATCH_SHAPES.get(rows, {}) | {"attn_wgmma": bool(rows) and cfg.head_dim in WGMMA_HEADS and block_size >= 8}
+    wgmma = rows in WGMMA_ATTENTION.get(cfg.head_dim, ()) and block_size >= 8
+    shape = BATCH_SHAPES.get(rows, {}) | {"attn_wgmma": wgmma}
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | shape | overrides))
 
 
