@@ -135,6 +135,40 @@ def kv_chunks(f, cache: np.ndarray, ints: np.ndarray, config, lo: int, hi: int, 
     return np.stack(chunks) if chunks else np.zeros((1, config.block_rows, config.block_k), np.float32)
 
 
+@pytest.mark.parametrize("block_rows, block_k", [(32, 128), (64, 128)])
+def test_gemv_rows_body_stores_bf16_rows_as_the_reference(block_rows, block_k):
+    """A batched GEMV with epi "store" and bf16 outputs (obf: what no decoder step records today,
+    program.gemv accepts it) through gemv_rows: its tiles' bf16 rows equal the reference's."""
+    from warploop.runtime.stream.compiled import StreamConfig
+    from warploop.runtime.stream.program import StreamProgram
+    config = StreamConfig(block_rows=block_rows, block_k=block_k, kmax=256, batch_rows=16)
+    p = StreamProgram(config)
+    g = torch.Generator().manual_seed(3)
+    k, n, batch = 256, 96, 5
+    pool = p.pool(torch.randn(n, k, generator=g).to(torch.bfloat16))
+    x = p.buffer("x", batch * k // 2, init=torch.randn(batch * k, generator=g).to(torch.bfloat16).view(torch.float32))
+    y = p.buffer("y", batch * n // 2)
+    p.gemv(pool, 0, n, x, y, batch=batch, xbf=True, obf=True)
+    want = reference(p, p.arena())
+    got = p.arena()
+    body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
+    for node in p.nodes:
+        f = node.fields
+        ring = gemv_chunks(p, f, block_rows, block_k)
+        ring = ring.reshape(len(ring), block_rows, -1, gemv_rows.SB.value).transpose(0, 2, 1, 3).copy()
+        none = S(np.zeros((len(ring), 1)))
+        xs = S(np.full((config.x_rows, block_k), np.nan, np.float32))
+        it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
+                          None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
+                          T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
+                          config.batch_rows, kernel.CW.value, config.x_stages)
+        assert int(it) == len(ring) and failed == 0
+    r = p.regions["y"]
+    out = lambda a: a[r.offset:r.offset + r.size].view(torch.bfloat16).float()
+    assert out(want).abs().sum() > 0
+    torch.testing.assert_close(out(got), out(want), rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("pos, steps", [(0, 1), (5, 3), (70, 9), (90, 9)])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name, obf, aw", [("qwen3_hd16", False, False), ("llama_hd128", False, False),
