@@ -143,3 +143,16 @@ def test_nvidia_variants_record_the_driver_they_need(bundle, target):
     assert cuda_compat.parse(tc["ptx_needs"]["cuda"]) == cuda_compat.cuda_for_ptx_isa(cuda_compat.parse(isa))
     assert tc["ptx_needs"]["linux_driver"] == cuda_compat.linux_driver(cuda_compat.parse(tc["ptx_needs"]["cuda"]))
     assert variant(bundle, "add", "hip:gfx942").toolchain == {} == variant(bundle, "add", "cpu").toolchain
+
+
+def test_builds_spell_out_fp_fusion(tmp_path):
+    """A bundle's kernels are compiled with FP fusion asked for by name, not by Triton's default
+    (3.9 warns that 3.10 turns the default off, which would change a bundle's numbers): in a fresh
+    process with the default unset and warnings as errors, a build succeeds."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_DEFAULT_FP_FUSION"}
+    code = ("import sys; from warploop.bundle.build import build_bundle; "
+            f"build_bundle({str(KERNELS)!r}, ['cuda:90'], {str(tmp_path / 'f.wlb')!r}, jobs=1, progress=False, "
+            "only=['add'])")
+    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

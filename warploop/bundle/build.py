@@ -74,9 +74,11 @@ def compile_variant(kernel, spec: ExportSpec, arg_names: list[str], target: Targ
     attrs = {(arg_names.index(n),): [["tt.divisibility", d]] for n, d in spec.specialize.items()}
     gpu_target = GPUTarget(target.backend, target.arch, target.warp_size)
     backend = triton.compiler.make_backend(gpu_target)
+    # FP fusion (a * b + c as one FMA) spelled out: Triton 3.10 turns its default off, and a bundle's
+    # numbers must not change with the Triton that built it
     options = backend.parse_options({"num_warps": spec.num_warps, "num_stages": spec.num_stages,
                                      "num_ctas": spec.num_ctas, "launch_cooperative_grid": spec.cooperative,
-                                     "launch_pdl": spec.pdl})
+                                     "launch_pdl": spec.pdl, "enable_fp_fusion": True})
     compiled = triton.compile(ASTSource(kernel, signature, spec.constexprs, attrs), target=gpu_target,
                               options=options.__dict__)
     md = compiled.metadata
