@@ -40,11 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="most tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="sample from the smallest set of tokens whose probability reaches this (1 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens less likely than this times the likeliest one's probability (0 = off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="tokens already seen: positive logits divided by this, negative ones multiplied "
+                             "(transformers' rule; 1 = off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the sampler's seed: the same seed and prompt give the same tokens (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeat for more)")
     parser.add_argument("--device", choices=("cpu", "cuda", "hip"), default=None,
                         help="default: WARPLOOP_DEVICE, else the first GPU, else the CPU")
