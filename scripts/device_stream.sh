@@ -5,7 +5,8 @@
 #   bench   `warploop bench stream` (JSON to $OUT; BENCH_ARGS adds to its arguments)
 #   step    each of $STEP_MODELS' whole decode step and 32-step loop (scripts/stream_step_time.py, context
 #           $STEP_CONTEXT) -> $OUT/step-MODEL.json
-#   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and 8 -> $OUT/decode.json
+#   decode  `warploop bench decode` for the stream backend against torch.compile, batch 1 and $DECODE_BATCHES (default
+#           8; with WARPLOOP_STREAM_ROWS=N set, batches up to N run on the kernel) -> $OUT/decode.json
 #   server  tests/test_server_gpu.py's 64 concurrent streams on `warploop serve --backend stream` (the
 #           server's wheels from .carry/whl, as in scripts/device_mk.sh)
 #   batch   each of $STEP_MODELS' batched step on the kernel at $BATCHES (default 8 32) rows, context $STEP_CONTEXT,
@@ -59,7 +60,8 @@ for part in ${PART//,/ }; do
                || echo "trace $m: rc $?"; python -c "import json,sys; d=json.load(open(sys.argv[1])); \
 print(sys.argv[2], d['span_us'], d['per_cta_us'], json.dumps(d['stages']), json.dumps(d['stage_spans']))" "$OUT/trace-$m.json" "$m"; done ;;
     decode) timeout "${DECODE_S:-300}" python -m warploop.cli bench decode --json --skip hf_eager --skip warploop \
-              --skip megakernel --batches 8 --no-ttft --save "$OUT/decode.json" > /dev/null 2> "$OUT/decode.stderr"
+              --skip megakernel --batches "${DECODE_BATCHES:-8}" --no-ttft --save "$OUT/decode.json" > /dev/null \
+              2> "$OUT/decode.stderr"
             echo "decode: rc $?"; tail -n 5 "$OUT/decode.stderr"
             python -c "import json,sys; r=json.load(open(sys.argv[1])); [print(n, 'floor', e['floor_ms'], \
 {s: (e[s].get('ms_per_token_bs1'), e[s].get('ms_per_token_sampled_bs1')) for s in ('stream', 'torch_compile')}, \
