@@ -1,16 +1,17 @@
 """The attention node kind's body for the streaming kernel (kinds.ATTN), in Gluon.
 
-An ATTN node's cached context is its streamed operand (kinds.StreamedKV): the loader walks the
-node's share of the context in ring chunks of KVT tokens, each chunk the keys then the values of
-one KV head, as TMA boxes of KVB tokens (one box never crosses a cache block), with no wait on any
-dependency. The consumer reads the words, the step's words, the RoPE rows and the q/k norm weights
-before its waits; after them it rotates q and the new k, stores the new k and v, and runs an
-online softmax over the chunks as they land.
+An ATTN node's cached context is its streamed operand (kinds.StreamedKV): the loader
+(loader.stream_kv) walks the node's share of the context in ring chunks of KVT tokens, each chunk
+the keys then the values of one KV head, as TMA boxes of KVB tokens (one box never crosses a cache
+block), with no wait on any dependency. The consumer reads the words, the step's words, the RoPE
+rows and the q/k norm weights before its waits; after them it rotates q and the new k, stores the
+new k and v, and runs an online softmax over the chunks as they land.
 
 A KV head's q heads, its new k and v and a tile of cached keys share one 3-D layout [GP, TILE, HD]:
 scores are products summed over HD, the output products summed over TILE, fp32 throughout; k and v
-are rounded to the cache's bf16 once, as stored. The shares and their merge are shares.py's; the
-rows they read, kv_rows.py's.
+are rounded to the cache's bf16 once, as stored. With AW (StreamConfig.attn_wgmma) a chunk is two
+wgmma products instead, q and the probabilities as bf16 operands (attn's docstring). The shares
+and their merge are shares.py's; the rows they read, kv_rows.py's.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from warploop.runtime.stream.kinds import ATTN
-from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_block, patch_rows, rope
+from warploop.runtime.stream.kv_rows import KV_LAYOUT, fresh_rows, patch_rows, patch_slot, rope
 from warploop.runtime.stream.shares import share, store_out, take_ticket
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, barrier, now, tma_load, waits
+from warploop.runtime.stream.sync import TRACE_WORDS, barrier, now, waits
 
 OP_ATTN = gl.constexpr(ATTN.opcode)
 A = {f.name: gl.constexpr(ATTN.word(f.name)) for f in ATTN.fields}
@@ -35,80 +36,6 @@ A_HEADS, A_KVHEADS, A_STEP, A_COS, A_SIN = A["heads"], A["kvheads"], A["step"], 
 A_QN, A_KN, A_LAYER, A_BLOCKS, A_BS, A_EPS, A_SCALE = A["qn"], A["kn"], A["layer"], A["blocks"], A["bs"], \
     A["eps"], A["scale"]
 A_SPLIT, A_SPLITS, A_PART, A_TICKET, A_OBF = A["split"], A["splits"], A["part"], A["ticket"], A["obf"]
-
-
-@gluon.jit
-def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.constexpr, HD: gl.constexpr,
-              KVT: gl.constexpr, TRACE: gl.constexpr, AW: gl.constexpr):
-    """The loader's part of an ATTN node at step s of the launch: its share of the cached context
-    into the ring (rows this launch wrote are streamed too, stale: the consumer patches them). A box past
-    the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
-    carries its whole byte count (an mbarrier's expected bytes are a compile-time constant). A
-    chunk). With TRACE, the ns it waited for free slots go to the node's trace word 5. A box of a
-    head's 64-column block (attn_wgmma: KW 64): NHB boxes a row of boxes, and over head_dim 64 a
-    chunk's keys fill one slot and its values the next (StreamConfig.kv_split)."""
-    KVB: gl.constexpr = dkv.block_type.shape[0]
-    KW: gl.constexpr = dkv.block_type.shape[1]
-    NHB: gl.constexpr = HD // KW
-    NSUB: gl.constexpr = KVT // KVB
-    layer = gl.load(base + A_LAYER)
-    blocks = gl.load(base + A_BLOCKS)
-    bs = gl.load(base + A_BS)
-    col = gl.load(base + A_KVHEAD) * HD
-    step = gl.load(base + A_STEP)
-    split = gl.load(base + A_SPLIT)
-    splits = gl.load(base + A_SPLITS)
-    lo, hi = share(gl.load(ints + step + 1) + s, split, splits, KVT)
-    krow = layer * 2 * blocks * bs          # the cache's rows: [layers, 2, blocks, bs] flattened
-    vrow = krow + blocks * bs
-    # the block ids of a chunk's boxes come in one load, each box's picked out by a lane reduction
-    IL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    jb = gl.arange(0, NSUB, layout=IL)
-    t0 = lo
-    tb = t0 + jb * KVB
-    ids = gl.load(ints + step + 3 + tb // bs, mask=tb < hi, other=0)
-    blocked = (lo * 0).to(gl.int64)     # ns (int64, as the clock)
-    while t0 < hi:
-        tn = t0 + KVT + jb * KVB         # the next chunk's block ids, in flight while this one issues
-        n_ids = gl.load(ints + step + 3 + tn // bs, mask=tn < hi, other=0)
-        for half in gl.static_range(2 if NHB > 1 else 1):   # kv_split: the keys' slot, then the values'
-            slot = it % NBUF
-            if TRACE:
-                tw = now()
-            mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
-            if TRACE:
-                blocked += now() - tw
-            bar = full.index(slot)
-            if NHB > 1:
-                mbarrier.expect(bar, KVT * HD * 2)
-                if PUBLIC_REINTERPRET:
-                    view = bufs.index(slot).reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
-                else:
-                    view = bufs.index(slot)._reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
-                for j in gl.static_range(NSUB):
-                    t = t0 + j * KVB
-                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
-                    at = gl.where(t < hi, krow + half * (vrow - krow) + r, -KVB)
-                    for c in gl.static_range(NHB):
-                        tma_load(dkv, [at, col + c * KW], bar, view.index(c * NSUB + j))
-            else:
-                mbarrier.expect(bar, 2 * KVT * HD * 2)
-                if PUBLIC_REINTERPRET:
-                    view = bufs.index(slot).reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
-                else:
-                    view = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
-                for j in gl.static_range(NSUB):
-                    t = t0 + j * KVB
-                    ok = t < hi
-                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
-                    tma_load(dkv, [gl.where(ok, krow + r, -KVB), col], bar, view.index(j))
-                    tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
-            it += 1
-        t0 += KVT
-        ids = n_ids
-    if TRACE:
-        gl.store(trace + i * TRACE_WORDS + 5, blocked)
-    return it
 
 
 @gluon.jit
@@ -139,24 +66,13 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         OR: gl.constexpr = GP * HD // XW                  # the outputs' fp32 [GP, HD], once the chunks are done
         if NHB > 1:                 # q as [NHB, GP, KW] blocks; q, the new k and v staged fp32 first (a slice's
             # offset a multiple of its rows)
-            if PUBLIC_REINTERPRET:
-                q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
-                f_s = xs.slice(OR, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
-                n_s = xs.slice(2 * OR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
-            else:
-                q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
-                f_s = xs.slice(OR, OR)._reinterpret(gl.float32, [GP, HD], PLAIN)
-                n_s = xs.slice(2 * OR, 2 * HD // XW)._reinterpret(gl.float32, [2, HD], PLAIN)
-        elif PUBLIC_REINTERPRET:
+            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
+            f_s = xs.slice(OR, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
+            n_s = xs.slice(2 * OR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
+        else:
             q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [GP, HD], KVS)
-        else:
-            q_s = xs.slice(0, QR)._reinterpret(gl.bfloat16, [GP, HD], KVS)
-        if PUBLIC_REINTERPRET:
-            p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
-            o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
-        else:
-            p_s = xs.slice(QR, PR)._reinterpret(gl.bfloat16, [GP, KVT], KVS)
-            o_s = xs.slice(0, OR)._reinterpret(gl.float32, [GP, HD], PLAIN)
+        p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
+        o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
@@ -282,18 +198,9 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             tail = t0 + KVT > hi
             newin = (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)
             new = (t0 + rf == n_ctx - 1)[:, None]
-            if PUBLIC_REINTERPRET:
-                kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
-            else:
-                kv3 = bufs.index(b)._reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
-            for c in gl.static_range(NHB):
-                if stale:
-                    patch_block(kv3.index(c), kc + c * KW, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0,
-                                f1, fresh, row_words, g, rf, df, FL, HD)
-                if newin:
-                    kt = kv3.index(c).load(FL)
-                    nk = n_s.slice(0, 1).slice(c * KW, KW, dim=1).load(FL)
-                    kv3.index(c).store(gl.where(new, nk.to(gl.bfloat16), kt))
+            kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            patch_slot(kv3, kc, n_s.slice(0, 1), stale, newin, new, hi, t0, ca, cb, row_a, in_a, row_b, in_b, ints,
+                       step, bs, f0, f1, fresh, row_words, g, rf, df, FL, HD, NHB, KW, False)
             fence_async_shared()
             barrier()
             # scores^T [KVT, GP]: the keys' column blocks [KVT, KW] (M) by q's [KW, GP] (N), summed
@@ -310,30 +217,17 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             mbarrier.wait(full.index(b), (it // NBUF) & 1)
             if TRACE:
                 dwait += now() - tw
-            if PUBLIC_REINTERPRET:
-                kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
-            else:
-                kv3 = bufs.index(b)._reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
-            for c in gl.static_range(NHB):
-                if stale:
-                    patch_block(kv3.index(c), vc + c * KW, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0,
-                                f1, fresh, row_words, g, rf, df, FL, HD)
-                if newin | tail:    # the new v; zeros past the share (a zero probability times NaN is NaN)
-                    vt = kv3.index(c).load(FL)
-                    nv = n_s.slice(1, 1).slice(c * KW, KW, dim=1).load(FL)
-                    kv3.index(c).store(gl.where(new, nv.to(gl.bfloat16), gl.where((t0 + rf < hi)[:, None], vt, 0.0)))
+            kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
+            # the values: zeros past the share too (a zero probability times NaN is NaN in the product)
+            patch_slot(kv3, vc, n_s.slice(1, 1), stale, newin | tail, new, hi, t0, ca, cb, row_a, in_a, row_b, in_b,
+                       ints, step, bs, f0, f1, fresh, row_words, g, rf, df, FL, HD, NHB, KW, True)
             fence_async_shared()
             barrier()
         else:
             if AW:
-                if PUBLIC_REINTERPRET:
-                    chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
-                else:
-                    chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
-            elif PUBLIC_REINTERPRET:
-                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
             else:
-                chunk = bufs.index(b)._reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
+                chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KV_LAYOUT)
             if stale:
                 patch_rows(chunk, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1, fresh,
                            row_words, g, kc, vc, rf, df, FL, HD, KVT)

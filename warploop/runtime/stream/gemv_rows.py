@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from warploop.runtime.stream.kinds import EPILOGUES, GEMV
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
+from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import cp_async as _cp_async
 
@@ -86,16 +86,10 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     # xs: XS stages of x
     if WG:                            # the same bytes as [XS, NKS, NB, SB] for the copies and as [XS * NKS, NB, SB]
         NVS3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-        if PUBLIC_REINTERPRET:        # for the operands (swizzled in rows of 128 bytes either way)
-            xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
-            xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
-        else:
-            xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
-            xqf = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
-    elif PUBLIC_REINTERPRET:
-        xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+        xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS * NKS, NB, SB], NVS)
+        xqf = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], NVS3)
     else:
-        xqb = xs.slice(0, XS * NB // 2)._reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
+        xqb = xs.slice(0, XS * NB // 2).reinterpret(gl.bfloat16, [XS, NKS, NB, SB], XSB)
     kb = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, CPB)))
     bb_ = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPB)))
     jb = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPB)))
@@ -158,15 +152,9 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
                 gl.store(trace + i * TRACE_WORDS + 2, now())
             else:
                 dwait += now() - tw
-        if PUBLIC_REINTERPRET:
-            wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
-        else:
-            wq = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
+        wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
         if WG:                        # every column block: the tile's rows [BR, SB] by x's transposed [SB, NB]
-            if PUBLIC_REINTERPRET:
-                ww = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
-            else:
-                ww = bufs.index(slot)._reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
+            ww = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
             for j in gl.static_range(NKS):
                 accw = warpgroup_mma(ww.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw, is_async=True)
             accw = warpgroup_mma_wait(num_outstanding=0, deps=(accw,))
@@ -192,10 +180,7 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     # the sums go through shared memory (stage 0, free now) into the epilogue's halves: a narrow
     # tile's output row r is its top half's column r plus its bottom half's column r + HALF
     # the slabs' sums added across the warps
-    if PUBLIC_REINTERPRET:
-        ys = xs.slice(0, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    else:
-        ys = xs.slice(0, NB)._reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    ys = xs.slice(0, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     if WG:
         wrow = gl.arange(0, BR, layout=gl.SliceLayout(1, ACC))
         ys.permute((1, 0)).store(gl.where((wrow < HALF)[:, None] | (narrow == 0), accw, accw2))

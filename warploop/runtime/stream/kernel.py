@@ -33,7 +33,7 @@ from warploop.runtime.stream.kinds import EPILOGUES, GEMV, WORDS, header_word
 from warploop.runtime.stream.loader import LOADER_REGS, LOADER_WARPS, loader
 from warploop.runtime.stream.sampling import gumbel
 from warploop.runtime.stream.small import small
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now, waits
+from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 
 W = gl.constexpr(WORDS)
@@ -91,10 +91,7 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
     # bytes: chunk c is then a [1, BK] tile in the chunks' own layout
     xl: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [CW, 1], [1, 0])
     xb1 = xs.slice(0, KMAX // BK)     # a batched kernel's xs holds more rows (its stages of x)
-    if PUBLIC_REINTERPRET:
-        xrows = xb1.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
-    else:
-        xrows = xb1._reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
+    xrows = xb1.reinterpret(gl.float32, [KMAX // BK, 1, BK], xs.layout)
     xidx = (gl.arange(0, KMAX // BK, layout=gl.SliceLayout(1, xl))[:, None] * BK
             + gl.arange(0, BK, layout=gl.SliceLayout(0, xl))[None, :])
     it = 0

@@ -60,6 +60,25 @@ def patch_block(block, cache, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, 
 
 
 @gluon.jit
+def patch_slot(slot, cache, nrow, stale, fix, new, hi, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1,
+               fresh, row_words, g, rf, df, FL: gl.constexpr, HD: gl.constexpr, NHB: gl.constexpr, KW: gl.constexpr,
+               ZERO: gl.constexpr):
+    """A kv_split slot ([NHB, KVT, KW]: the chunk's keys or its values, column block by block) made
+    what the chunk holds: this launch's rows from L2 (`stale`, patch_block), then where `fix`, the
+    new token's row (`new`) from nrow ([1, HD] fp32) and, with ZERO, zeros for rows past hi."""
+    for c in gl.static_range(NHB):
+        if stale:
+            patch_block(slot.index(c), cache + c * KW, t0, ca, cb, row_a, in_a, row_b, in_b, ints, step, bs, f0, f1,
+                        fresh, row_words, g, rf, df, FL, HD)
+        if fix:
+            x = slot.index(c).load(FL)
+            if ZERO:
+                x = gl.where((t0 + rf < hi)[:, None], x, 0.0)
+            nx = nrow.slice(c * KW, KW, dim=1).load(FL)
+            slot.index(c).store(gl.where(new, nx.to(gl.bfloat16), x))
+
+
+@gluon.jit
 def rope(x, xp, w, wp, cs, sn, eps, NORM, HD: gl.constexpr, d):
     """Heads x ([R, HD]; xp: the same rows with the halves swapped) RMS-normed by w (when NORM; wp
     its halves swapped) and rotated by the RoPE rows cs, sn ([HD], the half-rows repeated): the

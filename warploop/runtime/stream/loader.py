@@ -1,17 +1,17 @@
 """The streaming kernel's loader role (kernel.py): one warp with a small register budget walks the
 CTA's instruction list and streams every node's streamed operand (kinds.Streamed) into the ring of
 NBUF shared-memory slots by TMA, waiting only for free slots, never on a dependency: a GEMV's weight
-chunks (two boxes a chunk), an attention share's cached keys and values (attention.stream_kv)."""
+chunks (two boxes a chunk), an attention share's cached keys and values (stream_kv)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from warploop.runtime.stream.attention import OP_ATTN, stream_kv
 from warploop.runtime.stream.gemv_rows import SB
-from warploop.runtime.stream.kinds import GEMV, WORDS, header_word
-from warploop.runtime.stream.sync import PUBLIC_REINTERPRET, TRACE_WORDS, now
+from warploop.runtime.stream.kinds import ATTN, GEMV, WORDS, header_word
+from warploop.runtime.stream.shares import share
+from warploop.runtime.stream.sync import TRACE_WORDS, now
 from warploop.runtime.stream.sync import tma_load as _tma_load
 
 W = gl.constexpr(WORDS)
@@ -22,6 +22,14 @@ G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
 G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
 G_ROW2 = gl.constexpr(GEMV.word(GEMV.streamed.second))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
+OP_ATTN = gl.constexpr(ATTN.opcode)
+A_BLOCKS = gl.constexpr(ATTN.word("blocks"))
+A_BS = gl.constexpr(ATTN.word("bs"))
+A_KVHEAD = gl.constexpr(ATTN.word("kvhead"))
+A_LAYER = gl.constexpr(ATTN.word("layer"))
+A_SPLIT = gl.constexpr(ATTN.word("split"))
+A_SPLITS = gl.constexpr(ATTN.word("splits"))
+A_STEP = gl.constexpr(ATTN.word("step"))
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(40)
 
@@ -41,6 +49,74 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
     else:
         _tma_load(d3, [row, col], bar, top)
         _tma_load(d3, [row2, col2], bar, bottom)
+
+
+@gluon.jit
+def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.constexpr, HD: gl.constexpr,
+              KVT: gl.constexpr, TRACE: gl.constexpr, AW: gl.constexpr):
+    """The loader's part of an ATTN node at step s of the launch: its share of the cached context
+    into the ring (rows this launch wrote are streamed too, stale: the consumer patches them). A box past
+    the share is loaded from row -KVB: out of bounds, so zeros and no traffic, and every chunk
+    carries its whole byte count (an mbarrier's expected bytes are a compile-time constant). A
+    chunk). With TRACE, the ns it waited for free slots go to the node's trace word 5. A box of a
+    head's 64-column block (attn_wgmma: KW 64): NHB boxes a row of boxes, and over head_dim 64 a
+    chunk's keys fill one slot and its values the next (StreamConfig.kv_split)."""
+    KVB: gl.constexpr = dkv.block_type.shape[0]
+    KW: gl.constexpr = dkv.block_type.shape[1]
+    NHB: gl.constexpr = HD // KW
+    NSUB: gl.constexpr = KVT // KVB
+    layer = gl.load(base + A_LAYER)
+    blocks = gl.load(base + A_BLOCKS)
+    bs = gl.load(base + A_BS)
+    col = gl.load(base + A_KVHEAD) * HD
+    step = gl.load(base + A_STEP)
+    split = gl.load(base + A_SPLIT)
+    splits = gl.load(base + A_SPLITS)
+    lo, hi = share(gl.load(ints + step + 1) + s, split, splits, KVT)
+    krow = layer * 2 * blocks * bs          # the cache's rows: [layers, 2, blocks, bs] flattened
+    vrow = krow + blocks * bs
+    # the block ids of a chunk's boxes come in one load, each box's picked out by a lane reduction
+    IL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    jb = gl.arange(0, NSUB, layout=IL)
+    t0 = lo
+    tb = t0 + jb * KVB
+    ids = gl.load(ints + step + 3 + tb // bs, mask=tb < hi, other=0)
+    blocked = (lo * 0).to(gl.int64)     # ns (int64, as the clock)
+    while t0 < hi:
+        tn = t0 + KVT + jb * KVB         # the next chunk's block ids, in flight while this one issues
+        n_ids = gl.load(ints + step + 3 + tn // bs, mask=tn < hi, other=0)
+        for half in gl.static_range(2 if NHB > 1 else 1):   # kv_split: the keys' slot, then the values'
+            slot = it % NBUF
+            if TRACE:
+                tw = now()
+            mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+            if TRACE:
+                blocked += now() - tw
+            bar = full.index(slot)
+            if NHB > 1:
+                mbarrier.expect(bar, KVT * HD * 2)
+                view = bufs.index(slot).reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
+                for j in gl.static_range(NSUB):
+                    t = t0 + j * KVB
+                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
+                    at = gl.where(t < hi, krow + half * (vrow - krow) + r, -KVB)
+                    for c in gl.static_range(NHB):
+                        _tma_load(dkv, [at, col + c * KW], bar, view.index(c * NSUB + j))
+            else:
+                mbarrier.expect(bar, 2 * KVT * HD * 2)
+                view = bufs.index(slot).reinterpret(gl.bfloat16, [2 * NSUB, KVB, HD], dkv.layout)
+                for j in gl.static_range(NSUB):
+                    t = t0 + j * KVB
+                    ok = t < hi
+                    r = gl.sum(gl.where(jb == j, ids, 0), axis=0) * bs + t % bs
+                    _tma_load(dkv, [gl.where(ok, krow + r, -KVB), col], bar, view.index(j))
+                    _tma_load(dkv, [gl.where(ok, vrow + r, -KVB), col], bar, view.index(NSUB + j))
+            it += 1
+        t0 += KVT
+        ids = n_ids
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 5, blocked)
+    return it
 
 
 @gluon.jit
@@ -85,18 +161,12 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
                 mbarrier.expect(bar, BR * BK * 2)
                 kk2 = kk + BK * narrow
                 if NB > 0:            # a batched kernel's chunk: [BR, SB] swizzled column blocks (gemv_rows)
-                    if PUBLIC_REINTERPRET:
-                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
-                    else:
-                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
+                    dst = bufs.index(slot).reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
                     for q in gl.static_range(BK // SB):
                         _tma_pair(d0, d1, d2, d3, pool, row, kk + q * SB, row2, kk2 + q * SB, bar,
                                   dst.index(2 * q), dst.index(2 * q + 1))
                 else:
-                    if PUBLIC_REINTERPRET:
-                        dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
-                    else:
-                        dst = bufs.index(slot)._reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
+                    dst = bufs.index(slot).reinterpret(gl.bfloat16, [2, HALF, BK], d0.layout)
                     _tma_pair(d0, d1, d2, d3, pool, row, kk, row2, kk2, bar, dst.index(0), dst.index(1))
                 it += 1
                 kk += BK * (1 + narrow)

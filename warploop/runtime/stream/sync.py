@@ -62,6 +62,7 @@ def waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN: gl.
 barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared   # renamed in 3.9
-# 3.6 names it _reinterpret. Call sites branch on this themselves: a jit helper taking the layout
-# does not compile under 3.6 (a layout cannot be passed as an argument there).
-PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+# 3.6 names a shared view's reinterpret _reinterpret: the kernels call .reinterpret, given under that name
+# here (a jit helper taking the layout does not compile under 3.6: a layout cannot be an argument there)
+if not hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    gl.shared_memory_descriptor.reinterpret = gl.shared_memory_descriptor._reinterpret
