@@ -68,6 +68,21 @@ def anatomy(ex) -> dict:
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 
+def save_stamps(ex, path: str) -> None:
+    """The last launch's stamps (kinds.TRACE_STAMPS, ns) and, per instruction, its CTA, kind, waits,
+    counter and fields, as one .npz (`instructions`: a JSON list)."""
+    import numpy as np
+    table = ex.built.table.reshape(-1, 2)
+    cta = np.full(len(ex.built.instructions), -1)
+    for c, (first, count) in enumerate(table):
+        cta[first:first + count] = c
+    insts = [{"cta": int(cta[j]), "kind": i.kind.name, "waits": [list(w) for w in i.waits], "signal": i.signal,
+              "signals": i.signals, "fields": {k: v for k, v in i.fields.items() if isinstance(v, (int, float))}}
+             for j, i in enumerate(ex.built.instructions)]
+    np.savez_compressed(path, stamps=ex.trace.cpu().numpy().astype("int64"), table=table,
+                        instructions=np.array(json.dumps(insts)))
+
+
 def _value(like, text: str):
     """`text` as the type of `like` (a bool from 0/1/false/true: bool("0") is True)."""
     if isinstance(like, bool):
@@ -116,6 +131,9 @@ def main():
                     help="also compile the kernel with StreamConfig.trace and report where each kind of node's "
                          "time goes (µs from the kernel's clock, per CTA: waiting, met wait to first chunk, "
                          "first chunk to published)")
+    ap.add_argument("--stamps", default="",
+                    help="with --trace: also write the traced launch's raw stamps and every instruction's kind, "
+                         "waits, counter and CTA to this .npz (for a critical-path analysis off the GPU)")
     ap.add_argument("--batch", type=int, default=1,
                     help="rows a step decodes, each over blocks of its own (the GEMVs on tensor cores when > 1)")
     ap.add_argument("--ab", default="",
@@ -186,6 +204,8 @@ def main():
         for _ in range(3):
             step(traced)
         out["anatomy"] = anatomy(traced.executor)
+        if args.stamps:
+            save_stamps(traced.executor, args.stamps)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -245,6 +245,20 @@ def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, tiles):
     assert_like_per_op(want, got, looped, stepped)
 
 
+@pytest.mark.parametrize("batch, tiles, block_k", [(8, 64, 128), (17, 64, 128), (32, 64, 128)])
+def test_gpu_split_k_decoder_gives_the_per_op_backends_tokens(batch, tiles, block_k, monkeypatch):
+    """o_proj and down split K (stream_record.k_splits, forced to one chunk a split): each split's
+    tiles stream their own columns and store partial sums, which the CAST nodes add into the
+    residual; the per-op backend's logits and clear picks, and the loop equal to the steps."""
+    from warploop.llm import stream_record
+    monkeypatch.setattr(stream_record, "KSPLIT_CHUNKS", 1)
+    cfg = dataclasses.replace(WGMMA_MODELS["hd64"], intermediate_size=512)
+    config = stream_config(cfg, batch_rows=batch_rows(batch), block_rows=tiles, block_k=block_k)
+    assert stream_record.k_splits(cfg.hidden_size, cfg.intermediate_size, config) == 512 // block_k
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config, block_size=16)
+    assert_like_per_op(want, got, looped, stepped)
+
+
 @pytest.mark.parametrize("model", WGMMA_MODELS)
 @pytest.mark.parametrize("batch, context", [(2, 0), (17, 0), (32, 0), (8, 200), (32, 150)])
 def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(model, batch, context):

@@ -2,6 +2,8 @@
 engine's per-op backend: the same greedy tokens and logits within bf16 KV rounding, for Llama,
 Qwen2 (biases) and Qwen3 (q/k norm) configs. On the CPU the program runs on the CPU reference; on a
 Hopper GPU on the streaming kernel (tests/test_stream_gpu.py runs this file's check there)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -240,6 +242,28 @@ def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     clear = assert_like_per_op(want, got, looped, stepped)
     assert clear.float().mean() > 0.8                                   # the check has picks to check
     assert batch == 1 or len({tuple(r) for r in stepped}) > 1         # the rows differ
+
+
+@pytest.mark.parametrize("batch", [2, 8])
+def test_split_k_decoder_gives_the_per_op_backends_tokens(batch, monkeypatch):
+    """o_proj and down split K (stream_record.k_splits, forced down to one chunk a split here): each
+    split's tiles store partial sums and the CAST nodes after them add them into the residual, in
+    split order; the per-op backend's logits and picks, and loops equal to steps."""
+    from warploop.llm import stream_record
+    monkeypatch.setattr(stream_record, "KSPLIT_CHUNKS", 1)
+    cfg = HD64
+    config = stream_config(cfg, batch_rows=batch_rows(batch), block_k=128, block_rows=64)
+    assert stream_record.k_splits(cfg.hidden_size, cfg.intermediate_size, config) == 1     # 128 columns: one chunk
+    cfg = dataclasses.replace(HD64, intermediate_size=512)
+    assert stream_record.k_splits(cfg.hidden_size, cfg.intermediate_size, config) == 4
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, steps=4, config=config)
+    assert_like_per_op(want, got, looped, stepped)
+    dec = StreamDecoder(cfg, bf16_exact_weights(cfg), max_context=32, block_size=4, batch=batch, config=config)
+    split = [n for n in dec.program.nodes if n.kind.name == "gemv" and n.fields["k"] < n.fields["xk"]]
+    merges = [n for n in dec.program.nodes if n.kind.name == "cast" and n.fields["parts"] == 4]
+    # o_proj and down (512 columns each), 2 tiles of 64 rows, 4 splits, 2 layers
+    assert len(split) == 2 * 4 * 2 * 2 and {n.fields["col"] for n in split} == {0, 128, 256, 384}
+    assert len(merges) == 2 * 2 * batch   # the CASTs after each o_proj and each down, a node a row
 
 
 # head_dim 64: attention on wgmma (StreamConfig.attn_wgmma) is for it

@@ -34,6 +34,7 @@ G_AMAX = gl.constexpr(GEMV.word("amax"))
 G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
 G_ASTRIDE = gl.constexpr(GEMV.word("astride"))
 G_OBF = gl.constexpr(GEMV.word("obf"))
+G_XK = gl.constexpr(GEMV.word("xk"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the TMA swizzle's span
@@ -57,7 +58,7 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
               XS: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: CAST nodes' bf16 rows, normalised,
-    row b's bf16 values from element 2 * x + b * k; its outputs at out + b * ostride, its amax pair
+    row b's bf16 values from element 2 * x + b * xk; its outputs at out + b * ostride, its amax pair
     at amax + b * astride), on tensor cores: the rows are the M side of mma tiles, the tile's BR
     weight rows the N side (on wgmma, tiles of 64 rows: the other way round), fp32 accumulation. A
     narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
@@ -94,8 +95,12 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     bb_ = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, CPB)))
     jb = gl.arange(0, SB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CPB)))
     colsb = kb[:, None, None] * SB + jb[None, None, :]
-    # row b's bf16 values from element 2 * x + b * k (k % 8 == 0: 16-byte rows, program.gemv checks)
-    xrowb = gl.multiple_of(2 * x + bb_ * k, 8)[None, :, None]
+    # row b's bf16 values from element 2 * x + b * xk (the rows' stride: k, or a split-K tile's pool
+    # width; a multiple of 8, so rows are 16-byte aligned: program.gemv checks)
+    if WG:                            # split-K tiles come in kernels of 64-row tiles only (kinds.GEMV col, xk)
+        xrowb = gl.multiple_of(2 * x + bb_ * gl.load(base + G_XK), 8)[None, :, None]
+    else:
+        xrowb = gl.multiple_of(2 * x + bb_ * k, 8)[None, :, None]
     rowokb = (bb_ < nrows)[None, :, None]
     xbp = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True)
     ostride = gl.load(base + G_OSTRIDE)

@@ -55,14 +55,15 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Streamed:
-    """Which fields name a node's streamed operand: columns [0, width) of weight pool `pool`, as
-    ring chunks of two [BR/2, BK] boxes: the first at pool row `row`, the second at pool row
+    """Which fields name a node's streamed operand: columns [col, col + width) of weight pool `pool`,
+    as ring chunks of two [BR/2, BK] boxes: the first at pool row `row`, the second at pool row
     `second` (row + BR/2 for a tile of BR contiguous rows, the up rows of a silu_mul tile, row
     itself for a narrow tile, whose second box is the next column block)."""
     pool: str
     row: str
     width: str
     second: str
+    col: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _gemv_cost(f: dict, br: int) -> float:
 
 def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
     rows = range(f["batch"])
-    reads = [(f["x"], f["batch"] * f["k"] // (2 if f["xbf"] else 1))]
+    reads = [(f["x"], ((f["batch"] - 1) * f["xk"] + f["k"]) // (2 if f["xbf"] else 1))]
     if f["norm"] >= 0:
         reads.append((f["norm"], f["k"]))
     outs = f["rows"]
@@ -196,12 +197,17 @@ NOP = NodeKind("nop", 0, ())
 # obf = 1 (a batched kernel's silu_mul or store GEMV with no bias or amax): the outputs are bf16, row
 # b's from bf16 element 2 * out + b * ostride (out a float offset, rows and ostride even), the input of
 # a GEMV with xbf and no norm, so no CAST node stands between them.
+# A split-K tile (a batched kernel's store GEMV: program.gemv's splits) takes the k pool columns from
+# `col` (a multiple of BK) against x's values from column col of each row: x is then the float offset
+# of row 0's column col, and `xk` the rows' stride in values (the pool's width; k otherwise). Each
+# split stores its partial sums, and the CAST node that reads the output adds them (kinds.CAST part).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
-            Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf"), Field("obf")),
-    streamed=Streamed("pool", "row", "k", "row2"), cost=_gemv_cost, footprint=_gemv_footprint)
+            Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf"), Field("obf"),
+            Field("col"), Field("xk")),
+    streamed=Streamed("pool", "row", "k", "row2", "col"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
     reads = [(f["qkv"] + f["head"] * f["hd"], f["group"] * f["hd"]),                    # the group's q heads
@@ -282,11 +288,20 @@ ALLREDUCE = NodeKind(
 # One row of a GEMV's input, once for every tile that reads it (a batched kernel's): out gets
 # x[0:k], RMS-normalised with norm >= 0 (x * rsqrt(mean(x^2) + eps) * norm), rounded to bf16: the
 # k bf16 values from bf16 element 2 * out of the arena (k / 2 floats), what a GEMV with xbf reads.
+def _cast_footprint(f: dict, br: int) -> tuple[list, list]:
+    reads = [(f["x"], f["k"])] + ([(f["norm"], f["k"])] if f["norm"] >= 0 else [])
+    reads += [(f["part"] + s * f["pstride"], f["k"]) for s in range(f["parts"])]
+    return reads, [(f["out"], f["k"] // 2)] + ([(f["x"], f["k"])] if f["parts"] else [])
+
+
+MAX_CAST_PARTS = 8            # split-K partials a CAST node adds (program.cast refuses more)
+# A batched kernel's GEMV input: row x[:k] (with parts > 0 first x[:k] += the split-K partial sums at
+# part + s * pstride, s = 0, 1, ... in turn, written back to x), RMS-normalised with norm >= 0, as bf16
+# from bf16 element 2 * out (program.cast).
 CAST = NodeKind(
-    "cast", 7, fields=(Field("x"), Field("out"), Field("k"), Field("norm"), Field("eps", "f32")),
-    cost=lambda f, br: float(6 * f["k"]),
-    footprint=lambda f, br: ([(f["x"], f["k"])] + ([(f["norm"], f["k"])] if f["norm"] >= 0 else []),
-                             [(f["out"], f["k"] // 2)]))
+    "cast", 7, fields=(Field("x"), Field("out"), Field("k"), Field("norm"), Field("eps", "f32"), Field("part"),
+                       Field("parts"), Field("pstride")),
+    cost=lambda f, br: float(6 * f["k"] * (1 + f["parts"])), footprint=_cast_footprint)
 
 KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE, ALLREDUCE, CAST)      # opcode 3 was COMBINE (merged into ATTN by ticket)
 BY_OPCODE = {k.opcode: k for k in KINDS}

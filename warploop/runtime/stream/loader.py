@@ -21,6 +21,7 @@ G_POOL = gl.constexpr(GEMV.word(GEMV.streamed.pool))
 G_ROW = gl.constexpr(GEMV.word(GEMV.streamed.row))
 G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
 G_ROW2 = gl.constexpr(GEMV.word(GEMV.streamed.second))
+G_COL = gl.constexpr(GEMV.word(GEMV.streamed.col))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
 OP_ATTN = gl.constexpr(ATTN.opcode)
 A_BLOCKS = gl.constexpr(ATTN.word("blocks"))
@@ -124,12 +125,16 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
             NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
             AW: gl.constexpr):
     HALF: gl.constexpr = BR // 2
+    SK: gl.constexpr = NB > 0 and BR == 64      # split-K tiles (kinds.GEMV col): a batched kernel of 64-row tiles
     it = 0
     op = gl.load(instr + H_OP)
     pool = gl.load(instr + G_POOL)
     row = gl.load(instr + G_ROW)
     row2 = gl.load(instr + G_ROW2)
     k = gl.load(instr + G_K)
+    col = 0
+    if SK:
+        col = gl.load(instr + G_COL)
     narrow = gl.load(instr + G_NARROW)
     # instruction j of the launch is instruction j % n of step j // n (a decode loop runs the list
     # `steps` times; the ring's chunk count runs on across steps)
@@ -142,20 +147,23 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
         n_row = gl.load(nb + G_ROW)
         n_row2 = gl.load(nb + G_ROW2)
         n_k = gl.load(nb + G_K)
+        n_col = 0
+        if SK:
+            n_col = gl.load(nb + G_COL)
         n_narrow = gl.load(nb + G_NARROW)
         if op == OP_GEMV:
             # a chunk is two [BR/2, BK] boxes: rows from row and from row2 at one column block, or
-            # a narrow tile's BR/2 rows at two consecutive column blocks
-            kk = 0
+            # a narrow tile's BR/2 rows at two consecutive column blocks; columns [col, col + k)
+            kk = col
             blocked = (k * 0).to(gl.int64)     # ns (int64, as the clock)
-            while kk < k:
+            while kk < col + k:
                 slot = it % NBUF
                 if TRACE:
                     t = now()
                 mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
                 if TRACE:
                     blocked += now() - t
-                    if kk == 0:
+                    if kk == col:
                         gl.store(trace + i * TRACE_WORDS + 4, now())
                 bar = full.index(slot)
                 mbarrier.expect(bar, BR * BK * 2)
@@ -178,5 +186,5 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
                     gl.store(trace + i * TRACE_WORDS + 4, now())
                 it = stream_kv(dkv, bufs, full, empty, instr + i * W, ints, it, j // n, trace, i, NBUF, HD, KVT,
                               TRACE, AW)
-        op, pool, row, row2, k, narrow = n_op, n_pool, n_row, n_row2, n_k, n_narrow
+        op, pool, row, row2, k, col, narrow = n_op, n_pool, n_row, n_row2, n_k, n_col, n_narrow
         j += 1

@@ -232,6 +232,12 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     if node.kind is CAST:
         import torch
         x = arena[f["x"]:f["x"] + f["k"]]
+        if f["parts"]:                      # a split-K GEMV's partial sums, in split order, into x
+            x = x.clone()
+            for p in range(f["parts"]):
+                at = f["part"] + p * f["pstride"]
+                x += arena[at:at + f["k"]]
+            arena[f["x"]:f["x"] + f["k"]] = x
         if f["norm"] >= 0:
             x = x * torch.rsqrt(x.pow(2).mean() + f["eps"]) * arena[f["norm"]:f["norm"] + f["k"]]
         bf16_view(arena)[2 * f["out"]:2 * f["out"] + f["k"]] = x.to(torch.bfloat16)
@@ -247,12 +253,13 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     import torch
     f = node.fields
     br = tile_rows(f, program.config.block_rows)
-    k, batch = f["k"], f["batch"]
-    key = (f["x"], batch * k // (2 if f["xbf"] else 1), f["norm"], k, f["eps"])
+    k, batch, xk, col = f["k"], f["batch"], f["xk"], f["col"]
+    key = (f["x"], ((batch - 1) * xk + k) // (2 if f["xbf"] else 1), f["norm"], k, f["eps"])
     kept = None if normed is None else normed.get(key)
     if kept is None:
-        if f["xbf"]:                    # CAST nodes' bf16 rows, normalised already
-            xs, scale = bf16_view(arena)[2 * f["x"]:2 * f["x"] + batch * k].float().view(batch, k), 1.0
+        if f["xbf"]:                    # CAST nodes' bf16 rows, normalised already (a split-K tile's columns)
+            rows = bf16_view(arena)[2 * f["x"]:2 * f["x"] + batch * xk].float()
+            xs, scale = torch.nn.functional.pad(rows, (0, batch * xk - rows.numel())).view(batch, xk)[:, :k], 1.0
         else:
             xs = arena[f["x"]:f["x"] + batch * k].view(batch, k)
             scale = 1.0
@@ -269,7 +276,7 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     pool = program.pools[f["pool"]]
     ys = []
     for first, count in tile_pool_rows(f, program.config.block_rows):
-        y = xs @ pool[first:first + count, :k].float().to(arena.device).T                 # [batch, rows]
+        y = xs @ pool[first:first + count, col:col + k].float().to(arena.device).T         # [batch, rows]
         if y.shape[1] < count:                  # rows past the pool: zeros (TMA)
             y = torch.cat([y, y.new_zeros(batch, count - y.shape[1])], 1)
         ys.append(y)
