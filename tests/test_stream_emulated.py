@@ -73,8 +73,7 @@ def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, b
 @pytest.mark.parametrize("block_rows, block_k", [(64, 128)])
 def test_split_k_tiles_through_the_gemv_rows_body_give_the_reference_outputs(block_rows, block_k, monkeypatch):
     """o_proj and down split K (forced to one chunk a split): each split's tiles stream their own
-    columns (col) and read x's rows at their stride (xk), storing partial sums the reference's; the
-    last split of a row tile (its ticket) adds them all into the residual."""
+    columns (col) and read x's rows at their stride (xk), storing partial sums the reference's."""
     from warploop.llm import stream_record
     monkeypatch.setattr(stream_record, "KSPLIT_CHUNKS", 1)
     assert check_gemv_rows(MODELS["llama_hd64"], block_rows, block_k, 17, splits=True) > 4
@@ -98,7 +97,6 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
     # and its outputs are compared at once (x times the norm weights is rounded to bf16 on both sides,
     # so a GEMV fed another's fp32 order could flip a rounding: each is fed the same input)
     arena, ints_r, kv_r, ran = p.arena(), ints.clone(), kv.clone(), 0
-    counters = np.zeros(max(1, len(p.tickets)), np.int64)     # split-K tiles' merge tickets
     body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
     for node in p.nodes:
         f = node.fields
@@ -111,7 +109,7 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
         none = S(np.zeros((len(ring), 1)))
         xs = S(np.full((config.x_rows, block_k), np.nan, np.float32))
         got = arena.clone()
-        it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), P(counters), None, 0, 0, 0, 0,
+        it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
                           T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
                           config.batch_rows, kernel.CW.value, config.x_stages)
@@ -120,7 +118,6 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
         # only fp32 summation order differs
         torch.testing.assert_close(got, arena, rtol=1e-4, atol=1e-4)
         ran += 1 if not splits or f["k"] < f["xk"] else 0
-    assert counters.sum() == 0              # every merge set its ticket back
     return ran
 
 
@@ -334,31 +331,40 @@ def test_embed_body_gives_a_shards_row_or_zeros():
         np.testing.assert_array_equal(arena[4:12], want)
 
 
+@pytest.mark.parametrize("k", [40, 2104])
+@pytest.mark.parametrize("parts", [0, 3, 6])
 @pytest.mark.parametrize("norm", [True, False])
-def test_cast_body_writes_the_references_bf16_row(norm):
-    """CAST (a batched kernel's): a row of 40 floats, RMS-normalised with its weights or not, as
+def test_cast_body_writes_the_references_bf16_row(norm, parts, k):
+    """CAST (a batched kernel's): a row of k floats (with parts, plus that many split-K partials,
+    added in split order and written back to the row), RMS-normalised with its weights or not, as
     bf16 in the arena's words from `out` (two a word, the low half first), the reference's bits
-    exactly; nothing past the row's 20 words."""
+    exactly; nothing past the row's k / 2 words."""
     import types as pytypes
 
     from warploop.runtime.stream import small
     from warploop.runtime.stream.kinds import CAST
     rng = np.random.default_rng(0)
-    arena = np.full(160, 9.0, np.float32)
-    arena[8:48] = rng.standard_normal(40) * 3
-    arena[48:88] = rng.standard_normal(40)
-    fields = dict(x=8, out=100, k=40, norm=48 if norm else -1, eps=1e-5)
+    x, nw, out, part, stride = 8, 8 + k, 8 + 2 * k, 8 + 3 * k, k + 8
+    arena = np.full(part + 6 * stride + 16, 9.0, np.float32)
+    arena[x:x + k] = rng.standard_normal(k) * 3
+    arena[nw:nw + k] = rng.standard_normal(k)
+    arena[part:part + 6 * stride] = rng.standard_normal(6 * stride) * 2
+    fields = dict(x=x, out=out, k=k, norm=nw if norm else -1, eps=1e-5, part=part if parts else -1, parts=parts,
+                  pstride=stride)
     got = arena.copy()
-    emulated(small._cast)(P(got), words(CAST, fields), T(np.arange(64).reshape(4, 16)))
+    emulated(small._cast)(P(got), words(CAST, fields), T(np.arange(-(-k // 128) * 128).reshape(-1, 128)), True)
     want = torch.from_numpy(arena.copy())
     run_node(None, want, pytypes.SimpleNamespace(kind=CAST, fields=fields))
     np.testing.assert_array_equal(got, want.numpy())
-    assert (got[120:] == 9.0).all() and (got[:100] == arena[:100]).all()
-    x = torch.from_numpy(arena[8:48].copy())
+    assert (got[out + k // 2:] == arena[out + k // 2:]).all() and (got[x + k:out] == arena[x + k:out]).all()
+    row = torch.from_numpy(arena[x:x + k].copy())
+    for s in range(parts):
+        row += torch.from_numpy(arena[part + stride * s:part + stride * s + k].copy())
+    np.testing.assert_array_equal(got[x:x + k], row.numpy())       # the row, with the partials added
     if norm:
-        x = x * torch.rsqrt(x.pow(2).mean() + 1e-5) * torch.from_numpy(arena[48:88].copy())
-    torch.testing.assert_close(torch.from_numpy(got[100:120].copy()).view(torch.bfloat16).float(),
-                               x.to(torch.bfloat16).float(), rtol=0, atol=0)
+        row = row * torch.rsqrt(row.pow(2).mean() + 1e-5) * torch.from_numpy(arena[nw:nw + k].copy())
+    torch.testing.assert_close(torch.from_numpy(got[out:out + k // 2].copy()).view(torch.bfloat16).float(),
+                               row.to(torch.bfloat16).float(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("seed, counter", [(7, 12), (2 ** 63 + 5, 2 ** 31 - 1), (123456789012345, 1)])

@@ -248,8 +248,8 @@ def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, tiles):
 @pytest.mark.parametrize("batch, tiles, block_k", [(8, 64, 128), (17, 64, 128), (32, 64, 128)])
 def test_gpu_split_k_decoder_gives_the_per_op_backends_tokens(batch, tiles, block_k, monkeypatch):
     """o_proj and down split K (stream_record.k_splits, forced to one chunk a split): each split's
-    tiles stream their own columns and store partial sums, which a row tile's last split (its ticket)
-    adds into the residual; the per-op backend's logits and clear picks, and the loop equal to the steps."""
+    tiles stream their own columns and store partial sums, which the CAST nodes add into the
+    residual; the per-op backend's logits and clear picks, and the loop equal to the steps."""
     from warploop.llm import stream_record
     monkeypatch.setattr(stream_record, "KSPLIT_CHUNKS", 1)
     cfg = dataclasses.replace(WGMMA_MODELS["hd64"], intermediate_size=512)

@@ -66,32 +66,30 @@ def test_a_batched_program_refuses_an_fp32_or_normed_gemv():
     p.gemv(0, 0, 16, x, p.buffer("bf", 16), xbf=True, batch=2, obf=True)
 
 
-def test_split_k_refuses_what_the_kernel_cannot_split_naming_it():
+def test_split_k_refuses_what_the_kernel_cannot_split_and_cast_what_it_cannot_add():
     p = StreamProgram(dataclasses.replace(CFG, batch_rows=32, block_rows=64, block_k=128, kmax=512))
     p.pool(torch.zeros(128, 512, dtype=torch.bfloat16))
-    x, parts, res = p.buffer("x", 2 * 256), p.buffer("parts", 4 * 2 * 128), p.buffer("res", 256)
+    x, parts = p.buffer("x", 2 * 256), p.buffer("parts", 4 * 2 * 128)
     for kw, why in [(dict(epi="add"), "a store GEMV"), (dict(narrow=True), "not narrow"),
                     (dict(splits=5), "at most one"), (dict(splits=3), "make 2 splits of 256"),
-                    (dict(out=p.buffer("small", 256)), "must hold 4 splits"), (dict(merge=None), "and merge"),
-                    (dict(splits=9), "8 at most")]:
-        args = dict(batch=2, xbf=True, splits=4, merge=res) | kw
+                    (dict(out=p.buffer("small", 256)), "must hold 4 splits")]:
+        args = dict(batch=2, xbf=True, splits=4) | kw
         out = args.pop("out", parts)
         with pytest.raises(ValueError, match=why):
             p.gemv(0, 0, 128, x, out, **args)
-    with pytest.raises(ValueError, match="merge takes"):
-        p.gemv(0, 0, 128, x, parts, batch=2, xbf=True, merge=res)
-    tiles = p.gemv(0, 0, 128, x, parts, batch=2, xbf=True, splits=4, merge=res)
-    assert [(n.fields["col"], n.fields["k"], n.fields["x"], n.fields["out"], n.fields["ticket"], n.fields["mout"],
-             n.fields["split"]) for n in (p.nodes[t] for t in tiles)] == \
-        [(128 * s, 128, x.offset + 64 * s, parts.offset + s * 256 + 64 * t, t, res.offset + 64 * t, s)
-         for s in range(4) for t in range(2)]
-    assert p.tickets == [4, 4]
-    p.cast(res, x, 128, 2, after=tiles)
+    tiles = p.gemv(0, 0, 128, x, parts, batch=2, xbf=True, splits=4)
+    assert [(n.fields["col"], n.fields["k"], n.fields["x"], n.fields["out"]) for n in (p.nodes[t] for t in tiles)] == \
+        [(128 * s, 128, x.offset + 64 * s, parts.offset + s * 256 + 64 * t) for s in range(4) for t in range(2)]
+    res = p.buffer("res", 256)
+    with pytest.raises(ValueError, match="at most 8"):
+        p.cast(res, x, 128, 2, part=parts, parts=9)
+    with pytest.raises(ValueError, match="part region"):
+        p.cast(res, x, 128, 2, parts=4)
+    p.cast(res, x, 128, 2, part=parts, parts=4, after=tiles)
     narrow = StreamProgram(dataclasses.replace(CFG, batch_rows=16, block_rows=32, block_k=128, kmax=512))
     narrow.pool(torch.zeros(64, 512, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="64-row tiles"):
-        narrow.gemv(0, 0, 32, narrow.buffer("x", 2 * 256), narrow.buffer("o", 2 * 2 * 32), batch=2, xbf=True, splits=2,
-                    merge=narrow.buffer("r", 64))
+        narrow.gemv(0, 0, 32, narrow.buffer("x", 2 * 256), narrow.buffer("o", 2 * 2 * 32), batch=2, xbf=True, splits=2)
 
 
 def test_attention_refuses_what_does_not_fit_naming_it():

@@ -11,7 +11,7 @@ from warploop.llm.stream_pools import Packed
 from warploop.llm.weights import ModelWeights
 from warploop.runtime.stream.arena import Region
 from warploop.runtime.stream.compiled import StreamConfig
-from warploop.runtime.stream.kinds import MAX_SPLITS, SAMP_WORDS
+from warploop.runtime.stream.kinds import MAX_CAST_PARTS, SAMP_WORDS
 from warploop.runtime.stream.program import StreamProgram
 
 # a split-K tile's fewest chunks (BK columns each): its x block copies and its stores are per tile
@@ -26,14 +26,14 @@ def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
 
 def k_splits(rows: int, k: int, config: StreamConfig, ctas: int = 132) -> int:
     """Into how many runs of its k columns a batched kernel's stage of `rows` output rows splits
-    (program.gemv's splits; 1: none): the most, up to MAX_SPLITS, whose tiles do not outnumber the SMs, each
+    (program.gemv's splits; 1: none): the most, up to MAX_CAST_PARTS, whose tiles do not outnumber the SMs, each
     at least KSPLIT_CHUNKS chunks, in a kernel of 64-row tiles (wgmma: 32 batch rows). A split tile
     holds BR rows against BK-column blocks of x, where a narrow one holds BR/2 against two blocks: the
     same SMs, half the copies of x a weight byte."""
     if config.block_rows != 64:          # measured faster on wgmma's tiles only (BENCHMARKS.md)
         return 1
     tiles, bk, best = cdiv(rows, config.block_rows), config.block_k, 1
-    for s in range(2, MAX_SPLITS + 1):
+    for s in range(2, MAX_CAST_PARTS + 1):
         width = cdiv(cdiv(k, s), bk) * bk
         if width >= KSPLIT_CHUNKS * bk and tiles * cdiv(k, width) <= ctas:
             best = max(best, cdiv(k, width))
@@ -90,7 +90,7 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     if dec.splits > 1:
         r["part"] = p.buffer("part", rows * width["part"])
     # batched, o_proj and down split K where their tiles are fewer than the SMs: each split's partial
-    # sums go to kpart, and a row tile's last split to finish adds them into the residual
+    # sums go to kpart and the CAST nodes after them add them into the residual
     ksplit = {"o": k_splits(cfg.hidden_size, cfg.q_size, dec.config) if world == 1 else 1,
               "down": k_splits(cfg.hidden_size, cfg.intermediate_size, dec.config) if world == 1 else 1}
     if max(ksplit.values()) > 1:
@@ -106,19 +106,19 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
         """Row b's slice of the bf16 rows xb_NAME (half a float a value)."""
         return Region(r[f"xb_{name}"].offset + b * width[name] // 2, width[name] // 2)
 
-    def res_in(norm, after):
+    def res_in(norm, after, parts: int = 1):
         """(x, norm, deps) for a GEMV that reads the residual through `norm`: batched, CAST nodes'
-        normalised bf16 copy of its rows, after them."""
+        normalised bf16 copy of its rows, after them (which add `parts` split-K partials into it)."""
         if not xbf:
             return r["res"], norm, after
-        return r["xb_res"], None, p.cast(r["res"], r["xb_res"], width["res"], rows, norm=norm, eps=eps, after=after)
+        return r["xb_res"], None, p.cast(r["res"], r["xb_res"], width["res"], rows, norm=norm, eps=eps, after=after,
+                                         part=r["kpart"] if parts > 1 else None, parts=parts if parts > 1 else 0)
 
     def residual_gemv(pool: int, first: int, k: int, x: Region, out: Region, bias, after, parts: int):
         """o_proj or down into the residual (with tensor parallelism, this rank's partial sums): its
-        rows added into out, or split K into kpart's `parts` partials that the last split adds into out."""
+        rows added into out, or split K into kpart's `parts` partials."""
         if parts > 1:
-            return p.gemv(pool, first, cfg.hidden_size, x, r["kpart"], batch=rows, after=after, xbf=xbf, splits=parts,
-                          merge=out)
+            return p.gemv(pool, first, cfg.hidden_size, x, r["kpart"], batch=rows, after=after, xbf=xbf, splits=parts)
         return p.gemv(pool, first, cfg.hidden_size, x, out, epi="add" if world == 1 else "store", bias=bias,
                       narrow=narrow(cfg.hidden_size, dec.config), batch=rows, after=after, xbf=xbf)
     if world == 1:
@@ -127,9 +127,10 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     else:                     # the token's rank has its row, the others zeros: their sum is the row
         firsts = [p.embed(row("token", 0), r["red_emb"], cfg.hidden_size, first=dec.tp.rank * vocab)]
         prev = p.allreduce(r["red_emb"], r["res"], cfg.hidden_size, world=world, rank=dec.tp.rank, after=firsts)
+    prev_parts = 1            # the split-K partials the residual's next CAST adds (the embedding rows: none)
     for i, lw in enumerate(weights.layers):
         (qkv_pool, qkv_row), (o_pool, o_row), (gu_pool, gu_row), (d_pool, d_row) = at[4 * i:4 * i + 4]
-        x, norm, after = res_in(vec(f"in{i}", lw.input_norm), prev)
+        x, norm, after = res_in(vec(f"in{i}", lw.input_norm), prev, prev_parts)
         a = p.gemv(qkv_pool, qkv_row, cfg.q_size + 2 * cfg.kv_size, x, r["qkv"], eps=eps,
                    narrow=narrow(cfg.q_size + 2 * cfg.kv_size, dec.config), batch=rows,
                    norm=norm, bias=vec(f"bqkv{i}", lw.qkv_bias), after=after, xbf=xbf)
@@ -147,18 +148,19 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
         if world > 1:
             b = p.allreduce(r["red_attn"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                             epi="add", after=b)
-        x, norm, after = res_in(vec(f"post{i}", lw.post_norm), b)
+        x, norm, after = res_in(vec(f"post{i}", lw.post_norm), b, o_parts)
         # batched, gate/up writes bf16 rows that down reads as they are (obf: no CAST between them)
         act = r["xb_act" if xbf else "act"]
         c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, act, norm=norm, eps=eps, epi="silu_mul",
                    up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf)
         prev = residual_gemv(d_pool, d_row, cfg.intermediate_size, act, r["res"] if world == 1 else r["red_mlp"],
                              None, c, ksplit["down"])
+        prev_parts = ksplit["down"]
         if world > 1:
             prev = p.allreduce(r["red_mlp"], r["res"], rows * cfg.hidden_size, world=world, rank=dec.tp.rank,
                                epi="add", after=prev)
     if world == 1:
-        x, norm, after = res_in(vec("final", weights.norm), prev)
+        x, norm, after = res_in(vec("final", weights.norm), prev, prev_parts)
         head = p.gemv(*at[-1], cfg.vocab_size, x, r["logits"], norm=norm, eps=eps, amax=r["pairs"], batch=rows,
                       after=after, samp=r.get("samp"), xbf=xbf)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),

@@ -16,18 +16,7 @@ import numpy as np
 
 from warploop.runtime.placement import NodeSpec, Schedule, place
 from warploop.runtime.stream.hazards import check_hazards
-from warploop.runtime.stream.kinds import (
-    ALLREDUCE,
-    ATTN,
-    EMBED,
-    GEMV,
-    HEADER,
-    MAX_WAITS,
-    NOP,
-    SAMPLE,
-    WORDS,
-    Instruction,
-)
+from warploop.runtime.stream.kinds import ALLREDUCE, ATTN, EMBED, HEADER, MAX_WAITS, NOP, SAMPLE, WORDS, Instruction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +136,7 @@ def _build(program, ctas: int, check: bool) -> Built:
                 signal, signals = backs[i], 1
             elif n.kind is EMBED and i in backs:
                 waits = waits + ((backs[i], -1),)
-            elif (n.kind is ATTN or n.kind is GEMV) and fields["ticket"] >= 0:
+            elif n.kind is ATTN and fields["ticket"] >= 0:
                 fields = {**fields, "ticket": tickets + fields["ticket"]}
             elif n.kind is ALLREDUCE:
                 fields = {**fields, "meet": meets + fields["meet"]}
@@ -194,7 +183,7 @@ def _words(insts: list[Instruction], nodes: list, node_of: list[int]) -> np.ndar
         kind = kinds[k]
         if kind.fields:
             words[at, len(HEADER):len(HEADER) + len(kind.fields)] = [nodes[node_of[r]].body for r in at]
-        name = "ticket" if kind is ATTN or kind is GEMV else "meet" if kind is ALLREDUCE else None
+        name = "ticket" if kind is ATTN else "meet" if kind is ALLREDUCE else None
         if name:
             words[at, kind.word(name)] = [insts[r].fields[name] for r in at]
     return words.reshape(-1)

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from warploop.runtime.stream.kinds import EPILOGUES, GEMV, MAX_SPLITS
+from warploop.runtime.stream.kinds import EPILOGUES, GEMV
 from warploop.runtime.stream.sync import TRACE_WORDS, now, waits
 from warploop.runtime.stream.sync import barrier as _barrier
 from warploop.runtime.stream.sync import cp_async as _cp_async
@@ -35,11 +35,6 @@ G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
 G_ASTRIDE = gl.constexpr(GEMV.word("astride"))
 G_OBF = gl.constexpr(GEMV.word("obf"))
 G_XK = gl.constexpr(GEMV.word("xk"))
-G_TICKET = gl.constexpr(GEMV.word("ticket"))
-G_MOUT = gl.constexpr(GEMV.word("mout"))
-G_PARTS = gl.constexpr(GEMV.word("parts"))
-G_SPLIT = gl.constexpr(GEMV.word("split"))
-MAXS = gl.constexpr(MAX_SPLITS)
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the TMA swizzle's span
@@ -226,52 +221,4 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
                         gl.min(gl.where(vb == top[:, None], at_a + HALF, 2 ** 30), axis=1))
         gl.store(arena + amx + bo * astride, top, mask=bo < nrows)
         gl.store(arena + amx + bo * astride + 1, at.to(gl.float32), mask=bo < nrows)
-    if WG:                            # split-K tiles come in kernels of 64-row tiles only
-        ticket = gl.load(base + G_TICKET)
-        if ticket >= 0:
-            _merge_splits(arena, counters, base, ticket, out, ostride, nrows, at_a - out, ma, mb, HALF)
     return it, failed
-
-
-@gluon.jit
-def _merge_splits(arena, counters, base, ticket, out, ostride, nrows, at, ma, mb, HALF: gl.constexpr):
-    """A split-K tile's partials are stored: take its row tile's ticket, and if it is the last, add
-    every split's partials (split 0's at out less split * the batch's rows; `at` the epilogue's
-    offsets of a half) into mout's rows in split order, four splits' loads in flight at a time. The
-    acq_rel add publishes this tile's partials and orders the other splits' before the last one's
-    reads; it sets the ticket back to 0 for the next run (its signal, a release after this, orders
-    that before any split of the next run takes one)."""
-    _barrier()                        # every thread's partial stores are issued before the ticket
-    taken = gl.atomic_add(counters + ticket, 1, sem="acq_rel", scope="gpu")
-    parts = gl.load(base + G_PARTS)
-    if taken + 1 == parts:
-        pstride = nrows * ostride
-        first = arena + (out - gl.load(base + G_SPLIT) * pstride + at)
-        merged = arena + (gl.load(base + G_MOUT) + at)
-        ya = gl.load(merged, mask=ma, other=0.0, cache_modifier=".cg")
-        yb = gl.load(merged + HALF, mask=mb, other=0.0, cache_modifier=".cg")
-        for g in gl.static_range(0, MAXS, 4):
-            if g < parts:
-                pa0 = gl.load(first + g * pstride, mask=ma, other=0.0, cache_modifier=".cg")
-                pb0 = gl.load(first + g * pstride + HALF, mask=mb, other=0.0,
-                              cache_modifier=".cg")
-                pa1 = gl.load(first + (g + 1) * pstride, mask=ma & (g + 1 < parts), other=0.0, cache_modifier=".cg")
-                pb1 = gl.load(first + (g + 1) * pstride + HALF, mask=mb & (g + 1 < parts), other=0.0,
-                              cache_modifier=".cg")
-                pa2 = gl.load(first + (g + 2) * pstride, mask=ma & (g + 2 < parts), other=0.0, cache_modifier=".cg")
-                pb2 = gl.load(first + (g + 2) * pstride + HALF, mask=mb & (g + 2 < parts), other=0.0,
-                              cache_modifier=".cg")
-                pa3 = gl.load(first + (g + 3) * pstride, mask=ma & (g + 3 < parts), other=0.0, cache_modifier=".cg")
-                pb3 = gl.load(first + (g + 3) * pstride + HALF, mask=mb & (g + 3 < parts), other=0.0,
-                              cache_modifier=".cg")
-                ya = ya + pa0
-                yb = yb + pb0
-                ya = gl.where(g + 1 < parts, ya + pa1, ya)
-                yb = gl.where(g + 1 < parts, yb + pb1, yb)
-                ya = gl.where(g + 2 < parts, ya + pa2, ya)
-                yb = gl.where(g + 2 < parts, yb + pb2, yb)
-                ya = gl.where(g + 3 < parts, ya + pa3, ya)
-                yb = gl.where(g + 3 < parts, yb + pb3, yb)
-        gl.store(merged, ya, mask=ma)
-        gl.store(merged + HALF, yb, mask=mb)
-        gl.atomic_xchg(counters + ticket, 0, sem="relaxed", scope="gpu")

@@ -83,6 +83,7 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
               XS: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr, pub_full, pub_empty):
     HALF: gl.constexpr = BR // 2
     XB: gl.constexpr = NB > 0         # a batched kernel's GEMVs read CAST nodes' bf16 rows: CAST compiled in
+    SK: gl.constexpr = XB and BR == 64   # split-K tiles and CAST's merge of their partials compiled in (kinds.GEMV)
     # A thread holds 8 contiguous bf16 (16 B) of a row and a warp 256 contiguous columns, so the
     # unswizzled chunk is read without bank conflicts and a row's sum stays inside a warp.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [CW, 1], [1, 0])
@@ -235,10 +236,10 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
                                       KVT, XB, AW)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
-                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)
+                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK)
             else:
                 failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
-                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB)
+                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             # every thread's stores precede one thread's CTA-scope release to the publisher, whose

@@ -169,12 +169,6 @@ def _gemv_footprint(f: dict, br: int) -> tuple[list, list]:
         writes = [(f["out"] + b * f["ostride"], outs) for b in rows]
     if f["amax"] >= 0:
         writes += [(f["amax"] + b * f["astride"], 2) for b in rows]
-    if f["ticket"] >= 0 and f["split"] == 0:
-        # whichever split takes the row tile's last ticket adds the splits' partials into mout: its
-        # ticket orders that after the other splits, which the static check cannot see, so the merge
-        # is declared on split 0 alone (every later reader of mout descends from all the splits)
-        merged = [(f["mout"] + b * f["ostride"], outs) for b in rows]
-        reads, writes = reads + merged, writes + merged
     return reads, writes
 
 
@@ -205,16 +199,14 @@ NOP = NodeKind("nop", 0, ())
 # a GEMV with xbf and no norm, so no CAST node stands between them.
 # A split-K tile (a batched kernel's store GEMV: program.gemv's splits) takes the k pool columns from
 # `col` (a multiple of BK) against x's values from column col of each row: x is then the float offset
-# of row 0's column col, and `xk` the rows' stride in values (the pool's width; k otherwise). Split
-# `split` of `parts` stores its partial sums at out (split s's at out + (s - split) * batch * ostride),
-# then takes its row tile's merge `ticket`; the split that takes the last adds every split's partials,
-# in split order, into mout's rows (row b's at mout + b * ostride). ticket -1: no merge.
+# of row 0's column col, and `xk` the rows' stride in values (the pool's width; k otherwise). Each
+# split stores its partial sums, and the CAST node that reads the output adds them (kinds.CAST part).
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
             Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf"), Field("obf"),
-            Field("col"), Field("xk"), Field("ticket"), Field("mout"), Field("parts"), Field("split")),
+            Field("col"), Field("xk")),
     streamed=Streamed("pool", "row", "k", "row2", "col"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:
@@ -296,14 +288,20 @@ ALLREDUCE = NodeKind(
 # One row of a GEMV's input, once for every tile that reads it (a batched kernel's): out gets
 # x[0:k], RMS-normalised with norm >= 0 (x * rsqrt(mean(x^2) + eps) * norm), rounded to bf16: the
 # k bf16 values from bf16 element 2 * out of the arena (k / 2 floats), what a GEMV with xbf reads.
-MAX_SPLITS = 8                # split-K runs of one GEMV (program.gemv refuses more)
-# A batched kernel's GEMV input: row x[:k], RMS-normalised with norm >= 0, as bf16 from bf16 element
-# 2 * out (program.cast).
+def _cast_footprint(f: dict, br: int) -> tuple[list, list]:
+    reads = [(f["x"], f["k"])] + ([(f["norm"], f["k"])] if f["norm"] >= 0 else [])
+    reads += [(f["part"] + s * f["pstride"], f["k"]) for s in range(f["parts"])]
+    return reads, [(f["out"], f["k"] // 2)] + ([(f["x"], f["k"])] if f["parts"] else [])
+
+
+MAX_CAST_PARTS = 8            # split-K partials a CAST node adds (program.cast refuses more)
+# A batched kernel's GEMV input: row x[:k] (with parts > 0 first x[:k] += the split-K partial sums at
+# part + s * pstride, s = 0, 1, ... in turn, written back to x), RMS-normalised with norm >= 0, as bf16
+# from bf16 element 2 * out (program.cast).
 CAST = NodeKind(
-    "cast", 7, fields=(Field("x"), Field("out"), Field("k"), Field("norm"), Field("eps", "f32")),
-    cost=lambda f, br: float(6 * f["k"]),
-    footprint=lambda f, br: ([(f["x"], f["k"])] + ([(f["norm"], f["k"])] if f["norm"] >= 0 else []),
-                             [(f["out"], f["k"] // 2)]))
+    "cast", 7, fields=(Field("x"), Field("out"), Field("k"), Field("norm"), Field("eps", "f32"), Field("part"),
+                       Field("parts"), Field("pstride")),
+    cost=lambda f, br: float(6 * f["k"] * (1 + f["parts"])), footprint=_cast_footprint)
 
 KINDS = (NOP, GEMV, ATTN, EMBED, SAMPLE, ALLREDUCE, CAST)      # opcode 3 was COMBINE (merged into ATTN by ticket)
 BY_OPCODE = {k.opcode: k for k in KINDS}

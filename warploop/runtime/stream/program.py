@@ -30,7 +30,7 @@ from warploop.runtime.stream.kinds import (
     EPILOGUES,
     GEMV,
     HEADER,
-    MAX_SPLITS,
+    MAX_CAST_PARTS,
     SAMP_WORDS,
     SAMPLE,
     NodeKind,
@@ -133,7 +133,7 @@ class StreamProgram:
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
              worker: int | None = None, samp: Region | None = None, xbf: bool = False,
-             obf: bool = False, splits: int = 1, merge: Region | None = None) -> list[int]:
+             obf: bool = False, splits: int = 1) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
@@ -146,8 +146,7 @@ class StreamProgram:
         no norm reads. splits: split K (an xbf store, not narrow, with no bias or amax): each tile's rows
         take `splits` tiles over consecutive runs of the pool's columns (a multiple of BK each, the last
         the rest; kinds.GEMV col, xk), split s storing its partial sums at out + s * batch * n (row b's at
-        + b * n); the split that takes its row tile's last ticket adds them all, in split order, into
-        merge (batch rows of n: the residual)."""
+        + b * n), which a CAST node's part adds (cast(), `splits` partials of stride batch * n)."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -192,17 +191,13 @@ class StreamProgram:
                              f"{' as bf16 (half a float each)' if obf else ''}, and bias {n} rows")
         if bias is not None and epi == "silu_mul":
             raise ValueError("silu_mul takes no bias")
-        if not 1 <= splits <= MAX_SPLITS or (splits > 1 and (
-                not xbf or br != 64 or epi != "store" or narrow or obf or bias is not None or amax is not None
-                or splits > -(-k // self.config.block_k))):
+        if splits < 1 or (splits > 1 and (not xbf or br != 64 or epi != "store" or narrow or obf or bias is not None
+                                          or amax is not None or splits > -(-k // self.config.block_k))):
             raise ValueError(f"splits {splits}: split K takes a batched (xbf) kernel's 64-row tiles (the kernel's "
                              f"is {br}), a store GEMV with fp32 outputs, not narrow, with no bias or amax, and at "
-                             f"most one split per {self.config.block_k} columns (k {k}), {MAX_SPLITS} at most")
-        if splits > 1 and (out.size < splits * batch * n or merge is None or merge.size < batch * n):
-            raise ValueError(f"out ({out.size}) must hold {splits} splits' partial sums of {batch} x {n}, and merge "
-                             f"({None if merge is None else merge.size}) the {batch} x {n} they add into")
-        if splits == 1 and merge is not None:
-            raise ValueError("merge takes the partial sums of a split GEMV (splits > 1)")
+                             f"most one split per {self.config.block_k} columns (k {k})")
+        if splits > 1 and out.size < splits * batch * n:
+            raise ValueError(f"out ({out.size}) must hold {splits} splits' partial sums of {batch} x {n}")
         bk = self.config.block_k
         width = ((k + splits - 1) // splits + bk - 1) // bk * bk     # a split's columns: a multiple of BK
         if -(-k // width) != splits:
@@ -210,9 +205,6 @@ class StreamProgram:
                              f"{width} (give that many)")
         tiles, after = [], _Deps(self._deps(after))
         count = -(-n // per)
-        tickets = len(self.tickets)                  # a row tile's merge ticket, taken by each of its splits
-        if splits > 1:
-            self.tickets += [splits] * count
         for col in range(0, k, width):
             at_out = out.offset + col // width * batch * n
             template = None
@@ -227,10 +219,7 @@ class StreamProgram:
                                   bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                                   narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
                                   batch=batch, ostride=n, astride=2 * tiles_n,
-                                  samp=-1 if samp is None else samp.offset, xbf=int(xbf), obf=int(obf), col=col, xk=k,
-                                  ticket=tickets + t if splits > 1 else -1,
-                                  mout=merge.offset + t * per if splits > 1 else -1, parts=splits,
-                                  split=col // width)
+                                  samp=-1 if samp is None else samp.offset, xbf=int(xbf), obf=int(obf), col=col, xk=k)
                     tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                     template = template or (fields, self.nodes[-1].body)
                 else:
@@ -238,9 +227,7 @@ class StreamProgram:
                     # last's (which fit int32): the first's fields and words with those set
                     tile = dict(row=first, row2=second, out=at_out + t * per // (2 if obf else 1),
                                 bias=-1 if bias is None else bias.offset + t * per,
-                                amax=-1 if amax is None else amax.offset + 2 * t,
-                                ticket=tickets + t if splits > 1 else -1,
-                                mout=merge.offset + t * per if splits > 1 else -1)
+                                amax=-1 if amax is None else amax.offset + 2 * t)
                     body = list(template[1])
                     for name, at in _TILE_WORDS:
                         body[at] = tile[name]
@@ -299,17 +286,25 @@ class StreamProgram:
         return done
 
     def cast(self, x: Region, out: Region, k: int, rows: int = 1, *, norm: Region | None = None, eps: float = 0.0,
-             after=()) -> list[int]:
+             after=(), part: Region | None = None, parts: int = 0) -> list[int]:
         """Each of `rows` rows of k floats at x (row b at x + b * k), RMS-normalised with norm, as bf16
         into out (row b's k values from bf16 element 2 * out.offset + b * k): a node a row
-        (kinds.CAST), for the GEMVs of a batched kernel (StreamConfig.batch_rows)."""
+        (kinds.CAST), for the GEMVs of a batched kernel (StreamConfig.batch_rows). part, parts: a
+        split-K GEMV's partial sums (gemv's splits: split s's row b at part + (s * rows + b) * k), added
+        into x's rows first, in split order."""
         if k % 8 or x.offset % 4 or out.offset % 4 or x.size < rows * k or out.size < rows * k // 2 or \
                 (norm is not None and norm.size < k):
             raise ValueError(f"cast: k ({k}) a multiple of 8, x and out 16-byte aligned, x of {rows} x {k} floats, "
                              f"out of half that, norm of k")
+        if not 0 <= parts <= MAX_CAST_PARTS or (parts and (part is None or part.size < parts * rows * k)) or \
+                (part is not None and not parts):
+            raise ValueError(f"cast: parts ({parts}; at most {MAX_CAST_PARTS}) partials of {rows} x {k} floats need a "
+                             "part region that holds them, and a part region needs parts")
         deps = self._deps(after)
         return [self.add(CAST, after=deps, x=x.offset + b * k, out=out.offset + b * k // 2, k=k,
-                         norm=-1 if norm is None else norm.offset, eps=eps) for b in range(rows)]
+                         norm=-1 if norm is None else norm.offset, eps=eps,
+                         part=-1 if part is None else part.offset + b * k, parts=parts, pstride=rows * k)
+                for b in range(rows)]
 
     def embed(self, token: Region, out: Region, k: int, after=(), first: int | None = None) -> int:
         """out[:k] = the embedding row of the token at int-arena `token` (kinds.EMBED). first: the
@@ -388,8 +383,7 @@ class StreamProgram:
 
 
 # the GEMV fields a gemv()'s tiles differ in, with their index in the encoded body
-_TILE_WORDS = tuple((name, GEMV.word(name) - len(HEADER)) for name in ("row", "row2", "out", "bias", "amax", "ticket",
-                                                                         "mout"))
+_TILE_WORDS = tuple((name, GEMV.word(name) - len(HEADER)) for name in ("row", "row2", "out", "bias", "amax"))
 
 
 class _Deps(NamedTuple):

@@ -232,6 +232,12 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
     if node.kind is CAST:
         import torch
         x = arena[f["x"]:f["x"] + f["k"]]
+        if f["parts"]:                      # a split-K GEMV's partial sums, in split order, into x
+            x = x.clone()
+            for p in range(f["parts"]):
+                at = f["part"] + p * f["pstride"]
+                x += arena[at:at + f["k"]]
+            arena[f["x"]:f["x"] + f["k"]] = x
         if f["norm"] >= 0:
             x = x * torch.rsqrt(x.pow(2).mean() + f["eps"]) * arena[f["norm"]:f["norm"] + f["k"]]
         bf16_view(arena)[2 * f["out"]:2 * f["out"] + f["k"]] = x.to(torch.bfloat16)
@@ -299,16 +305,6 @@ def run_node(program, arena, node, ints=None, kv=None, s: int = 0, exchange: Ran
             best, at = int(y.argmax()), f["amax"] + b * f["astride"]
             arena[at] = y[best]
             arena[at + 1] = float(out + best)
-    if f["ticket"] >= 0 and f["split"] == f["parts"] - 1:
-        # the last split (in program order: the kernel's last ticket may be any split's, and it adds
-        # in split order too) adds every split's partials into mout
-        pstride = batch * f["ostride"]
-        for b in range(batch):
-            at, out0 = f["mout"] + b * f["ostride"], f["out"] - f["split"] * pstride + b * f["ostride"]
-            total = arena[at:at + n].clone()
-            for p in range(f["parts"]):
-                total += arena[out0 + p * pstride:out0 + p * pstride + n]
-            arena[at:at + n] = total
 
 
 def bf16_view(arena):

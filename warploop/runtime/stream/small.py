@@ -23,6 +23,8 @@ SBLK = gl.constexpr(4096)       # amax pairs a SAMPLE reduces per round
 OP_CAST = gl.constexpr(CAST.opcode)
 C_X, C_OUT, C_K = gl.constexpr(CAST.word("x")), gl.constexpr(CAST.word("out")), gl.constexpr(CAST.word("k"))
 C_NORM, C_EPS = gl.constexpr(CAST.word("norm")), gl.constexpr(CAST.word("eps"))
+C_PART, C_PARTS, C_PSTRIDE = gl.constexpr(CAST.word("part")), gl.constexpr(CAST.word("parts")), \
+    gl.constexpr(CAST.word("pstride"))
 
 
 @gluon.jit
@@ -40,14 +42,24 @@ def _embed(arena, ints, emb, base, xidx):
 
 
 @gluon.jit
-def _cast(arena, base, xidx):
-    """The CAST kind's body: x[:k], RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out
-    (k <= the kernel's KMAX: xidx spans it)."""
+def _cast(arena, base, xidx, SK: gl.constexpr):
+    """The CAST kind's body: x[:k] (plus a split-K GEMV's partial sums in split order, written back
+    to x), RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out (k <= the kernel's KMAX:
+    xidx spans it). SK: the merge compiled in (a kernel of 64-row tiles, the split tiles' only kind)."""
     k = gl.load(base + C_K)
     norm = gl.load(base + C_NORM)
     live = xidx < k
-    # x is a predecessor's output (another SM's stores, ordered by the wait): from L2
-    xv = gl.load(arena + gl.load(base + C_X) + xidx, mask=live, other=0.0, cache_modifier=".cg")
+    # x and the partials are predecessors' outputs (other SMs' stores, ordered by the wait): from L2
+    at_x = arena + gl.load(base + C_X) + xidx
+    xv = gl.load(at_x, mask=live, other=0.0, cache_modifier=".cg")
+    if SK:
+        parts = gl.load(base + C_PARTS)
+        if parts > 0:
+            part = arena + gl.load(base + C_PART) + xidx
+            pstride = gl.load(base + C_PSTRIDE)
+            for s in range(parts):
+                xv += gl.load(part + s * pstride, mask=live, other=0.0, cache_modifier=".cg")
+            gl.store(at_x, xv, mask=live)
     if norm >= 0:
         eps = gl.load(base + C_EPS).to(gl.float32, bitcast=True)
         xv = xv * gl.rsqrt(gl.sum(gl.sum(xv * xv, axis=1), axis=0) / k + eps) * \
@@ -87,9 +99,10 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 
 @gluon.jit
 def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
-           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr):
+           SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr,
+           SK: gl.constexpr):
     """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP; CAST with XB): its
-    waits, then its body."""
+    waits, then its body (SK: CAST's merge of split-K partials compiled in)."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
@@ -99,7 +112,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _sample(arena, ints, base, s, CW)
     if XB:                    # a constexpr branch: CAST only in a batched kernel
         if op == OP_CAST:
-            _cast(arena, base, xidx)
+            _cast(arena, base, xidx, SK)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
         if op == OP_ALLREDUCE:
             failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
