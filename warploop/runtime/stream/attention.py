@@ -243,11 +243,8 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                 new = (t0 + rf == n_ctx - 1)[:, None]
                 chunk.slice(0, KVT).store(gl.where(new, knew_f, kt))
                 chunk.slice(KVT, KVT).store(gl.where(new, vnew_f, gl.where((t0 + rf < hi)[:, None], vt, 0.0)))
-            if (t0 == lo) | stale | tail | ((t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)):
-                # every write to the slot here or in patch_rows (and q's, before the first chunk), before
-                # wgmma reads it; a chunk as TMA left it needs neither
-                fence_async_shared()
-                barrier()
+            fence_async_shared()    # every write to the slot here or in patch_rows, before wgmma reads it
+            barrier()
             # scores^T [KVT, GP]: the keys [KVT, HD] (M) by q^T [HD, GP] (N)
             sc = warpgroup_mma(chunk.slice(0, KVT), q_s.permute((1, 0)), s0, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
