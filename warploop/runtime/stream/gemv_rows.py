@@ -141,13 +141,11 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
             else:
                 _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
             issued += 1
-        # this thread's copies of x's block are in; no barrier of ours follows: the compiler puts one
-        # after the wait (shared memory written by other threads' cp.async is read next), and a second
-        # was one CTA barrier a chunk more (Triton 3.6 and 3.9, SASS)
         if narrow:
             async_copy.wait_group(XS - 2)
         else:
             async_copy.wait_group(XS - 1)
+        _barrier()                    # every thread's copies are in before any thread reads them
         if WG:
             fence_async_shared()      # cp.async wrote x through the generic proxy; wgmma reads through the async one
         slot = it % NBUF
