@@ -41,31 +41,85 @@ def _embed(arena, ints, emb, base, xidx):
              gl.load(row + xidx, mask=(xidx < k) & mine, other=0.0).to(gl.float32), mask=xidx < k)
 
 
+CAST_BLOCK = gl.constexpr(2048)   # the values a CAST node holds at once (x, its partials, the norm weights)
+
+
 @gluon.jit
-def _cast(arena, base, xidx, SK: gl.constexpr):
+def _cast_sum(arena, at_x, part, pstride, parts, live, SK: gl.constexpr):
+    """x's block plus the split-K partials at part + s * pstride (s = 0 .. parts - 1, added in turn),
+    four loads in flight at a time (each is an L2 round trip: a loop of one load an iteration waits
+    on each in turn)."""
+    xv = gl.load(at_x, mask=live, other=0.0, cache_modifier=".cg")
+    if not SK:
+        return xv
+    s = 0
+    while s < parts:
+        at = part + s * pstride
+        p0 = gl.load(at, mask=live, other=0.0, cache_modifier=".cg")
+        p1 = gl.load(at + pstride, mask=live & (s + 1 < parts), other=0.0, cache_modifier=".cg")
+        p2 = gl.load(at + 2 * pstride, mask=live & (s + 2 < parts), other=0.0, cache_modifier=".cg")
+        p3 = gl.load(at + 3 * pstride, mask=live & (s + 3 < parts), other=0.0, cache_modifier=".cg")
+        xv = xv + p0
+        xv = xv + p1
+        xv = xv + p2
+        xv = xv + p3
+        s += 4
+    return xv
+
+
+@gluon.jit
+def _cast(arena, base, KMAX: gl.constexpr, CW: gl.constexpr, SK: gl.constexpr):
     """The CAST kind's body: x[:k] (plus a split-K GEMV's partial sums in split order, written back
-    to x), RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out (k <= the kernel's KMAX:
-    xidx spans it). SK: the merge compiled in (a kernel of 64-row tiles, the split tiles' only kind)."""
+    to x), RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out, in blocks of CB values
+    (a thread's four consecutive floats a vector load): a row of k <= CB (every model's hidden size
+    to 2,048) is loaded once with its partials and norm weights all in flight; a wider one is summed
+    block by block, then normalised from x again. SK: the merge compiled in (a kernel of 64-row
+    tiles, the split tiles' only kind)."""
+    CB: gl.constexpr = min(KMAX, CAST_BLOCK)
+    L: gl.constexpr = gl.BlockedLayout([4], [32], [CW], [0])
+    idx = gl.arange(0, CB, layout=L)
     k = gl.load(base + C_K)
     norm = gl.load(base + C_NORM)
-    live = xidx < k
+    eps = gl.load(base + C_EPS).to(gl.float32, bitcast=True)
     # x and the partials are predecessors' outputs (other SMs' stores, ordered by the wait): from L2
-    at_x = arena + gl.load(base + C_X) + xidx
-    xv = gl.load(at_x, mask=live, other=0.0, cache_modifier=".cg")
+    at_x = arena + gl.load(base + C_X) + idx
+    out = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * gl.load(base + C_OUT).to(gl.int64) + idx
+    parts = 0
     if SK:
         parts = gl.load(base + C_PARTS)
+    part = arena + gl.load(base + C_PART) + idx
+    pstride = gl.load(base + C_PSTRIDE)
+    if k <= CB:
+        live = idx < k
+        nw = gl.load(arena + norm + idx, mask=live & (norm >= 0), other=0.0)   # in flight with x's loads
+        xv = _cast_sum(arena, at_x, part, pstride, parts, live, SK)
         if parts > 0:
-            part = arena + gl.load(base + C_PART) + xidx
-            pstride = gl.load(base + C_PSTRIDE)
-            for s in range(parts):
-                xv += gl.load(part + s * pstride, mask=live, other=0.0, cache_modifier=".cg")
             gl.store(at_x, xv, mask=live)
-    if norm >= 0:
-        eps = gl.load(base + C_EPS).to(gl.float32, bitcast=True)
-        xv = xv * gl.rsqrt(gl.sum(gl.sum(xv * xv, axis=1), axis=0) / k + eps) * \
-            gl.load(arena + norm + xidx, mask=live, other=0.0)
-    out = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * gl.load(base + C_OUT).to(gl.int64)
-    gl.store(out + xidx, xv.to(gl.bfloat16), mask=live)
+        if norm >= 0:
+            xv = xv * gl.rsqrt(gl.sum(xv * xv, axis=0) / k + eps) * nw
+        gl.store(out, xv.to(gl.bfloat16), mask=live)
+    else:
+        ss = gl.zeros([CB], gl.float32, layout=L)
+        c = 0
+        while c < k:
+            live = idx < k - c
+            xv = _cast_sum(arena, at_x + c, part + c, pstride, parts, live, SK)
+            if parts > 0:
+                gl.store(at_x + c, xv, mask=live)
+            ss += xv * xv
+            c += CB
+        scale = 1.0
+        if norm >= 0:
+            scale = gl.rsqrt(gl.sum(ss, axis=0) / k + eps)
+        c = 0
+        while c < k:
+            live = idx < k - c
+            # this thread's own stores of the pass before (the same addresses in the same layout)
+            xv = gl.load(at_x + c, mask=live, other=0.0, cache_modifier=".cg") * scale
+            if norm >= 0:
+                xv = xv * gl.load(arena + norm + c + idx, mask=live, other=0.0)
+            gl.store(out + c, xv.to(gl.bfloat16), mask=live)
+            c += CB
 
 
 @gluon.jit
@@ -100,7 +154,7 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 @gluon.jit
 def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
            SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr,
-           SK: gl.constexpr):
+           SK: gl.constexpr, KMAX: gl.constexpr):
     """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP; CAST with XB): its
     waits, then its body (SK: CAST's merge of split-K partials compiled in)."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
@@ -112,7 +166,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _sample(arena, ints, base, s, CW)
     if XB:                    # a constexpr branch: CAST only in a batched kernel
         if op == OP_CAST:
-            _cast(arena, base, xidx, SK)
+            _cast(arena, base, KMAX, CW, SK)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
         if op == OP_ALLREDUCE:
             failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
