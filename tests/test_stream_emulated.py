@@ -331,15 +331,15 @@ def test_embed_body_gives_a_shards_row_or_zeros():
         np.testing.assert_array_equal(arena[4:12], want)
 
 
-@pytest.mark.parametrize("k", [40, 2048, 2104, 4100])
+@pytest.mark.parametrize("k, hd", [(40, 64), (2048, 64), (2104, 64), (4100, 64), (1030, 128), (2048, 128)])
 @pytest.mark.parametrize("parts", [0, 3, 6])
 @pytest.mark.parametrize("norm, sk", [(True, True), (False, True), (True, False)])
-def test_cast_body_writes_the_references_bf16_row(norm, sk, parts, k):
+def test_cast_body_writes_the_references_bf16_row(norm, sk, parts, k, hd):
     """CAST (a batched kernel's): a row of k floats (with parts, plus that many split-K partials,
     added in split order and written back to the row), RMS-normalised with its weights or not, as
     bf16 in the arena's words from `out` (two a word, the low half first), the reference's bits
-    exactly; nothing past the row's k / 2 words. A row wider than the body's block (2,048 values:
-    2,104 and 4,100) is summed block by block, then normalised in a second pass. sk: the merge
+    exactly; nothing past the row's k / 2 words. A row wider than the body's block (2,048 values,
+    1,024 in a kernel of head size hd 128) is summed block by block, then normalised in a second pass. sk: the merge
     compiled in (a 16-row kernel has none: no partials)."""
     if parts and not sk:
         pytest.skip("a kernel without split-K tiles has no partials to add")
@@ -356,7 +356,7 @@ def test_cast_body_writes_the_references_bf16_row(norm, sk, parts, k):
     fields = dict(x=x, out=out, k=k, norm=nw if norm else -1, eps=1e-5, part=part if parts else -1, parts=parts,
                   pstride=stride)
     got = arena.copy()
-    emulated(small._cast)(P(got), words(CAST, fields), 8192, 4, sk)
+    emulated(small._cast)(P(got), words(CAST, fields), 8192, 4, sk, hd)
     want = torch.from_numpy(arena.copy())
     run_node(None, want, pytypes.SimpleNamespace(kind=CAST, fields=fields))
     np.testing.assert_array_equal(got, want.numpy())

@@ -236,10 +236,10 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
                                       KVT, XB, AW)
                 else:
                     failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1,
-                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK, KMAX)
+                                    epoch, failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK, KMAX, HD)
             else:
                 failed = small(op, arena, ints, emb, instr + i * W, xidx, s, counters, err, w0, n0, w1, n1, epoch,
-                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK, KMAX)
+                                failed, cta, i, trace, peers, SPIN, TRACE, CW, TP, XB, SK, KMAX, HD)
             staged_x = -1             # an attention or embedding node's output may be a later node's input
         if sig >= 0:
             # every thread's stores precede one thread's CTA-scope release to the publisher, whose

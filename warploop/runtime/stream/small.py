@@ -41,7 +41,11 @@ def _embed(arena, ints, emb, base, xidx):
              gl.load(row + xidx, mask=(xidx < k) & mine, other=0.0).to(gl.float32), mask=xidx < k)
 
 
-CAST_BLOCK = gl.constexpr(2048)   # the values a CAST node holds at once (x, its partials, the norm weights)
+# The values a CAST node holds at once (x, its partials, the norm weights): 2,048 where attention's head
+# is 64 wide or less, 1,024 over it (H200, batch 32, ms a step, a block of 1,024 / 2,048 / the kernel's
+# KMAX span before: Qwen3-0.6B 1.762 / 2.006 / 1.832, its kernel's stack 120 / 256 / 120 bytes;
+# Llama-3.2-1B 1.335 / 1.323 / 1.532; bench/results/stream-cast-block-h200-20261130.jsonl)
+CAST_BLOCK = gl.constexpr(2048)
 
 
 @gluon.jit
@@ -68,14 +72,14 @@ def _cast_sum(arena, at_x, part, pstride, parts, live, SK: gl.constexpr):
 
 
 @gluon.jit
-def _cast(arena, base, KMAX: gl.constexpr, CW: gl.constexpr, SK: gl.constexpr):
+def _cast(arena, base, KMAX: gl.constexpr, CW: gl.constexpr, SK: gl.constexpr, HD: gl.constexpr):
     """The CAST kind's body: x[:k] (plus a split-K GEMV's partial sums in split order, written back
     to x), RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out, in blocks of CB values
     (a thread's four consecutive floats a vector load): a row of k <= CB (every model's hidden size
     to 2,048) is loaded once with its partials and norm weights all in flight; a wider one is summed
     block by block, then normalised from x again. SK: the merge compiled in (a kernel of 64-row
-    tiles, the split tiles' only kind)."""
-    CB: gl.constexpr = min(KMAX, CAST_BLOCK)
+    tiles, the split tiles' only kind); HD: attention's head size (CAST_BLOCK)."""
+    CB: gl.constexpr = min(KMAX, CAST_BLOCK if HD <= 64 else CAST_BLOCK // 2)
     L: gl.constexpr = gl.BlockedLayout([4], [32], [CW], [0])
     idx = gl.arange(0, CB, layout=L)
     k = gl.load(base + C_K)
@@ -154,7 +158,7 @@ def _sample(arena, ints, base, s, CW: gl.constexpr):
 @gluon.jit
 def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, peers,
            SPIN: gl.constexpr, TRACE: gl.constexpr, CW: gl.constexpr, TP: gl.constexpr, XB: gl.constexpr,
-           SK: gl.constexpr, KMAX: gl.constexpr):
+           SK: gl.constexpr, KMAX: gl.constexpr, HD: gl.constexpr):
     """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP; CAST with XB): its
     waits, then its body (SK: CAST's merge of split-K partials compiled in)."""
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
@@ -166,7 +170,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _sample(arena, ints, base, s, CW)
     if XB:                    # a constexpr branch: CAST only in a batched kernel
         if op == OP_CAST:
-            _cast(arena, base, KMAX, CW, SK)
+            _cast(arena, base, KMAX, CW, SK, HD)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
         if op == OP_ALLREDUCE:
             failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
