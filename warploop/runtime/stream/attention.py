@@ -56,23 +56,23 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
     KW: gl.constexpr = 64 if AW else HD               # the slot's rows: a head's, or 64-column blocks of it
     NHB: gl.constexpr = HD // KW                      # 2: kv_split (keys and values in a slot each)
-    MQ: gl.constexpr = 64 if AW else GP               # q's rows: wgmma's M with AW (the group's heads, then zeros)
-    if AW:                          # the q heads are wgmma's M: scores [MQ, KVT], outputs [MQ, KW] a column block
-        SACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1],
-                                                       instr_shape=[16, KVT, 16])
-        OACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, KW, 16])
-        PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=OACC, k_width=2)   # the probabilities
+    if AW:                          # scores and outputs transposed, [KVT, GP] and [HD, GP]: the q heads are wgmma's N
+        SACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, GP, 16])
         KVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         XW: gl.constexpr = xs.shape[1]                    # x's rows: BK floats
-        QR: gl.constexpr = MQ * HD // (2 * XW)            # q's bf16 [MQ, HD] in x's rows
-        if NHB > 1:                 # q as [NHB, MQ, KW] blocks, staged as plain bf16 rows first; then the new k
-            # and v (fp32) where the staging was
-            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, MQ, KW], KVS)
-            f_s = xs.slice(QR, GP * HD // (2 * XW)).reinterpret(gl.bfloat16, [GP, HD], PLAIN)
-            n_s = xs.slice(QR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
+        QR: gl.constexpr = GP * HD // (2 * XW)            # q's bf16 [GP, HD] in x's rows, the probabilities after
+        PR: gl.constexpr = GP * KVT // (2 * XW)
+        OR: gl.constexpr = GP * HD // XW                  # the outputs' fp32 [GP, HD], once the chunks are done
+        if NHB > 1:                 # q as [NHB, GP, KW] blocks; q, the new k and v staged fp32 first (a slice's
+            # offset a multiple of its rows)
+            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
+            f_s = xs.slice(OR, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
+            n_s = xs.slice(2 * OR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
         else:
-            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [MQ, HD], KVS)
+            q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [GP, HD], KVS)
+        p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
+        o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
     qkv = gl.load(base + A_QKV)
@@ -154,31 +154,24 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
     if AW:
-        # q's rows: the group's heads, then zeros (wgmma's M is 64; a row's products stay in its row)
         if NHB > 1:                 # q into its column blocks, the new k and v kept for the slots' patches
-            for c in gl.static_range(NHB):
-                q_s.index(c).store(gl.zeros([MQ, KW], gl.bfloat16, layout=FL))
-            f_s.store(q.to(gl.bfloat16))
-            barrier()
-            for c in gl.static_range(NHB):
-                q_s.index(c).slice(0, GP).store(f_s.slice(c * KW, KW, dim=1).load(FL))
-            barrier()               # every warp's blocks are copied before the new k and v overwrite the staging
+            f_s.store(q)
             n_s.slice(0, 1).store(knew.to(gl.float32))
             n_s.slice(1, 1).store(vnew.to(gl.float32))
-            ot2 = gl.zeros([MQ, KW], gl.float32, layout=OACC)
-        else:
-            q_s.store(gl.zeros([MQ, HD], gl.bfloat16, layout=FL))
             barrier()
-            q_s.slice(0, GP).store(q.to(gl.bfloat16))
+            for c in gl.static_range(NHB):
+                q_s.index(c).store(f_s.slice(c * KW, KW, dim=1).load(FL).to(gl.bfloat16))
+            ot2 = gl.zeros([KW, GP], gl.float32, layout=SACC)
+        else:
+            q_s.store(q.to(gl.bfloat16))
             knew_f = gl.convert_layout(knew, FL)
             vnew_f = gl.convert_layout(vnew, FL)
-            ot2 = gl.zeros([MQ, KW], gl.float32, layout=OACC)     # (no second column block)
         fence_async_shared()        # q written through the generic proxy, read by wgmma through the async one
-        barrier()                   # (and by every warp): a chunk as TMA left it needs no fence of its own
-        tok = gl.arange(0, KVT, layout=gl.SliceLayout(0, SACC))
-        m_i = gl.full([MQ], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SACC))
-        l_i = gl.zeros([MQ], gl.float32, layout=gl.SliceLayout(1, SACC))
-        ot = gl.zeros([MQ, KW], gl.float32, layout=OACC)
+        tok = gl.arange(0, KVT, layout=gl.SliceLayout(1, SACC))
+        m_i = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(0, SACC))
+        lp = gl.zeros([KVT, GP], gl.float32, layout=SACC)     # each thread's part of the sums, added once
+        ot = gl.zeros([KW, GP], gl.float32, layout=SACC)
+        s0 = gl.zeros([KVT, GP], gl.float32, layout=SACC)
     else:
         knew = knew.to(gl.float32)
         vnew = vnew.to(gl.float32)
@@ -208,14 +201,12 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             kv3 = bufs.index(b).reinterpret(gl.bfloat16, [NHB, KVT, KW], KVS)
             patch_slot(kv3, kc, n_s.slice(0, 1), stale, newin, new, hi, t0, ca, cb, row_a, in_a, row_b, in_b, ints,
                        step, bs, f0, f1, fresh, row_words, g, rf, df, FL, HD, NHB, KW, False)
-            if stale | newin:       # every write to the slot before wgmma reads it
-                fence_async_shared()
-                barrier()
-            # scores [MQ, KVT]: q's column blocks [MQ, KW] (M) by the keys' [KW, KVT] (N), summed
-            sc = warpgroup_mma(q_s.index(0), kv3.index(0).permute((1, 0)), gl.zeros([MQ, KVT], gl.float32, layout=SACC),
-                               use_acc=False, is_async=True)
+            fence_async_shared()
+            barrier()
+            # scores^T [KVT, GP]: the keys' column blocks [KVT, KW] (M) by q's [KW, GP] (N), summed
+            sc = warpgroup_mma(kv3.index(0), q_s.index(0).permute((1, 0)), s0, use_acc=False, is_async=True)
             for c in gl.static_range(1, NHB):
-                sc = warpgroup_mma(q_s.index(c), kv3.index(c).permute((1, 0)), sc, is_async=True)
+                sc = warpgroup_mma(kv3.index(c), q_s.index(c).permute((1, 0)), sc, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
             barrier()               # every warp's products are done before the keys' slot is freed
             mbarrier.arrive(empty.index(b))
@@ -230,9 +221,8 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             # the values: zeros past the share too (a zero probability times NaN is NaN in the product)
             patch_slot(kv3, vc, n_s.slice(1, 1), stale, newin | tail, new, hi, t0, ca, cb, row_a, in_a, row_b, in_b,
                        ints, step, bs, f0, f1, fresh, row_words, g, rf, df, FL, HD, NHB, KW, True)
-            if stale | newin | tail:
-                fence_async_shared()
-                barrier()
+            fence_async_shared()
+            barrier()
         else:
             if AW:
                 chunk = bufs.index(b).reinterpret(gl.bfloat16, [2 * KVT, HD], KVS)
@@ -245,8 +235,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                     barrier()       # the patched rows before any warp reads them
         if AW & (NHB == 1):
             tail = t0 + KVT > hi
-            fix = (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT) | tail
-            if fix:
+            if (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT) | tail:
                 # the new token's k and v over the slot's stale row, and zeros for values past the share
                 # (unwritten rows may hold NaN, and a zero probability times NaN is NaN in the product)
                 kt = chunk.slice(0, KVT).load(FL)
@@ -254,35 +243,33 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                 new = (t0 + rf == n_ctx - 1)[:, None]
                 chunk.slice(0, KVT).store(gl.where(new, knew_f, kt))
                 chunk.slice(KVT, KVT).store(gl.where(new, vnew_f, gl.where((t0 + rf < hi)[:, None], vt, 0.0)))
-            if stale | fix:         # every write to the slot here or in patch_rows, before wgmma reads it
-                fence_async_shared()
-                barrier()
-            # scores [MQ, KVT]: q [MQ, HD] (M) by the keys^T [HD, KVT] (N)
-            sc = warpgroup_mma(q_s, chunk.slice(0, KVT).permute((1, 0)), gl.zeros([MQ, KVT], gl.float32, layout=SACC),
-                               use_acc=False, is_async=True)
+            fence_async_shared()    # every write to the slot here or in patch_rows, before wgmma reads it
+            barrier()
+            # scores^T [KVT, GP]: the keys [KVT, HD] (M) by q^T [HD, GP] (N)
+            sc = warpgroup_mma(chunk.slice(0, KVT), q_s.permute((1, 0)), s0, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,)) * scale
         if AW:
-            # the online softmax along the scores' rows: each row's values lie in one warp (a quad's lanes)
             if tail:
-                sc = gl.where((t0 + tok < hi)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-            p = gl.exp(sc - m_new[:, None])
+                sc = gl.where((t0 + tok < hi)[:, None], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+            p = gl.exp(sc - m_new[None, :])
             alpha = gl.exp(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            a_o = gl.convert_layout(alpha, gl.SliceLayout(1, OACC))
-            ot = ot * a_o[:, None]
+            lp = lp * alpha[None, :] + p
+            ot = ot * alpha[None, :]
             if NHB > 1:
-                ot2 = ot2 * a_o[:, None]
+                ot2 = ot2 * alpha[None, :]
             m_i = m_new
-            pa = gl.convert_layout(p.to(gl.bfloat16), PA)     # the probabilities stay in registers
-            # outputs [MQ, KW] += the probabilities [MQ, KVT] (M) by the values [KVT, KW] (N), a column
-            # block each
+            p_s.permute((1, 0)).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            barrier()
+            # outputs^T [HD, GP] += the values^T [HD, KVT] (M) by the probabilities [KVT, GP] (N); over
+            # head_dim 64, a [KW, GP] product a column block
             if NHB > 1:
-                ot = warpgroup_mma(pa, kv3.index(0), ot, is_async=True)
-                ot2 = warpgroup_mma(pa, kv3.index(1), ot2, is_async=True)
+                ot = warpgroup_mma(kv3.index(0).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
+                ot2 = warpgroup_mma(kv3.index(1).permute((1, 0)), p_s.permute((1, 0)), ot2, is_async=True)
                 ot, ot2 = warpgroup_mma_wait(num_outstanding=0, deps=(ot, ot2))
             else:
-                ot = warpgroup_mma(pa, chunk.slice(KVT, KVT), ot, is_async=True)
+                ot = warpgroup_mma(chunk.slice(KVT, KVT).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
                 ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))
         else:
             for sub in gl.static_range(KVT // TILE):
@@ -318,39 +305,30 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         t0 += KVT
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 6, dwait)
-    if AW:                          # the outputs straight from the accumulators ([MQ, KW] column blocks; rows
-        # from grp on are padding, never stored)
-        ro = gl.arange(0, MQ, layout=gl.SliceLayout(1, OACC))
-        co = gl.arange(0, KW, layout=gl.SliceLayout(0, OACC))
-        if splits == 1:
-            l_o = gl.convert_layout(l_i, gl.SliceLayout(1, OACC))
-            store_out(arena, out, head0, grp, ot / l_o[:, None], ro, co, base + A_OBF, XB, HD)
-            if NHB > 1:
-                store_out(arena, out, head0, grp, ot2 / l_o[:, None], ro, co + KW, base + A_OBF, XB, HD)
-        elif busy:
-            pb = arena + part + split * grp * (HD + 2)
-            gl.store(pb + ro[:, None] * HD + co[None, :], ot, mask=(ro < grp)[:, None])
-            if NHB > 1:
-                gl.store(pb + ro[:, None] * HD + KW + co[None, :], ot2, mask=(ro < grp)[:, None])
-            rs = gl.arange(0, MQ, layout=gl.SliceLayout(1, SACC))
-            gl.store(pb + grp * HD + rs, m_i, mask=rs < grp)
-            gl.store(pb + grp * HD + grp + rs, l_i, mask=rs < grp)
-            take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, base + A_OBF, CW, HD, GP, KVT,
-                        XB)
-    else:
-        jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-        if splits == 1:
-            o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
-            if XB:                      # a constexpr branch (a batch-1 kernel's outputs are fp32)
-                store_out(arena, out, head0, grp, o, jo, dq, base + A_OBF, XB, HD)
-            else:
-                gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
-        elif busy:
-            pb = arena + part + split * grp * (HD + 2)
-            gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
-            js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-            gl.store(pb + grp * HD + js, m_i, mask=js < grp)
-            gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
-            take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, base + A_OBF, CW, HD, GP, KVT,
-                        XB)
+    if AW:                          # the outputs and sums into the layouts below, through x's shared memory
+        l_i = gl.convert_layout(gl.sum(lp, axis=0), gl.SliceLayout(1, SL))
+        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, SL))
+        if NHB > 1:
+            o_s.slice(0, KW, dim=1).permute((1, 0)).store(ot)
+            o_s.slice(KW, KW, dim=1).permute((1, 0)).store(ot2)
+        else:
+            o_s.permute((1, 0)).store(ot)
+        barrier()
+        acc = o_s.load(QL)
+        barrier()                   # every warp has its outputs before x's shared memory is another node's
+    jo = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    if splits == 1:
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, QL))[:, None]
+        if XB:                      # a constexpr branch (a batch-1 kernel's outputs are fp32)
+            store_out(arena, out, head0, grp, o, jo, dq, base + A_OBF, XB, HD)
+        else:
+            gl.store(arena + out + (head0 + jo)[:, None] * HD + dq[None, :], o, mask=(jo < grp)[:, None])
+    elif busy:
+        pb = arena + part + split * grp * (HD + 2)
+        gl.store(pb + jo[:, None] * HD + dq[None, :], acc, mask=(jo < grp)[:, None])
+        js = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+        gl.store(pb + grp * HD + js, m_i, mask=js < grp)
+        gl.store(pb + grp * HD + grp + js, l_i, mask=js < grp)
+        take_ticket(arena, counters, ticket, part, out, head0, grp, n_ctx, splits, base + A_OBF, CW, HD, GP, KVT,
+                    XB)
     return it, failed
