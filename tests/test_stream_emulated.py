@@ -331,6 +331,23 @@ def test_embed_body_gives_a_shards_row_or_zeros():
         np.testing.assert_array_equal(arena[4:12], want)
 
 
+@pytest.mark.parametrize("k", [8, 2048, 2100])
+def test_batched_embed_body_gives_the_row_block_by_block(k):
+    """A batched kernel's EMBED (_embed_blocks: blocks of CAST_BLOCK values, not the KMAX span): a
+    token's row in fp32, a row wider than a block (2,100) whole; a shard's token outside it zeros,
+    without shard the nearest row; nothing past the row's k words."""
+    from warploop.runtime.stream import small
+    from warploop.runtime.stream.kinds import EMBED
+    body = emulated(small._embed_blocks)
+    emb = np.random.default_rng(1).standard_normal(4 * k).astype(np.float32)
+    for token, shard, want in [(11, 1, emb[k:2 * k]), (9, 1, np.zeros(k)), (14, 0, emb[3 * k:]), (3, 0, emb[:k])]:
+        arena, ints = np.full(k + 16, 7.0, np.float32), np.array([token], np.int64)
+        body(P(arena), P(ints), P(emb), words(EMBED, dict(token=0, out=4, k=k, rows=4, first=10, shard=shard)),
+             4096, 4)
+        np.testing.assert_array_equal(arena[4:4 + k], want)
+        assert (arena[:4] == 7.0).all() and (arena[4 + k:] == 7.0).all()
+
+
 @pytest.mark.parametrize("k, hd", [(40, 64), (2048, 64), (2104, 64), (4100, 64), (1030, 128), (2048, 128)])
 @pytest.mark.parametrize("parts", [0, 3, 6])
 @pytest.mark.parametrize("norm, sk", [(True, True), (False, True), (True, False)])

@@ -114,120 +114,120 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
         nb = instr + ((j + 1) % n) * W
         (n_op, n_w0, n_n0, n_w1, n_n1, n_sig, n_k, n_x, n_norm, n_eps, n_rows, n_out, n_bias, n_epi,
          n_narrow) = _words(nb)
-        if NB > 0:                    # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there
-            if op == OP_GEMV:
+        if op == OP_GEMV:
+            if NB > 0:                # a batched kernel (its ring's chunks are gemv_rows'): every GEMV there (the
+                # batch-1 body below is compiled into batch-1 kernels only)
                 nrows = gl.load(instr + i * W + G_BATCH)
                 it, failed = gemv_rows(bufs, full, empty, xs, it, instr + i * W, arena, counters, err, epoch,
                                        failed, cta, i, trace, w0, n0, w1, n1, k, x, rows_n, out, bias,
                                        epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS)
-        if (op == OP_GEMV) & (NB > 0):
-            staged_x = -1
-        elif op == OP_GEMV:
-            amx = gl.load(instr + i * W + G_AMAX)
-            restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
-            ma = rows < rows_n
-            mb = rows + HALF < rows_n
-            # what no predecessor writes is read before the wait: the norm weights and the bias
-            # x, the norm weights and k are 16-byte aligned (program.gemv checks it): vector loads
-            k4 = k // 4 * 4
-            nw = gl.load(arena + (norm // 4 * 4 + xidx), mask=(xidx < k4) & (norm >= 0) & restage, other=0.0)
-            has_bias = (bias >= 0) & (epi != EPI_SILU)
-            ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
-            bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
-            failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
-            # the accumulator's old value is a predecessor's output: read it right after the wait,
-            # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
-            add = epi == EPI_ADD
-            old_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
-            old_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
-            # RMSNorm is linear in x after its scalar: x * nw is staged at once, and rsqrt(mean(x^2)
-            # + eps) scales the row sums after the last chunk, so the cross-warp reduction of x^2 is
-            # off the path to the first chunk
-            ss_rows = gl.zeros([KMAX // BK], gl.float32, layout=gl.SliceLayout(1, xl))
-            if restage:
-                xv = gl.load(arena + (x // 4 * 4 + xidx), mask=xidx < k4, other=0.0, cache_modifier=".cg")
-                if norm >= 0:
-                    ss_rows = gl.sum(xv * xv, axis=1)
-                    xv = xv * nw
-                _barrier()            # every thread is done with the previous x
-                xb1.store(xv)
-                _barrier()
-                staged_x = x
-                staged_norm = norm
-                staged_k = k
-            # products accumulate elementwise; the rows are summed across lanes once, after the
-            # last chunk (a cross-lane reduction per chunk costs more than the chunk's FMAs)
-            part_a = gl.zeros([HALF, BK], gl.float32, layout=layout)
-            part_b = gl.zeros([HALF, BK], gl.float32, layout=layout)
-            # a narrow tile's chunk c holds x chunks 2c (rows in part_a) and 2c + 1 (part_b); a
-            # chunk past x's end is zeros in the ring and in the staged x
-            c = 0
-            if TRACE:
-                dwait = (k * 0).to(gl.int64)  # ns waiting for chunks after the first (data_wait)
-            while c < ((k + BK - 1) // BK + narrow) // (1 + narrow):
-                slot = it % NBUF
-                xc = xrows.index(c * (1 + narrow)).load(layout)          # [1, BK]: broadcast over the rows
-                xd = xc
+                staged_x = -1
+            else:
+                amx = gl.load(instr + i * W + G_AMAX)
+                restage = (w0 >= 0) | (w1 >= 0) | (x != staged_x) | (norm != staged_norm) | (k != staged_k)
+                ma = rows < rows_n
+                mb = rows + HALF < rows_n
+                # what no predecessor writes is read before the wait: the norm weights and the bias
+                # x, the norm weights and k are 16-byte aligned (program.gemv checks it): vector loads
+                k4 = k // 4 * 4
+                nw = gl.load(arena + (norm // 4 * 4 + xidx), mask=(xidx < k4) & (norm >= 0) & restage, other=0.0)
+                has_bias = (bias >= 0) & (epi != EPI_SILU)
+                ba = gl.load(arena + bias + rows, mask=ma & has_bias, other=0.0)
+                bb = gl.load(arena + bias + HALF + rows, mask=mb & has_bias, other=0.0)
+                failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
+                # the accumulator's old value is a predecessor's output: read it right after the wait,
+                # so its round trip overlaps the staging and the chunks. .cg: L2, never a stale L1 line
+                add = epi == EPI_ADD
+                old_a = ba + gl.load(arena + out + rows, mask=ma & add, other=0.0, cache_modifier=".cg")
+                old_b = bb + gl.load(arena + out + HALF + rows, mask=mb & add, other=0.0, cache_modifier=".cg")
+                # RMSNorm is linear in x after its scalar: x * nw is staged at once, and rsqrt(mean(x^2)
+                # + eps) scales the row sums after the last chunk, so the cross-warp reduction of x^2 is
+                # off the path to the first chunk
+                ss_rows = gl.zeros([KMAX // BK], gl.float32, layout=gl.SliceLayout(1, xl))
+                if restage:
+                    xv = gl.load(arena + (x // 4 * 4 + xidx), mask=xidx < k4, other=0.0, cache_modifier=".cg")
+                    if norm >= 0:
+                        ss_rows = gl.sum(xv * xv, axis=1)
+                        xv = xv * nw
+                    _barrier()            # every thread is done with the previous x
+                    xb1.store(xv)
+                    _barrier()
+                    staged_x = x
+                    staged_norm = norm
+                    staged_k = k
+                # products accumulate elementwise; the rows are summed across lanes once, after the
+                # last chunk (a cross-lane reduction per chunk costs more than the chunk's FMAs)
+                part_a = gl.zeros([HALF, BK], gl.float32, layout=layout)
+                part_b = gl.zeros([HALF, BK], gl.float32, layout=layout)
+                # a narrow tile's chunk c holds x chunks 2c (rows in part_a) and 2c + 1 (part_b); a
+                # chunk past x's end is zeros in the ring and in the staged x
+                c = 0
+                if TRACE:
+                    dwait = (k * 0).to(gl.int64)  # ns waiting for chunks after the first (data_wait)
+                while c < ((k + BK - 1) // BK + narrow) // (1 + narrow):
+                    slot = it % NBUF
+                    xc = xrows.index(c * (1 + narrow)).load(layout)          # [1, BK]: broadcast over the rows
+                    xd = xc
+                    if narrow:
+                        xd = xrows.index(gl.minimum(2 * c + 1, KMAX // BK - 1)).load(layout)
+                    if TRACE:
+                        tw = now()
+                    mbarrier.wait(full.index(slot), (it // NBUF) & 1)
+                    if TRACE:
+                        if c == 0:
+                            gl.store(trace + i * TRACE_WORDS + 2, now())
+                        else:
+                            dwait += now() - tw
+                    buf = bufs.index(slot)
+                    wa = buf.slice(0, HALF).load(layout)
+                    wb = buf.slice(HALF, HALF).load(layout)
+                    part_a += wa.to(gl.float32) * xc
+                    part_b += wb.to(gl.float32) * xd
+                    # every warp is done with the slot before one thread frees it (the arrive orders
+                    # these reads before the loader's next TMA write into it: no proxy fence, as
+                    # nothing here wrote the slot)
+                    _barrier()
+                    mbarrier.arrive(empty.index(slot))
+                    it += 1
+                    c += 1
+                if TRACE:
+                    gl.store(trace + i * TRACE_WORDS + 6, dwait)
+                if restage:
+                    scale = 1.0
+                    if norm >= 0:
+                        scale = gl.rsqrt(gl.sum(ss_rows, axis=0) / k + eps)
                 if narrow:
-                    xd = xrows.index(gl.minimum(2 * c + 1, KMAX // BK - 1)).load(layout)
-                if TRACE:
-                    tw = now()
-                mbarrier.wait(full.index(slot), (it // NBUF) & 1)
-                if TRACE:
-                    if c == 0:
-                        gl.store(trace + i * TRACE_WORDS + 2, now())
-                    else:
-                        dwait += now() - tw
-                buf = bufs.index(slot)
-                wa = buf.slice(0, HALF).load(layout)
-                wb = buf.slice(HALF, HALF).load(layout)
-                part_a += wa.to(gl.float32) * xc
-                part_b += wb.to(gl.float32) * xd
-                # every warp is done with the slot before one thread frees it (the arrive orders
-                # these reads before the loader's next TMA write into it: no proxy fence, as
-                # nothing here wrote the slot)
-                _barrier()
-                mbarrier.arrive(empty.index(slot))
-                it += 1
-                c += 1
-            if TRACE:
-                gl.store(trace + i * TRACE_WORDS + 6, dwait)
-            if restage:
-                scale = 1.0
-                if norm >= 0:
-                    scale = gl.rsqrt(gl.sum(ss_rows, axis=0) / k + eps)
-            if narrow:
-                acc_a = old_a + scale * (gl.sum(part_a, axis=1) + gl.sum(part_b, axis=1))
-                acc_b = old_b
-            else:
-                acc_a = old_a + scale * gl.sum(part_a, axis=1)
-                acc_b = old_b + scale * gl.sum(part_b, axis=1)
-            if epi == EPI_SILU:
-                y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
-                gl.store(arena + out + rows, y, mask=ma)
-            else:
-                gl.store(arena + out + rows, acc_a, mask=ma)
-                gl.store(arena + out + HALF + rows, acc_b, mask=mb)
-            if amx >= 0:              # the tile's largest output and its offset (the first of equal ones)
-                va = gl.where(ma, acc_a, float("-inf"))
-                vb = gl.where(mb, acc_b, float("-inf"))
-                smp = gl.load(instr + i * W + G_SAMP)
-                if smp >= 0:          # a sampled row: the race values y / T + G (kinds.GEMV, sampling.py)
-                    temp = gl.load(ints + smp).to(gl.float32, bitcast=True)
-                    if temp > 0:
-                        lo = gl.load(ints + smp + 1)
-                        hi = gl.load(ints + smp + 2)
-                        ctx = gl.load(ints + smp + 3) + s
-                        tb = gl.load(ints + smp + 4)
-                        va = gl.where(ma, acc_a / temp + gumbel(lo, hi, ctx, out + rows + tb), float("-inf"))
-                        vb = gl.where(mb, acc_b / temp + gumbel(lo, hi, ctx, out + HALF + rows + tb), float("-inf"))
-                top = gl.maximum(gl.max(va, axis=0), gl.max(vb, axis=0))
-                at = gl.minimum(gl.min(gl.where(va == top, out + rows, 2 ** 30), axis=0),
-                                gl.min(gl.where(vb == top, out + HALF + rows, 2 ** 30), axis=0))
-                gl.store(arena + amx, top)
-                gl.store(arena + amx + 1, at.to(gl.float32))
-            if (out < staged_x + staged_k) & (out + BR > staged_x):
-                staged_x = -1         # this node wrote over the staged input
+                    acc_a = old_a + scale * (gl.sum(part_a, axis=1) + gl.sum(part_b, axis=1))
+                    acc_b = old_b
+                else:
+                    acc_a = old_a + scale * gl.sum(part_a, axis=1)
+                    acc_b = old_b + scale * gl.sum(part_b, axis=1)
+                if epi == EPI_SILU:
+                    y = acc_a / (1.0 + gl.exp(-acc_a)) * acc_b
+                    gl.store(arena + out + rows, y, mask=ma)
+                else:
+                    gl.store(arena + out + rows, acc_a, mask=ma)
+                    gl.store(arena + out + HALF + rows, acc_b, mask=mb)
+                if amx >= 0:              # the tile's largest output and its offset (the first of equal ones)
+                    va = gl.where(ma, acc_a, float("-inf"))
+                    vb = gl.where(mb, acc_b, float("-inf"))
+                    smp = gl.load(instr + i * W + G_SAMP)
+                    if smp >= 0:          # a sampled row: the race values y / T + G (kinds.GEMV, sampling.py)
+                        temp = gl.load(ints + smp).to(gl.float32, bitcast=True)
+                        if temp > 0:
+                            lo = gl.load(ints + smp + 1)
+                            hi = gl.load(ints + smp + 2)
+                            ctx = gl.load(ints + smp + 3) + s
+                            tb = gl.load(ints + smp + 4)
+                            va = gl.where(ma, acc_a / temp + gumbel(lo, hi, ctx, out + rows + tb), float("-inf"))
+                            vb = gl.where(mb, acc_b / temp + gumbel(lo, hi, ctx, out + HALF + rows + tb), float("-inf"))
+                    top = gl.maximum(gl.max(va, axis=0), gl.max(vb, axis=0))
+                    at = gl.minimum(gl.min(gl.where(va == top, out + rows, 2 ** 30), axis=0),
+                                    gl.min(gl.where(vb == top, out + HALF + rows, 2 ** 30), axis=0))
+                    gl.store(arena + amx, top)
+                    gl.store(arena + amx + 1, at.to(gl.float32))
+                if (out < staged_x + staged_k) & (out + BR > staged_x):
+                    staged_x = -1         # this node wrote over the staged input
         else:
             if HD != 0:               # attention compiled in (a constexpr branch: no body without it)
                 if op == OP_ATTN:

@@ -49,6 +49,25 @@ CAST_BLOCK = gl.constexpr(2048)
 
 
 @gluon.jit
+def _embed_blocks(arena, ints, emb, base, KMAX: gl.constexpr, CW: gl.constexpr):
+    """_embed in a batched kernel: the row in blocks of CAST_BLOCK values (a thread's four consecutive
+    ones a vector), not the kernel's KMAX span (64 values a thread at 8,192, held in registers)."""
+    CB: gl.constexpr = min(KMAX, CAST_BLOCK)
+    idx = gl.arange(0, CB, layout=gl.BlockedLayout([4], [32], [CW], [0]))
+    k = gl.load(base + E_K)
+    rows = gl.load(base + E_ROWS)
+    local = gl.load(ints + gl.load(base + E_TOKEN), cache_modifier=".cg") - gl.load(base + E_FIRST)
+    mine = (gl.load(base + E_SHARD) == 0) | ((local >= 0) & (local < rows))
+    row = emb + gl.minimum(gl.maximum(local, 0), rows - 1).to(gl.int64) * k + idx
+    at = arena + gl.load(base + E_OUT) + idx
+    c = 0
+    while c < k:
+        live = idx < k - c
+        gl.store(at + c, gl.load(row + c, mask=live & mine, other=0.0).to(gl.float32), mask=live)
+        c += CB
+
+
+@gluon.jit
 def _cast_sum(arena, at_x, part, pstride, parts, live, SK: gl.constexpr):
     """x's block plus the split-K partials at part + s * pstride (s = 0 .. parts - 1, added in turn),
     four loads in flight at a time (each is an L2 round trip: a loop of one load an iteration waits
@@ -165,7 +184,10 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
     if op == OP_EMBED:
-        _embed(arena, ints, emb, base, xidx)
+        if XB:                # a constexpr branch: a batched kernel's x is no KMAX span (kernel.py)
+            _embed_blocks(arena, ints, emb, base, KMAX, CW)
+        else:
+            _embed(arena, ints, emb, base, xidx)
     if op == OP_SAMPLE:
         _sample(arena, ints, base, s, CW)
     if XB:                    # a constexpr branch: CAST only in a batched kernel
