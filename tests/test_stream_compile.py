@@ -15,8 +15,9 @@ from warploop.runtime.stream.compiled import PTX_MARKERS, StreamConfig, compile_
 from warploop.runtime.stream.kernel import LOADER_REGS  # noqa: E402
 
 # Stack frames over 64 bytes with a measured reason: Qwen3-0.6B's batch-32 kernel with attention on wgmma
-# holds 160 bytes under Triton 3.6 (56 under 3.9) and measured 2.347 -> 2.069 ms a step against the CUDA
-# cores' attention with none (H200; bench/results/stream-attn-wgmma-hd128-h200-20261130.jsonl)
+# holds 112 bytes under Triton 3.6.0 (160 before batched kernels dropped the batch-1 GEMV body; 56 under
+# 3.9) and measured 2.347 -> 2.069 ms a step against the CUDA cores' attention with none (H200;
+# bench/results/stream-attn-wgmma-hd128-h200-20261130.jsonl)
 STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2,
                             attn_wgmma=True): 160}
 

@@ -42,9 +42,10 @@ def _embed(arena, ints, emb, base, xidx):
 
 
 # The values a CAST node holds at once (x, its partials, the norm weights): 2,048 where attention's head
-# is 64 wide or less, 1,024 over it (H200, batch 32, ms a step, a block of 1,024 / 2,048 / the kernel's
-# KMAX span before: Qwen3-0.6B 1.762 / 2.006 / 1.832, its kernel's stack 120 / 256 / 120 bytes;
-# Llama-3.2-1B 1.335 / 1.323 / 1.532; bench/results/stream-cast-block-h200-20261130.jsonl)
+# is 64 wide or less, 1,024 over it (H200, batch 32, ms a step: Qwen3-0.6B 1.722 with 1,024 against 1.738
+# with 2,048, bench/results/stream-batched-kernel-trim-h200-20261130.jsonl; before the batched kernels
+# dropped the batch-1 GEMV body, 1.762 against 2.006, the kernel's stack 120 against 256 bytes; and
+# Llama-3.2-1B 1.532 -> 1.323 against the KMAX span, bench/results/stream-cast-block-h200-20261130.jsonl)
 CAST_BLOCK = gl.constexpr(2048)
 
 
