@@ -87,3 +87,20 @@ def test_x_stages_are_what_their_shared_memory_holds_in_a_power_of_two():
         StreamConfig(batch_rows=16, x_stage_kb=0)
     with pytest.raises(ValueError, match="over 220 KB"):
         StreamConfig(batch_rows=32, x_stage_kb=128)              # with the default 8 ring slots
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "qwen3-0.6b"])
+def test_a_kernel_of_64_rows_compiles_on_wgmma_without_local_memory(model):
+    """Batches of 33 to 64 rows (stream_config's BATCH_SHAPES[64]: 64-row wgmma tiles, 4 stages of x in 64
+    KB, attention on wgmma) compile for sm_90 with no spills to local memory, within an H200's shared
+    memory. Their stack frames (80 and 216 bytes under Triton 3.6.0: two [64, 64] fp32 accumulators a
+    narrow tile) are bounded here until a GPU times them against 32 rows (issue 35)."""
+    from warploop.llm.shapes import GPU_MODELS
+    from warploop.llm.stream_step import stream_config
+    config = stream_config(GPU_MODELS[model][1], batch_rows=64)
+    ck = compile_for(config, arch=90)
+    r = report(ck)
+    assert config.shared_bytes <= r["shared"] <= 227 * 1024
+    assert ck.asm["ptx"].count("wgmma.mma_async") >= 2 * config.block_k // 16
+    if r["spill_bytes"] is not None:
+        assert r["spill_bytes"] == 0 and 0 <= r["stack_bytes"] <= 256, r

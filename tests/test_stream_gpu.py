@@ -233,7 +233,7 @@ def test_a_kernel_for_fewer_rows_refuses_a_batched_program():
 
 
 @pytest.mark.parametrize("batch, tiles", [(2, 32), (8, 32), (16, 32), (17, 32), (32, 32), (8, 64), (17, 64),
-                                         (32, 64)])
+                                         (32, 64), (33, 64), (64, 64)])
 def test_gpu_batched_decoder_gives_the_per_op_backends_tokens(batch, tiles):
     """Batches on the streaming kernel (its GEMVs on tensor cores against every row, attention,
     embedding and sampling a row each), every row its own position and blocks: the per-op

@@ -44,7 +44,9 @@ def test_program_refuses_bad_input_naming_it(call, message):
 @pytest.mark.parametrize("kw, message", [(dict(block_k=512), "block_k"), (dict(block_rows=8), "block_rows"),
                                          (dict(ring=1), "ring"), (dict(kmax=3000), "kmax"),
                                          (dict(ring=32, block_rows=64), "shared memory"),
-                                         (dict(batch_rows=8), "batch_rows must be")])
+                                         (dict(batch_rows=8), "batch_rows must be"),
+                                         (dict(batch_rows=128, block_rows=64, block_k=128), "batch_rows must be"),
+                                         (dict(batch_rows=64, block_rows=32, block_k=128), "64 for 64 rows")])
 def test_config_refuses_bad_shapes(kw, message):
     with pytest.raises(ValueError, match=message):
         StreamConfig(**kw)

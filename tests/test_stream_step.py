@@ -230,7 +230,7 @@ def batch_against_per_op(cfg, batch: int, steps: int = 6, device="cpu", context:
     return torch.stack(want), torch.stack(got), looped, [list(r) for r in zip(*stepped, strict=True)]
 
 
-@pytest.mark.parametrize("batch", [1, 2, 8, 32])
+@pytest.mark.parametrize("batch", [1, 2, 8, 32, 64])
 def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     """Batches on the streaming program (CPU reference), every row its own position and blocks:
     the per-op backend's logits within bf16 KV rounding and its greedy picks wherever they are not
@@ -321,10 +321,13 @@ def test_batched_decoder_runs_fewer_live_rows_than_it_holds():
 def test_a_batched_kernel_of_32_rows_multiplies_tiles_of_64_rows_on_wgmma():
     """stream_config's BATCH_SHAPES: at 32 rows, tiles of 64 weight rows by 128 inputs (the wgmma
     tiles), 8 ring slots and 64 KB of x (4 stages of 128 inputs, sized as fp32) for every bench shape, within
-    shared memory; 16 rows keep the ring's and the tiles' defaults; every batched kernel reads bf16
-    rows, a batch-1 kernel fp32; the caller's fields win."""
+    shared memory; at 64 rows the same tiles and 4 stages in 64 KB of bf16; 16 rows keep the ring's and
+    the tiles' defaults; every batched kernel reads bf16 rows, a batch-1 kernel fp32; the caller's fields win."""
     from warploop.llm.shapes import GPU_MODELS
     for _, cfg in GPU_MODELS.values():
+        c = stream_config(cfg, batch_rows=64)
+        assert (c.ring, c.x_stage_kb, c.x_stages, c.block_rows, c.block_k) == (8, 64, 4, 64, 128)
+        assert c.shared_bytes <= 220 * 1024 and c.attn_wgmma
         c = stream_config(cfg, batch_rows=32)
         assert (c.ring, c.x_stage_kb, c.x_stages) == (8, 32, 4) and c.shared_bytes <= 220 * 1024
         assert (c.block_rows, c.block_k) == (64, 128)
@@ -353,6 +356,6 @@ def test_batched_decoder_refuses_what_it_cannot_run():
     # before anything touches a GPU: a kernel compiled for one row, or more rows than any kernel takes
     with pytest.raises(ValueError, match="batch_rows is 0; use 16"):
         StreamDecoder(cfg, w, max_context=16, block_size=4, batch=2, device="cuda", config=stream_config(cfg))
-    with pytest.raises(ValueError, match="at most 32 rows"):
-        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=33)
-    assert [batch_rows(b) for b in (1, 2, 16, 17, 32)] == [0, 16, 16, 32, 32]
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        StreamDecoder(cfg, w, max_context=16, block_size=4, batch=65)
+    assert [batch_rows(b) for b in (1, 2, 16, 17, 32, 33, 64)] == [0, 16, 16, 32, 32, 64, 64]

@@ -41,11 +41,12 @@ from warploop.runtime.stream.compiled import StreamConfig
 # - attention on wgmma (attn_wgmma, head_dim 64; bench/results/stream-attn-wgmma-h200-20261130.jsonl), ms a
 #   step against the CUDA cores' chunks: Llama-3.2-1B 1.264 -> 1.218 at batch 8, 1.699 -> 1.557 at 32 and
 #   1.919 -> 1.520 at batch 8 over 4,096 tokens; SmolLM2-135M 0.994 -> 0.982 and 1.161 -> 1.025
-BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}}
+# - at 64 rows (not timed yet): 32 rows' tiles, and 64 KB of x (4 stages of 64 rows of 128 inputs)
+BATCH_SHAPES = {32: {"block_rows": 64, "block_k": 128}, 64: {"block_rows": 64, "block_k": 128, "x_stage_kb": 64}}
 # - attention on wgmma (attn_wgmma) by head size: the batch_rows where it runs (measured faster; at head_dim
 #   128 Qwen3-0.6B 2.347 -> 2.069 ms at batch 32, 1.463 -> 1.559 at 8;
 #   bench/results/stream-attn-wgmma-hd128-h200-20261130.jsonl)
-WGMMA_ATTENTION = {64: (16, 32), 128: (32,)}
+WGMMA_ATTENTION = {64: (16, 32, 64), 128: (32, 64)}        # 64 rows as 32 (not timed yet)
 
 
 def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> StreamConfig:
@@ -64,7 +65,7 @@ def stream_config(cfg: ModelConfig, block_size: int = 16, **overrides) -> Stream
     return StreamConfig(**({"kmax": kmax, "head_dim": cfg.head_dim, "attn_group": group} | shape | overrides))
 
 
-BATCH_ROWS = (16, 32)                              # the rows a batched kernel is compiled for
+BATCH_ROWS = (16, 32, 64)                          # the rows a batched kernel is compiled for
 
 def batch_rows(batch: int) -> int:
     """StreamConfig.batch_rows for a decoder of `batch` rows: 0 for one row, else the fewest of

@@ -33,7 +33,7 @@ class StreamConfig:
     head_dim: int = 0             # attention (kinds.ATTN) compiled in for this head size (0: none)
     attn_group: int = 4           # q heads per KV head the attention body holds (a power of two >= the group)
     attn_tile: int = 32           # context tokens per attention step (at most kv_tokens)
-    batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch) compiled in: 0 (batch 1), 16, 32
+    batch_rows: int = 0           # GEMVs of up to this many rows (kinds.GEMV batch): 0 (batch 1), 16, 32, 64
     x_stage_kb: int = 32          # with batch_rows: shared memory for the stages of x (x_stages)
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
@@ -50,10 +50,12 @@ class StreamConfig:
             raise ValueError(f"attn_group must be a power of two from 1 to 16, not {self.attn_group}")
         if self.attn_tile not in (16, 32, 64):
             raise ValueError(f"attn_tile must be 16, 32 or 64, not {self.attn_tile}")
-        if self.batch_rows not in (0, 16, 32) or (self.batch_rows and (self.block_rows < 32 or self.block_k < 128)):
-            raise ValueError(f"batch_rows must be 0 (batch 1 only), 16 or 32, with block_rows at least 32 and block_k "
-                             f"at least 128 (a tile is an mma's N side, x's stages a column block each), not "
-                             f"{self.batch_rows} with block_rows {self.block_rows}, block_k {self.block_k}")
+        rows, br, bk = self.batch_rows, self.block_rows, self.block_k
+        if rows not in (0, 16, 32, 64) or (rows and (br < 32 or bk < 128)) or (rows == 64 and br != 64):
+            raise ValueError(f"batch_rows must be 0 (batch 1 only), 16, 32 or 64, with block_rows at least 32 (64 for "
+                             f"64 rows: wgmma tiles) and block_k at least 128 (a tile is an mma's side, x's stages a "
+                             f"column block each), not {self.batch_rows} with block_rows {self.block_rows}, block_k "
+                             f"{self.block_k}")
         if self.attn_wgmma and (not self.batch_rows or self.head_dim not in (64, 128)):
             raise ValueError(f"attn_wgmma needs batch_rows (its q and scores stage in x's shared memory) and "
                              f"head_dim 64 or 128, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")

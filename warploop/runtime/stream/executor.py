@@ -120,7 +120,7 @@ class StreamExecutor:
         batched = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > most]
         if batched:
             raise ValueError(f"node {batched[0]} is a GEMV of batch {program.nodes[batched[0]].fields['batch']}: the "
-                             f"kernel is compiled for {most} row(s) (StreamConfig.batch_rows 16 or 32 for batches)")
+                             f"kernel is compiled for {most} row(s) (StreamConfig.batch_rows 16, 32 or 64 for batches)")
         unaligned = [n.index for n in program.nodes if n.kind.name == "gemv" and n.fields["batch"] > 1
                      and n.fields["k"] % 4]
         if unaligned:
