@@ -187,17 +187,19 @@ def test_gemv_rows_body_stores_bf16_rows_as_the_reference(block_rows, block_k):
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name, obf, aw", [("qwen3_hd16", False, False), ("llama_hd128", False, False),
                                            ("qwen3_hd16", True, False), ("llama_hd64", True, True),
-                                           ("llama_hd128", True, True)])
+                                           ("llama_hd128", True, True), ("llama_hd64", True, "kv_split")])
 def test_attention_body_gives_the_reference_outputs(name, obf, aw, splits, pos, steps):
     """A launch of several steps with every ATTN node through attn: RoPE, the KV write, this
     launch's rows patched over the ring's stale copies, the new token's, rows past the share kept
     out (the cache holds NaN past the context), the shares' partials and their merge; arena and
     cache against the reference's. obf: the nodes write bf16 rows (a batched kernel's, kinds.ATTN),
     set on a batch-1 program's nodes here, the reference doing the same. aw: the products on
-    wgmma (StreamConfig.attn_wgmma, a batched kernel's chunks)."""
+    wgmma (StreamConfig.attn_wgmma, a batched kernel's chunks); "kv_split": at head_dim 64 too, a chunk's
+    128 keys in a slot and its values in the next (StreamConfig.attn_kv_split)."""
     cfg = MODELS[name]
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg, batch_rows=32, attn_wgmma=True) if aw else stream_config(cfg)
+    config = stream_config(cfg, batch_rows=32, attn_wgmma=True, attn_kv_split=aw == "kv_split") if aw \
+        else stream_config(cfg)
     bs = 16 if aw else 4                  # attn_wgmma's swizzled boxes take 8 rows or more
     dec = StreamDecoder(cfg, w, max_context=128, block_size=bs, splits=splits, config=config)
     p = dec.program
@@ -240,7 +242,7 @@ def test_attention_body_gives_the_reference_outputs(name, obf, aw, splits, pos, 
             it, failed = body(P(arena.numpy()), P(ints_e.numpy().astype(np.int64)), P(cache.reshape(-1)),
                               words(ATTN, f), S(ring), none, none, xs, 0, P(counters), None, 0, s, 0, 0, 0, None,
                               -1, 0, -1, 0, len(ring), SPIN, False, kernel.CW.value, c["HD"], c["GP"], c["TILE"],
-                              kvt, obf, aw)
+                              kvt, obf, bool(aw))
             assert int(it) == cdiv(hi - lo, kvt) * (2 if config.kv_split else 1) and failed == 0
     assert torch.isfinite(arena[torch.isfinite(want)]).all(), "a NaN from past the context reached an output"
     fin = torch.isfinite(want)

@@ -272,6 +272,18 @@ def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(model, bat
     assert_like_per_op(want, got, looped, stepped)
 
 
+@pytest.mark.parametrize("batch, context", [(8, 0), (17, 300), (32, 150)])
+def test_gpu_kv_split_attention_at_head_dim_64_gives_the_per_op_backends_tokens(batch, context):
+    """StreamConfig.attn_kv_split: at head_dim 64 a chunk's 128 keys fill a ring slot and their values
+    the next; the per-op backend's logits and clear picks over one and several chunks."""
+    cfg = WGMMA_MODELS["hd64"]
+    config = stream_config(cfg, batch_rows=batch_rows(batch), attn_wgmma=True, attn_kv_split=True)
+    assert config.kv_tokens == 128
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config, context=context,
+                                                      block_size=16)
+    assert_like_per_op(want, got, looped, stepped)
+
+
 def test_a_wait_that_is_never_met_reports_and_the_kernel_ends():
     p = stream_chain.stage_chain(StreamConfig(kmax=256, spin=20000), 8, True, device="cuda")
     ex = StreamExecutor(p)

@@ -274,14 +274,17 @@ HD128 = ModelConfig(family="qwen3", vocab_size=72, hidden_size=128, intermediate
 WGMMA_MODELS = {"hd64": HD64, "hd128": HD128}
 
 
-@pytest.mark.parametrize("model", WGMMA_MODELS)
+@pytest.mark.parametrize("model", [*WGMMA_MODELS, "hd64_kv_split"])
 def test_batched_decoder_with_wgmma_attention_gives_the_per_op_backends_tokens(model):
     """attn_wgmma's model on the CPU reference (q and each ring chunk's probabilities rounded to
     bf16, the softmax online a chunk at a time, as the kernel) against the per-op backend, over
-    contexts of several chunks."""
-    cfg = WGMMA_MODELS[model]
-    config = stream_config(cfg, batch_rows=batch_rows(4), attn_wgmma=True)
-    want, got, looped, stepped = batch_against_per_op(cfg, 4, steps=3, config=config, context=100, block_size=16)
+    contexts of several chunks (hd64_kv_split: StreamConfig.attn_kv_split, 128-token chunks, over 300)."""
+    split = model.endswith("_kv_split")
+    cfg = WGMMA_MODELS[model.removesuffix("_kv_split")]
+    config = stream_config(cfg, batch_rows=batch_rows(4), attn_wgmma=True, attn_kv_split=split)
+    assert config.kv_tokens == (128 if split else 64)
+    want, got, looped, stepped = batch_against_per_op(cfg, 4, steps=3, config=config, context=300 if split else 100,
+                                                      block_size=16)
     assert_like_per_op(want, got, looped, stepped)
 
 
@@ -292,6 +295,10 @@ def test_wgmma_attention_refuses_kv_blocks_under_8_tokens():
         config.kv_box(4)
     with pytest.raises(ValueError, match="attn_wgmma needs batch_rows"):
         stream_config(HD64, attn_wgmma=True)
+    with pytest.raises(ValueError, match="attn_kv_split needs attn_wgmma at head_dim 64"):
+        stream_config(HD128, batch_rows=32, attn_wgmma=True, attn_kv_split=True)
+    with pytest.raises(ValueError, match="attn_kv_split needs attn_wgmma"):
+        stream_config(HD64, batch_rows=16, attn_wgmma=False, attn_kv_split=True)
 
 
 def test_batched_decoder_runs_fewer_live_rows_than_it_holds():

@@ -55,7 +55,9 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
     KL: gl.constexpr = gl.SliceLayout(0, L3)          # [TILE, HD]: a tile of keys or values
     SL: gl.constexpr = gl.SliceLayout(2, L3)          # [GP, TILE]: scores
     KW: gl.constexpr = 64 if AW else HD               # the slot's rows: a head's, or 64-column blocks of it
-    NHB: gl.constexpr = HD // KW                      # 2: kv_split (keys and values in a slot each)
+    NHB: gl.constexpr = HD // KW                      # a head's 64-column blocks (2 at head_dim 128)
+    # kv_split (StreamConfig.kv_split): a chunk's keys fill a slot and its values the next
+    KS: gl.constexpr = AW and KVT * HD == bufs.shape[1] * bufs.shape[2]
     if AW:                          # scores and outputs transposed, [KVT, GP] and [HD, GP]: the q heads are wgmma's N
         SACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1], instr_shape=[16, GP, 16])
         KVS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -64,14 +66,15 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         QR: gl.constexpr = GP * HD // (2 * XW)            # q's bf16 [GP, HD] in x's rows, the probabilities after
         PR: gl.constexpr = GP * KVT // (2 * XW)
         OR: gl.constexpr = GP * HD // XW                  # the outputs' fp32 [GP, HD], once the chunks are done
-        if NHB > 1:                 # q as [NHB, GP, KW] blocks; q, the new k and v staged fp32 first (a slice's
+        if KS:                      # q as [NHB, GP, KW] blocks; q, the new k and v staged fp32 first (a slice's
             # offset a multiple of its rows)
             q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [NHB, GP, KW], KVS)
             f_s = xs.slice(OR, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
-            n_s = xs.slice(2 * OR, 2 * HD // XW).reinterpret(gl.float32, [2, HD], PLAIN)
+            n_s = xs.slice(2 * OR, max(1, 2 * HD // XW)).reinterpret(gl.float32, [2, HD], PLAIN)
         else:
             q_s = xs.slice(0, QR).reinterpret(gl.bfloat16, [GP, HD], KVS)
-        p_s = xs.slice(QR, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
+        PO: gl.constexpr = (QR + PR - 1) // PR * PR       # after q, at a multiple of its rows
+        p_s = xs.slice(PO, PR).reinterpret(gl.bfloat16, [GP, KVT], KVS)
         o_s = xs.slice(0, OR).reinterpret(gl.float32, [GP, HD], PLAIN)
     # what no predecessor writes, read before the waits: the words, the step's words, the RoPE rows
     # of the position, the q and k norm weights
@@ -154,7 +157,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
         gl.store(kc + dst, knew)
         gl.store(vc + dst, vnew)
     if AW:
-        if NHB > 1:                 # q into its column blocks, the new k and v kept for the slots' patches
+        if KS:                      # q into its column blocks, the new k and v kept for the slots' patches
             f_s.store(q)
             n_s.slice(0, 1).store(knew.to(gl.float32))
             n_s.slice(1, 1).store(vnew.to(gl.float32))
@@ -194,7 +197,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
             else:
                 dwait += now() - tw
         stale = fresh & (t0 < f1) & (t0 + KVT > f0)
-        if NHB > 1:                 # kv_split: this slot holds the chunk's keys, the next its values
+        if KS:                      # kv_split: this slot holds the chunk's keys, the next its values
             tail = t0 + KVT > hi
             newin = (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT)
             new = (t0 + rf == n_ctx - 1)[:, None]
@@ -233,7 +236,7 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                            row_words, g, kc, vc, rf, df, FL, HD, KVT)
                 if not AW:
                     barrier()       # the patched rows before any warp reads them
-        if AW & (NHB == 1):
+        if AW & (not KS):
             tail = t0 + KVT > hi
             if (t0 <= n_ctx - 1) & (n_ctx - 1 < t0 + KVT) | tail:
                 # the new token's k and v over the slot's stale row, and zeros for values past the share
@@ -268,6 +271,9 @@ def attn(arena, ints, kv, base, bufs, full, empty, xs, it, counters, err, epoch,
                 ot = warpgroup_mma(kv3.index(0).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
                 ot2 = warpgroup_mma(kv3.index(1).permute((1, 0)), p_s.permute((1, 0)), ot2, is_async=True)
                 ot, ot2 = warpgroup_mma_wait(num_outstanding=0, deps=(ot, ot2))
+            elif KS:                # head_dim 64 in a slot of its own: one column block
+                ot = warpgroup_mma(kv3.index(0).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
+                ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))
             else:
                 ot = warpgroup_mma(chunk.slice(KVT, KVT).permute((1, 0)), p_s.permute((1, 0)), ot, is_async=True)
                 ot = warpgroup_mma_wait(num_outstanding=0, deps=(ot,))

@@ -38,6 +38,7 @@ class StreamConfig:
     trace: bool = False           # ns stamps per instruction into StreamExecutor.trace (kinds.TRACE_STAMPS)
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
     attn_wgmma: bool = False      # with batch_rows, head_dim 64 or 128: attention's products on wgmma (attention.py)
+    attn_kv_split: bool = False   # with attn_wgmma at head_dim 64: kv_split too (128-token chunks, a slot the keys')
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -59,6 +60,8 @@ class StreamConfig:
         if self.attn_wgmma and (not self.batch_rows or self.head_dim not in (64, 128)):
             raise ValueError(f"attn_wgmma needs batch_rows (its q and scores stage in x's shared memory) and "
                              f"head_dim 64 or 128, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")
+        if self.attn_kv_split and not (self.attn_wgmma and self.head_dim == 64):
+            raise ValueError("attn_kv_split needs attn_wgmma at head_dim 64 (head_dim 128 always splits)")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -90,8 +93,9 @@ class StreamConfig:
     @property
     def kv_split(self) -> bool:
         """attn_wgmma over head_dim 128: a chunk's keys fill one ring slot and its values the next
-        (a slot holds 64 tokens of them, wgmma's M), not one slot the two."""
-        return self.attn_wgmma and self.head_dim > SWIZZLE_COLS
+        (a slot holds 64 tokens of them, wgmma's M), not one slot the two; at head_dim 64 with
+        attn_kv_split, a chunk of 128 tokens the same way (half the chunks, each twice the tokens)."""
+        return self.attn_wgmma and (self.head_dim > SWIZZLE_COLS or self.attn_kv_split)
 
     @property
     def kv_tokens(self) -> int:

@@ -65,6 +65,7 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
     KVB: gl.constexpr = dkv.block_type.shape[0]
     KW: gl.constexpr = dkv.block_type.shape[1]
     NHB: gl.constexpr = HD // KW
+    KS: gl.constexpr = AW and KVT * HD == bufs.shape[1] * bufs.shape[2]   # kv_split: keys' slot, values' next
     NSUB: gl.constexpr = KVT // KVB
     layer = gl.load(base + A_LAYER)
     blocks = gl.load(base + A_BLOCKS)
@@ -86,7 +87,7 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
     while t0 < hi:
         tn = t0 + KVT + jb * KVB         # the next chunk's block ids, in flight while this one issues
         n_ids = gl.load(ints + step + 3 + tn // bs, mask=tn < hi, other=0)
-        for half in gl.static_range(2 if NHB > 1 else 1):   # kv_split: the keys' slot, then the values'
+        for half in gl.static_range(2 if KS else 1):   # kv_split: the keys' slot, then the values'
             slot = it % NBUF
             if TRACE:
                 tw = now()
@@ -94,7 +95,7 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
             if TRACE:
                 blocked += now() - tw
             bar = full.index(slot)
-            if NHB > 1:
+            if KS:
                 mbarrier.expect(bar, KVT * HD * 2)
                 view = bufs.index(slot).reinterpret(gl.bfloat16, [NHB * NSUB, KVB, KW], dkv.layout)
                 for j in gl.static_range(NSUB):
