@@ -31,6 +31,8 @@ STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128),
                                  StreamConfig(head_dim=128, batch_rows=16, block_rows=64, block_k=128, attn_group=2),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True),
+                                 StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True,
+                                              wgmma_pipe=True),
                                  StreamConfig(head_dim=64, batch_rows=16, attn_wgmma=True),
                                  StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2,
                                               attn_wgmma=True),
@@ -38,7 +40,8 @@ STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, trace=True)],
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32_hd128", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
-                              "batch32_wgmma", "batch16_wgmma_hd128", "batch32_attn_wgmma", "batch16_attn_wgmma",
+                              "batch32_wgmma", "batch16_wgmma_hd128", "batch32_attn_wgmma", "batch32_wgmma_pipe",
+                              "batch16_attn_wgmma",
                               "batch32_attn_wgmma_hd128",
                               "attention_hd64_traced", "batch32_wgmma_traced"])
 def test_stream_kernel_compiles_for_sm90_with_ring_and_roles(cfg):

@@ -60,14 +60,15 @@ def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
 
 
 @pytest.mark.parametrize("batch", [2, 17, 32])
-@pytest.mark.parametrize("block_rows, block_k", [(32, 128), (64, 128)])
+@pytest.mark.parametrize("block_rows, block_k, pipe", [(32, 128, False), (64, 128, False), (64, 128, True)])
 @pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
-def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, batch):
+def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, pipe, batch):
     """Every batched GEMV of a decoder's step (qkv with its narrow tiles, o_proj with bias and add,
     gate/up with SiLU, down, lm_head with each row's amax pair) through gemv_rows, reading CAST
-    nodes' bf16 rows as they are (tiles of 64 rows: on wgmma): the arena within fp32 accumulation
+    nodes' bf16 rows as they are (tiles of 64 rows: on wgmma; pipe: StreamConfig.wgmma_pipe, each
+    chunk's stages refilled once the chunk after it has issued): the arena within fp32 accumulation
     of the reference's."""
-    assert check_gemv_rows(MODELS[name], block_rows, block_k, batch) > 4 * MODELS[name].num_layers
+    assert check_gemv_rows(MODELS[name], block_rows, block_k, batch, pipe=pipe) > 4 * MODELS[name].num_layers
 
 
 @pytest.mark.parametrize("block_rows, block_k", [(64, 128)])
@@ -79,11 +80,11 @@ def test_split_k_tiles_through_the_gemv_rows_body_give_the_reference_outputs(blo
     assert check_gemv_rows(MODELS["llama_hd64"], block_rows, block_k, 17, splits=True) > 4
 
 
-def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool = False) -> int:
+def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool = False, pipe: bool = False) -> int:
     """test_gemv_rows_body_gives_the_reference_outputs's check; returns the GEMVs it ran (with
     splits, the split-K tiles: at least one must be in the program)."""
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch))
+    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch), wgmma_pipe=pipe)
     dec = StreamDecoder(cfg, w, max_context=32, block_size=4, batch=batch, config=config)
     p = dec.program
     ints = p.int_arena()
@@ -112,7 +113,7 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
         it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
                           T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
-                          config.batch_rows, kernel.CW.value, config.x_stages)
+                          config.batch_rows, kernel.CW.value, config.x_stages, config.wgmma_pipe)
         assert int(it) == len(ring) and failed == 0
         run_node(p, arena, node, ints_r, kv_r, 0)
         # only fp32 summation order differs
@@ -175,7 +176,7 @@ def test_gemv_rows_body_stores_bf16_rows_as_the_reference(block_rows, block_k):
         it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
                           T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
-                          config.batch_rows, kernel.CW.value, config.x_stages)
+                          config.batch_rows, kernel.CW.value, config.x_stages, False)
         assert int(it) == len(ring) and failed == 0
     r = p.regions["y"]
     out = lambda a: a[r.offset:r.offset + r.size].view(torch.bfloat16).float()

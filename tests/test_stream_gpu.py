@@ -272,6 +272,17 @@ def test_gpu_batched_wgmma_attention_gives_the_per_op_backends_tokens(model, bat
     assert_like_per_op(want, got, looped, stepped)
 
 
+@pytest.mark.parametrize("batch", [8, 17, 32])
+def test_gpu_wgmma_pipe_decoder_gives_the_per_op_backends_tokens(batch):
+    """StreamConfig.wgmma_pipe: a chunk's wgmma products stay in flight while the next chunk's issue
+    (its slot and x stages freed a chunk later, x zero past its end); the per-op backend's logits and
+    clear picks, narrow tiles (qkv) and split K (o_proj, down) included."""
+    cfg = dataclasses.replace(WGMMA_MODELS["hd64"], intermediate_size=512)
+    config = stream_config(cfg, batch_rows=batch_rows(batch), block_rows=64, block_k=128, wgmma_pipe=True)
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config, block_size=16)
+    assert_like_per_op(want, got, looped, stepped)
+
+
 @pytest.mark.parametrize("batch, context", [(8, 0), (17, 300), (32, 150)])
 def test_gpu_kv_split_attention_at_head_dim_64_gives_the_per_op_backends_tokens(batch, context):
     """StreamConfig.attn_kv_split: at head_dim 64 a chunk's 128 keys fill a ring slot and their values

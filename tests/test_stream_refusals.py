@@ -46,7 +46,10 @@ def test_program_refuses_bad_input_naming_it(call, message):
                                          (dict(ring=32, block_rows=64), "shared memory"),
                                          (dict(batch_rows=8), "batch_rows must be"),
                                          (dict(batch_rows=128, block_rows=64, block_k=128), "batch_rows must be"),
-                                         (dict(batch_rows=64, block_rows=32, block_k=128), "64 for 64 rows")])
+                                         (dict(batch_rows=64, block_rows=32, block_k=128), "64 for 64 rows"),
+                                         (dict(wgmma_pipe=True), "wgmma_pipe needs wgmma tiles"),
+                                         (dict(batch_rows=32, block_rows=64, block_k=128, x_stage_kb=16,
+                                               wgmma_pipe=True), "4 or more stages")])
 def test_config_refuses_bad_shapes(kw, message):
     with pytest.raises(ValueError, match=message):
         StreamConfig(**kw)

@@ -39,6 +39,7 @@ class StreamConfig:
     tensor_parallel: bool = False  # the all-reduce body (kinds.ALLREDUCE) compiled in: a rank's program
     attn_wgmma: bool = False      # with batch_rows, head_dim 64 or 128: attention's products on wgmma (attention.py)
     attn_kv_split: bool = False   # with attn_wgmma at head_dim 64: kv_split too (128-token chunks, a slot the keys')
+    wgmma_pipe: bool = False      # wgmma tiles: a chunk's products in flight while the next chunk's issue (gemv_rows)
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -62,6 +63,10 @@ class StreamConfig:
                              f"head_dim 64 or 128, not batch_rows {self.batch_rows}, head_dim {self.head_dim}")
         if self.attn_kv_split and not (self.attn_wgmma and self.head_dim == 64):
             raise ValueError("attn_kv_split needs attn_wgmma at head_dim 64 (head_dim 128 always splits)")
+        if self.wgmma_pipe and not (self.batch_rows and self.block_rows == 64 and self.x_stages >= 4):
+            raise ValueError(f"wgmma_pipe needs wgmma tiles (batch_rows with block_rows 64) and 4 or more stages of x "
+                             f"(x_stage_kb), not batch_rows {self.batch_rows}, block_rows {self.block_rows}, "
+                             f"{self.x_stages} stages")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -136,7 +141,7 @@ class StreamConfig:
                     GP=max(8, self.attn_group) if self.attn_wgmma else self.attn_group, AW=self.attn_wgmma,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel)
+                    XR=self.x_rows, TP=self.tensor_parallel, WP=self.wgmma_pipe)
 
 
 def smem_layout(swizzled: bool = False):

@@ -41,12 +41,15 @@ SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the
 
 
 @gluon.jit
-def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr):
+def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr, ZF: gl.constexpr = False):
     """Start the copy of x's column block q (of nblk) of every row into `stage` (q's), 16 bytes (8
     values) a copy, and close the cp.async group (an empty one past the last block, so a group is
-    always a block): .cg, from L2 (a predecessor on another SM wrote x; L1 may hold a stale line),
-    zeros past k and the rows."""
-    if q < nblk:
+    always a block; with ZF, zeros there): .cg, from L2 (a predecessor on another SM wrote x; L1
+    may hold a stale line), zeros past k and the rows."""
+    if ZF:
+        col = q * BK + cols
+        _cp_async(stage, xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
+    elif q < nblk:
         col = q * BK + cols
         _cp_async(stage, xb + xrow + col, mask=rowok & (col < k // 8 * 8), cache_modifier=".cg")
     async_copy.commit_group()
@@ -56,14 +59,16 @@ def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr):
 def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
               k, x, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
-              XS: gl.constexpr):
+              XS: gl.constexpr, WP: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: CAST nodes' bf16 rows, normalised,
     row b's bf16 values from element 2 * x + b * xk; its outputs at out + b * ostride, its amax pair
     at amax + b * astride), on tensor cores: the rows are the M side of mma tiles, the tile's BR
     weight rows the N side (on wgmma, tiles of 64 rows: the other way round), fp32 accumulation. A
     narrow tile (its rows at two consecutive column blocks a chunk) takes the top half's sums
     against one x block and the bottom's against the next. Returns the ring's chunk count and
-    `failed`."""
+    `failed`. WP (StreamConfig.wgmma_pipe, wgmma tiles with 4 or more stages of x): a chunk's products
+    are issued before the chunk before's are waited for, and that chunk's slot and x stages are freed
+    then (one chunk of products in flight behind the loads)."""
     HALF: gl.constexpr = BR // 2
     WG: gl.constexpr = BR == 64         # wgmma: the warpgroup's products from shared memory (docstring)
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
@@ -133,18 +138,28 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     c = 0
     if TRACE:
         dwait = (k * 0).to(gl.int64)  # ns waiting for chunks after the first (TRACE_STAMPS data_wait)
+    if WP:                            # every stage filled first, then a chunk's once its products are done (zeros
+        while issued < XS:            # past x's end: a narrow tile's last chunk multiplies its second block)
+            _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK, True)
+            issued += 1
     while c < (nblk + narrow) // (1 + narrow):
         qa = c * (1 + narrow)
-        while issued < qa + XS:       # a stage is free once the block before in it was read
-            if WG:
-                _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
+        if WP:                        # blocks [qa, qa + 1 + narrow) are in: XS - 2 (XS - 4) blocks ahead of them
+            if narrow:
+                async_copy.wait_group(XS - 4)
             else:
-                _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
-            issued += 1
-        if narrow:
-            async_copy.wait_group(XS - 2)
+                async_copy.wait_group(XS - 2)
         else:
-            async_copy.wait_group(XS - 1)
+            while issued < qa + XS:   # a stage is free once the block before in it was read
+                if WG:
+                    _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
+                else:
+                    _xb_fetch(xqb.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK)
+                issued += 1
+            if narrow:
+                async_copy.wait_group(XS - 2)
+            else:
+                async_copy.wait_group(XS - 1)
         _barrier()                    # every thread's copies are in before any thread reads them
         if WG:
             fence_async_shared()      # cp.async wrote x through the generic proxy; wgmma reads through the async one
@@ -158,7 +173,30 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
             else:
                 dwait += now() - tw
         wq = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], WSL)
-        if WG:                        # every column block: the tile's rows [BR, SB] by x's transposed [SB, NB]
+        if WP:                        # this chunk's products issued, then the chunk before's waited for
+            ww = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
+            if narrow:                # (each branch waits: an accumulator in flight cannot cross a branch)
+                for j in gl.static_range(NKS):
+                    accw = warpgroup_mma(ww.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw,
+                                         is_async=True)
+                for j in gl.static_range(NKS):
+                    accw2 = warpgroup_mma(ww.index(j), xqb.index((qa + 1) % XS * NKS + j).permute((1, 0)), accw2,
+                                          is_async=True)
+                accw, accw2 = warpgroup_mma_wait(num_outstanding=2 * NKS, deps=(accw, accw2))
+            else:
+                for j in gl.static_range(NKS):
+                    accw = warpgroup_mma(ww.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw,
+                                         is_async=True)
+                accw = warpgroup_mma_wait(num_outstanding=NKS, deps=(accw,))
+            # every warp is done with the chunk before's slot and x stages: one thread frees the slot,
+            # and the stages take the blocks XS on
+            _barrier()
+            if c > 0:
+                mbarrier.arrive(empty.index((it + NBUF - 1) % NBUF))
+            while issued < qa + XS:
+                _xb_fetch(xqf.index(issued % XS), issued, nblk, xbp, xrowb, colsb, k, rowokb, BK, True)
+                issued += 1
+        elif WG:                      # every column block: the tile's rows [BR, SB] by x's transposed [SB, NB]
             ww = bufs.index(slot).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
             for j in gl.static_range(NKS):
                 accw = warpgroup_mma(ww.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw, is_async=True)
@@ -173,12 +211,18 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
             if narrow:
                 xb2 = xqb.index((qa + 1) % XS).load(XA)
                 acc2 = mma_v2(gl.where(qa + 1 < nblk, xb2, gl.zeros_like(xb2)), wt, acc2)
-        # every warp is done with the slot and the x stages before one thread frees the slot (and
-        # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
-        _barrier()
-        mbarrier.arrive(empty.index(slot))
+        if not WP:
+            # every warp is done with the slot and the x stages before one thread frees the slot (and
+            # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
+            _barrier()
+            mbarrier.arrive(empty.index(slot))
         it += 1
         c += 1
+    if WP:                            # the last chunk's products, then its slot
+        accw, accw2 = warpgroup_mma_wait(num_outstanding=0, deps=(accw, accw2))
+        _barrier()
+        if c > 0:
+            mbarrier.arrive(empty.index((it + NBUF - 1) % NBUF))
     async_copy.wait_group(0)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 6, dwait)
