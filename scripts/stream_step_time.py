@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))   # bench_tp.py: Llama-3.1-8B's shapes
@@ -68,10 +69,56 @@ def anatomy(ex) -> dict:
                           "median_to_published": round(statistics.median(d["pub"]), 3)} for k, d in kinds.items()}}
 
 
+def stage_of(table, insts) -> list[int]:
+    """Each instruction's stage: the counter it signals, or (a merged run's tile before its last,
+    signalling nothing itself) the next counter its CTA's list signals; -1 past the last."""
+    table = np.asarray(table).reshape(-1, 2)
+    out = [-1] * len(insts)
+    for first, count in table:
+        nxt = -1
+        for j in range(first + count - 1, first - 1, -1):
+            if insts[j].signal >= 0:
+                nxt = insts[j].signal
+            out[j] = nxt
+    return out
+
+
+def timeline(stamps, table, insts) -> dict:
+    """The traced launch's stages in the order they finished, from the kernel's clock (stamps: ns,
+    kinds.TRACE_STAMPS a row): a stage is the instructions closing one counter; its time is from the
+    stage before's last publish to its own last, and its met wait how long after that its first
+    instruction's wait was met (the hand-off). Per kind of stage (GEMVs by input width and tiles'
+    kind), the count and the median µs of both; the launch's µs."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    stage = stage_of(table, insts)
+    groups = {}
+    for j, g in enumerate(stage):
+        if stamps[j, 0] > 0 and g >= 0:
+            groups.setdefault(g, []).append(j)
+    rows = []
+    for js in groups.values():
+        names = [insts[j].kind.name + (f"/k{insts[j].fields.get('k')}" if insts[j].kind.name == "gemv" else "")
+                 for j in js]
+        name = max(set(names), key=names.count)
+        rows.append((int(stamps[js, 3].max()), int(stamps[js, 1].min()), name, len(js)))
+    rows.sort()
+    t0 = int(stamps[:, 0][stamps[:, 0] > 0].min())
+    per, prev = {}, t0
+    for end, met, name, n in rows:
+        d = per.setdefault(f"{name} x{n}", {"time": [], "met": []})
+        d["time"].append((end - prev) / 1e3)
+        d["met"].append((met - prev) / 1e3)
+        prev = end
+    return {"span_us": round((prev - t0) / 1e3, 1),
+            "stages": {k: {"n": len(d["time"]), "median_us": round(statistics.median(d["time"]), 2),
+                           "median_met_us": round(statistics.median(d["met"]), 2),
+                           "total_us": round(sum(d["time"]), 1)}
+                       for k, d in sorted(per.items(), key=lambda kv: -sum(kv[1]["time"]))}}
+
+
 def save_stamps(ex, path: str) -> None:
     """The last launch's stamps (kinds.TRACE_STAMPS, ns) and, per instruction, its CTA, kind, waits,
     counter and fields, as one .npz (`instructions`: a JSON list)."""
-    import numpy as np
     table = ex.built.table.reshape(-1, 2)
     cta = np.full(len(ex.built.instructions), -1)
     for c, (first, count) in enumerate(table):
@@ -130,7 +177,8 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="also compile the kernel with StreamConfig.trace and report where each kind of node's "
                          "time goes (µs from the kernel's clock, per CTA: waiting, met wait to first chunk, "
-                         "first chunk to published)")
+                         "first chunk to published; and `timeline`: each kind of stage's median µs from the "
+                         "stage before's last publish to its own, and its hand-off)")
     ap.add_argument("--stamps", default="",
                     help="with --trace: also write the traced launch's raw stamps and every instruction's kind, "
                          "waits, counter and CTA to this .npz (for a critical-path analysis off the GPU)")
@@ -204,6 +252,8 @@ def main():
         for _ in range(3):
             step(traced)
         out["anatomy"] = anatomy(traced.executor)
+        ex = traced.executor
+        out["timeline"] = timeline(ex.trace.cpu().numpy(), ex.built.table, ex.built.instructions)
         if args.stamps:
             save_stamps(traced.executor, args.stamps)
     print(json.dumps(out, indent=1))
