@@ -17,6 +17,9 @@
 #   ab      this tree against each of $AB_TREES (other checkouts inside it, carried: e.g. `git worktree add
 #           base main`, carry ["base"]): each of $STEP_MODELS' batched step at $BATCHES rows from each tree in
 #           turn, in one call -> $OUT/ab.jsonl (field `tree`)
+#   options the GPU tests of the batched kernel's options (wgmma_pipe, attn_kv_split, 64 rows), then each of
+#           $STEP_MODELS' batched step at $BATCHES (default 32 8 64) for each option set in $OPTION_CONFIGS
+#           (default: none, attn_kv_split, wgmma_pipe, both; a set a kernel refuses is skipped) -> $OUT/options.jsonl
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -84,6 +87,20 @@ round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', roun
             python -c "import json,sys; d=json.load(open('/tmp/ab.json')); d['tree']=sys.argv[1]; print(json.dumps(d)); \
 print(d['tree'], d['model'], d['batch'], round(d['kernel_ms'], 4), 'ms', file=sys.stderr)" "$d" >> "$OUT/ab.jsonl"
           done; done; done ;;
+    options) (cd tests && timeout "${TEST_S:-240}" python -m pytest -q --tb=short --timeout=150 test_stream_gpu.py \
+                -k "batched_decoder or split_k or wgmma_pipe or kv_split" 2>&1 | grep -E "^E |passed|failed|FAILED") \
+               || echo "options tests: rc $?"
+             for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for bt in ${BATCHES:-32 8 64}; do
+               for cfg in ${OPTION_CONFIGS:-'{}' '{"attn_kv_split":true}' '{"wgmma_pipe":true}' \
+                                            '{"wgmma_pipe":true,"attn_kv_split":true}'}; do
+                 rm -f /tmp/opt.json
+                 timeout 150 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \
+                   --runs 20 --loop 4 --config "$cfg" > /tmp/opt.json 2> /tmp/opt.err \
+                   || { echo "options $m $bt $cfg: rc $? $(tail -n 1 /tmp/opt.err | cut -c1-160)"; continue; }
+                 python -c "import json,sys; d=json.load(open('/tmp/opt.json')); d['options']=json.loads(sys.argv[1]); \
+print(json.dumps(d)); print(d['model'], d['batch'], sys.argv[1], round(d['kernel_ms'], 4), 'ms', file=sys.stderr)" \
+                   "$cfg" >> "$OUT/options.jsonl"
+               done; done; done ;;
     prebuilt) (cd tests && timeout 200 python -m pytest -q --timeout=180 test_stream_gpu.py -k "prebuilt or shipped") \
                 || echo "prebuilt test: rc $?"
               TRITON_CACHE_DIR="$(mktemp -d)" WARPLOOP_STREAM_PREBUILT="${PREBUILT:-auto}" timeout 300 \
