@@ -33,6 +33,8 @@ STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True),
                                  StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True,
                                               wgmma_pipe=True),
+                                 StreamConfig(head_dim=64, batch_rows=32, block_rows=64, block_k=128, attn_wgmma=True,
+                                              gemv_tall=True),
                                  StreamConfig(head_dim=64, batch_rows=16, attn_wgmma=True),
                                  StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=128, attn_group=2,
                                               attn_wgmma=True),
@@ -41,6 +43,7 @@ STACK_BYTES = {StreamConfig(head_dim=128, batch_rows=32, block_rows=64, block_k=
                          ids=["default", "narrow", "attention_hd64", "attention_hd128", "batch32_hd128", "batch16",
                               "batch32_four_x_stages", "batch16_eight_x_stages",
                               "batch32_wgmma", "batch16_wgmma_hd128", "batch32_attn_wgmma", "batch32_wgmma_pipe",
+                              "batch32_gemv_tall",
                               "batch16_attn_wgmma",
                               "batch32_attn_wgmma_hd128",
                               "attention_hd64_traced", "batch32_wgmma_traced"])

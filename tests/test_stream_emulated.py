@@ -42,11 +42,15 @@ def gemv_chunks(program, f, br: int, bk: int) -> np.ndarray:
     pool = program.pools[f["pool"]].float().numpy()
     half, chunks, kk = br // 2, [], f["col"]
     while kk < f["col"] + f["k"]:
-        c = np.zeros((br, bk), np.float32)
-        for h, (row, col) in enumerate(((f["row"], kk), (f["row2"], kk + bk * f["narrow"]))):
-            box = pool[row:row + half, col:col + bk]
-            c[h * half:h * half + box.shape[0], :box.shape[1]] = box
-        chunks.append(c)
+        # a tall tile's chunk: two slots, rows [row, row + BR) then [row2, row2 + BR)
+        slots = [((f["row"], kk), (f["row"] + half, kk)), ((f["row2"], kk), (f["row2"] + half, kk))] if f["tall"] \
+            else [((f["row"], kk), (f["row2"], kk + bk * f["narrow"]))]
+        for boxes in slots:
+            c = np.zeros((br, bk), np.float32)
+            for h, (row, col) in enumerate(boxes):
+                box = pool[row:row + half, col:col + bk]
+                c[h * half:h * half + box.shape[0], :box.shape[1]] = box
+            chunks.append(c)
         kk += bk * (1 + f["narrow"])
     return np.stack(chunks)
 
@@ -60,14 +64,19 @@ def step_words(dec, rows: list[tuple[int, list[int]]]) -> list[int]:
 
 
 @pytest.mark.parametrize("batch", [2, 17, 32])
-@pytest.mark.parametrize("block_rows, block_k, pipe", [(32, 128, False), (64, 128, False), (64, 128, True)])
+@pytest.mark.parametrize("block_rows, block_k, pipe", [(32, 128, False), (64, 128, False), (64, 128, True),
+                                                      (64, 128, "tall")])
 @pytest.mark.parametrize("name", ["qwen3_hd16", "llama_hd64"])
-def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, pipe, batch):
+def test_gemv_rows_body_gives_the_reference_outputs(name, block_rows, block_k, pipe, batch, monkeypatch):
     """Every batched GEMV of a decoder's step (qkv with its narrow tiles, o_proj with bias and add,
     gate/up with SiLU, down, lm_head with each row's amax pair) through gemv_rows, reading CAST
     nodes' bf16 rows as they are (tiles of 64 rows: on wgmma; pipe: StreamConfig.wgmma_pipe, each
-    chunk's stages refilled once the chunk after it has issued): the arena within fp32 accumulation
-    of the reference's."""
+    chunk's stages refilled once the chunk after it has issued; "tall": StreamConfig.gemv_tall, gate/up and the
+    lm_head as tall tiles, forced here for these small shapes): the arena within fp32 accumulation of the
+    reference's."""
+    if pipe == "tall":
+        from warploop.llm import stream_record
+        monkeypatch.setattr(stream_record, "tall", lambda rows, config, ctas=132, silu=False: config.gemv_tall)
     assert check_gemv_rows(MODELS[name], block_rows, block_k, batch, pipe=pipe) > 4 * MODELS[name].num_layers
 
 
@@ -80,11 +89,12 @@ def test_split_k_tiles_through_the_gemv_rows_body_give_the_reference_outputs(blo
     assert check_gemv_rows(MODELS["llama_hd64"], block_rows, block_k, 17, splits=True) > 4
 
 
-def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool = False, pipe: bool = False) -> int:
+def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool = False, pipe=False) -> int:
     """test_gemv_rows_body_gives_the_reference_outputs's check; returns the GEMVs it ran (with
     splits, the split-K tiles: at least one must be in the program)."""
     w = bf16_exact_weights(cfg)
-    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch), wgmma_pipe=pipe)
+    config = stream_config(cfg, block_rows=block_rows, block_k=block_k, batch_rows=batch_rows(batch),
+                           wgmma_pipe=pipe is True, gemv_tall=pipe == "tall")
     dec = StreamDecoder(cfg, w, max_context=32, block_size=4, batch=batch, config=config)
     p = dec.program
     ints = p.int_arena()
@@ -97,7 +107,7 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
     # node by node from the reference's own arena: each batched GEMV runs the body on a copy of it
     # and its outputs are compared at once (x times the norm weights is rounded to bf16 on both sides,
     # so a GEMV fed another's fp32 order could flip a rounding: each is fed the same input)
-    arena, ints_r, kv_r, ran = p.arena(), ints.clone(), kv.clone(), 0
+    arena, ints_r, kv_r, ran, tall = p.arena(), ints.clone(), kv.clone(), 0, 0
     body = emulated(gemv_rows.gemv_rows, waits=lambda *a: a[7], _barrier=lambda: None)
     for node in p.nodes:
         f = node.fields
@@ -113,12 +123,15 @@ def check_gemv_rows(cfg, block_rows: int, block_k: int, batch: int, splits: bool
         it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
                           T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
-                          config.batch_rows, kernel.CW.value, config.x_stages, config.wgmma_pipe)
+                          config.batch_rows, kernel.CW.value, config.x_stages, config.wgmma_pipe,
+                          config.gemv_tall)
         assert int(it) == len(ring) and failed == 0
+        tall += f["tall"]
         run_node(p, arena, node, ints_r, kv_r, 0)
         # only fp32 summation order differs
         torch.testing.assert_close(got, arena, rtol=1e-4, atol=1e-4)
         ran += 1 if not splits or f["k"] < f["xk"] else 0
+    assert bool(tall) == config.gemv_tall                # tall tiles ran where the kernel has them
     return ran
 
 
@@ -176,7 +189,7 @@ def test_gemv_rows_body_stores_bf16_rows_as_the_reference(block_rows, block_k):
         it, failed = body(S(ring), none, none, xs, 0, words(GEMV, f), P(got.numpy()), None, None, 0, 0, 0, 0,
                           None, -1, 0, -1, 0, T(f["k"]), T(f["x"]), T(f["rows"]), T(f["out"]), T(f["bias"]),
                           T(f["epi"]), T(f["narrow"]), T(f["batch"]), block_rows, block_k, len(ring), SPIN, False,
-                          config.batch_rows, kernel.CW.value, config.x_stages, False)
+                          config.batch_rows, kernel.CW.value, config.x_stages, False, False)
         assert int(it) == len(ring) and failed == 0
     r = p.regions["y"]
     out = lambda a: a[r.offset:r.offset + r.size].view(torch.bfloat16).float()

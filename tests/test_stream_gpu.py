@@ -283,6 +283,18 @@ def test_gpu_wgmma_pipe_decoder_gives_the_per_op_backends_tokens(batch):
     assert_like_per_op(want, got, looped, stepped)
 
 
+@pytest.mark.parametrize("batch", [8, 17, 32])
+def test_gpu_tall_tile_decoder_gives_the_per_op_backends_tokens(batch, monkeypatch):
+    """StreamConfig.gemv_tall: gate/up and the lm_head as tall tiles (two ring slots a chunk at one x block;
+    forced here for the small shapes); the per-op backend's logits and clear picks, and loops equal to steps."""
+    from warploop.llm import stream_record
+    monkeypatch.setattr(stream_record, "tall", lambda rows, config, ctas=132, silu=False: config.gemv_tall)
+    cfg = dataclasses.replace(WGMMA_MODELS["hd64"], intermediate_size=512)
+    config = stream_config(cfg, batch_rows=batch_rows(batch), block_rows=64, block_k=128, gemv_tall=True)
+    want, got, looped, stepped = batch_against_per_op(cfg, batch, device="cuda", config=config, block_size=16)
+    assert_like_per_op(want, got, looped, stepped)
+
+
 @pytest.mark.parametrize("batch, context", [(8, 0), (17, 300), (32, 150)])
 def test_gpu_kv_split_attention_at_head_dim_64_gives_the_per_op_backends_tokens(batch, context):
     """StreamConfig.attn_kv_split: at head_dim 64 a chunk's 128 keys fill a ring slot and their values

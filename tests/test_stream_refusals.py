@@ -49,7 +49,10 @@ def test_program_refuses_bad_input_naming_it(call, message):
                                          (dict(batch_rows=64, block_rows=32, block_k=128), "64 for 64 rows"),
                                          (dict(wgmma_pipe=True), "wgmma_pipe needs wgmma tiles"),
                                          (dict(batch_rows=32, block_rows=64, block_k=128, x_stage_kb=16,
-                                               wgmma_pipe=True), "4 or more stages")])
+                                               wgmma_pipe=True), "4 or more stages"),
+                                         (dict(gemv_tall=True), "gemv_tall needs wgmma tiles"),
+                                         (dict(batch_rows=32, block_rows=64, block_k=128, gemv_tall=True,
+                                               wgmma_pipe=True), "not with wgmma_pipe")])
 def test_config_refuses_bad_shapes(kw, message):
     with pytest.raises(ValueError, match=message):
         StreamConfig(**kw)

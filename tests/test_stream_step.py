@@ -244,6 +244,28 @@ def test_batched_decoder_gives_the_per_op_backends_tokens(batch):
     assert batch == 1 or len({tuple(r) for r in stepped}) > 1         # the rows differ
 
 
+@pytest.mark.parametrize("batch", [2, 17])
+def test_tall_tile_decoder_gives_the_per_op_backends_tokens(batch, monkeypatch):
+    """StreamConfig.gemv_tall: gate/up and the lm_head as tall tiles (two ring slots a chunk, forced here
+    for these small shapes; stream_record.tall picks them where plain tiles outnumber the SMs); the
+    per-op backend's logits and picks, and loops equal to steps."""
+    from warploop.llm import stream_record
+    monkeypatch.setattr(stream_record, "tall", lambda rows, config, ctas=132, silu=False: config.gemv_tall)
+    config = stream_config(HD64, batch_rows=batch_rows(batch), block_k=128, block_rows=64, gemv_tall=True)
+    want, got, looped, stepped = batch_against_per_op(HD64, batch, steps=4, config=config)
+    assert_like_per_op(want, got, looped, stepped)
+    assert stream_config(HD64, batch_rows=32).gemv_tall is False      # an option, off by default
+
+
+def test_tall_tiles_take_the_stages_whose_tiles_outnumber_the_sms():
+    from warploop.llm import stream_record
+    config = stream_config(HD64, batch_rows=32, gemv_tall=True)
+    assert stream_record.tall(128256, config)                             # an lm_head: 2,004 tiles
+    assert stream_record.tall(8192, config, silu=True)                    # gate/up: 256 tiles of 32 outputs
+    assert not stream_record.tall(2048, config) and not stream_record.tall(8192, config)   # 32 and 128 tiles
+    assert not stream_record.tall(128256, stream_config(HD64, batch_rows=32))             # the option off
+
+
 @pytest.mark.parametrize("batch", [2, 8])
 def test_split_k_decoder_gives_the_per_op_backends_tokens(batch, monkeypatch):
     """o_proj and down split K (stream_record.k_splits, forced down to one chunk a split here): each

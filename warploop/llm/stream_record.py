@@ -24,6 +24,13 @@ def narrow(rows: int, config: StreamConfig, ctas: int = 132) -> bool:
     return 2 * -(-rows // config.block_rows) <= ctas
 
 
+def tall(rows: int, config: StreamConfig, ctas: int = 132, silu: bool = False) -> bool:
+    """Whether a stage of `rows` output rows runs as tall tiles (kinds.GEMV tall, StreamConfig.gemv_tall):
+    when its plain tiles (BR rows, BR/2 outputs of silu_mul) outnumber the SMs, so two of them
+    share one stream of x."""
+    return config.gemv_tall and -(-rows // (config.block_rows // (2 if silu else 1))) > ctas
+
+
 def k_splits(rows: int, k: int, config: StreamConfig, ctas: int = 132) -> int:
     """Into how many runs of its k columns a batched kernel's stage of `rows` output rows splits
     (program.gemv's splits; 1: none): the most, up to MAX_CAST_PARTS, whose tiles do not outnumber the SMs, each
@@ -54,7 +61,8 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     p.kv_cache(dec.kv)
     world = dec.world
     vocab = cfg.vocab_size if world == 1 else weights.lm_head.shape[0]     # this rank's logits
-    per = cdiv(vocab, dec.config.block_rows)                             # the lm_head tiles' amax pairs
+    head_tall = world == 1 and tall(vocab, dec.config)
+    per = cdiv(vocab, dec.config.block_rows * (2 if head_tall else 1))   # the lm_head tiles' amax pairs
     width = {"res": cfg.hidden_size, "qkv": cfg.q_size + 2 * cfg.kv_size, "attn": cfg.q_size,
              "act": cfg.intermediate_size, "logits": vocab, "pairs": 2 * per * world, "step": dec.step_words,
              "token": 1, "tokens": dec.MAX_STEPS, "part": kvh * dec.splits * (h // kvh) * (hd + 2)}
@@ -152,7 +160,8 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
         # batched, gate/up writes bf16 rows that down reads as they are (obf: no CAST between them)
         act = r["xb_act" if xbf else "act"]
         c = p.gemv(gu_pool, gu_row, cfg.intermediate_size, x, act, norm=norm, eps=eps, epi="silu_mul",
-                   up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf)
+                   up=gu_row + cfg.intermediate_size, batch=rows, after=after, xbf=xbf, obf=xbf,
+                   tall=tall(cfg.intermediate_size, dec.config, silu=True))
         prev = residual_gemv(d_pool, d_row, cfg.intermediate_size, act, r["res"] if world == 1 else r["red_mlp"],
                              None, c, ksplit["down"])
         prev_parts = ksplit["down"]
@@ -162,7 +171,7 @@ def record_step(dec, weights: ModelWeights, packed: Packed, embed, rope, splits:
     if world == 1:
         x, norm, after = res_in(vec("final", weights.norm), prev, prev_parts)
         head = p.gemv(*at[-1], cfg.vocab_size, x, r["logits"], norm=norm, eps=eps, amax=r["pairs"], batch=rows,
-                      after=after, samp=r.get("samp"), xbf=xbf)
+                      after=after, samp=r.get("samp"), xbf=xbf, tall=head_tall)
         samples = [p.sample(row("pairs", b), len(head), row("logits", b), row("token", b), row("tokens", b),
                             after=head) for b in range(rows)]
     else:                     # this rank's shard of the vocabulary (the last shard's real rows), its

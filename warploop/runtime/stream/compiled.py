@@ -40,6 +40,7 @@ class StreamConfig:
     attn_wgmma: bool = False      # with batch_rows, head_dim 64 or 128: attention's products on wgmma (attention.py)
     attn_kv_split: bool = False   # with attn_wgmma at head_dim 64: kv_split too (128-token chunks, a slot the keys')
     wgmma_pipe: bool = False      # wgmma tiles: a chunk's products in flight while the next chunk's issue (gemv_rows)
+    gemv_tall: bool = False       # wgmma tiles: stages of many tiles take tall ones (kinds.GEMV tall: 2 slots a chunk)
 
     def __post_init__(self):
         if self.block_k not in (64, 128, 256):
@@ -67,6 +68,10 @@ class StreamConfig:
             raise ValueError(f"wgmma_pipe needs wgmma tiles (batch_rows with block_rows 64) and 4 or more stages of x "
                              f"(x_stage_kb), not batch_rows {self.batch_rows}, block_rows {self.block_rows}, "
                              f"{self.x_stages} stages")
+        if self.gemv_tall and not (self.batch_rows and self.block_rows == 64 and not self.wgmma_pipe):
+            raise ValueError(f"gemv_tall needs wgmma tiles (batch_rows with block_rows 64), not with wgmma_pipe; "
+                             f"not batch_rows {self.batch_rows}, block_rows {self.block_rows}, "
+                             f"wgmma_pipe {self.wgmma_pipe}")
         if self.x_stage_kb < 1:
             raise ValueError(f"x_stage_kb must be at least 1 (KB of shared memory for x's stages), "
                              f"not {self.x_stage_kb}")
@@ -141,7 +146,7 @@ class StreamConfig:
                     GP=max(8, self.attn_group) if self.attn_wgmma else self.attn_group, AW=self.attn_wgmma,
                     TILE=min(self.attn_tile, self.kv_tokens) if self.head_dim else self.attn_tile,
                     KVT=self.kv_tokens, NB=self.batch_rows, XS=self.x_stages,
-                    XR=self.x_rows, TP=self.tensor_parallel, WP=self.wgmma_pipe)
+                    XR=self.x_rows, TP=self.tensor_parallel, WP=self.wgmma_pipe, TT=self.gemv_tall)
 
 
 def smem_layout(swizzled: bool = False):

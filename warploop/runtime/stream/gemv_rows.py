@@ -35,6 +35,7 @@ G_OSTRIDE = gl.constexpr(GEMV.word("ostride"))
 G_ASTRIDE = gl.constexpr(GEMV.word("astride"))
 G_OBF = gl.constexpr(GEMV.word("obf"))
 G_XK = gl.constexpr(GEMV.word("xk"))
+G_TALL = gl.constexpr(GEMV.word("tall"))
 EPI_ADD = gl.constexpr(EPILOGUES["add"])
 EPI_SILU = gl.constexpr(EPILOGUES["silu_mul"])
 SB = gl.constexpr(64)          # a swizzled column block: 128 bytes of bf16, the TMA swizzle's span
@@ -56,10 +57,40 @@ def _xb_fetch(stage, q, nblk, xb, xrow, cols, k, rowok, BK: gl.constexpr, ZF: gl
 
 
 @gluon.jit
+def _out_rows(arena, xbp, ya, yb, at_a, out, bo, ro, ostride, ma, mb, obf, epi, narrow, HALF: gl.constexpr):
+    """A tile's outputs from its halves' sums ya, yb ([NB, HALF], the old values and bias added):
+    bf16 from element 2 * out (obf: a next GEMV's input as they are, kinds.GEMV obf) or fp32 at at_a;
+    silu_mul's silu(ya) * yb, or both halves (a narrow tile's ya alone)."""
+    if obf != 0:
+        at_o = 2 * out + bo[:, None] * ostride + ro[None, :]
+        if epi == EPI_SILU:
+            gl.store(xbp + at_o, (ya / (1.0 + gl.exp(-ya)) * yb).to(gl.bfloat16), mask=ma)
+        else:
+            gl.store(xbp + at_o, ya.to(gl.bfloat16), mask=ma)
+            gl.store(xbp + at_o + HALF, yb.to(gl.bfloat16), mask=mb & (narrow == 0))
+    elif epi == EPI_SILU:
+        gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
+    else:
+        gl.store(arena + at_a, ya, mask=ma)
+        gl.store(arena + at_a + HALF, yb, mask=mb & (narrow == 0))
+
+
+@gluon.jit
+def _row_max(ya, yb, ma, mb, at_a, narrow, HALF: gl.constexpr):
+    """Each batch row's largest output of a tile's halves and its arena offset (the first of equal ones)."""
+    va = gl.where(ma, ya, float("-inf"))
+    vb = gl.where(mb & (narrow == 0), yb, float("-inf"))
+    top = gl.maximum(gl.max(va, axis=1), gl.max(vb, axis=1))
+    at = gl.minimum(gl.min(gl.where(va == top[:, None], at_a, 2 ** 30), axis=1),
+                    gl.min(gl.where(vb == top[:, None], at_a + HALF, 2 ** 30), axis=1))
+    return top, at
+
+
+@gluon.jit
 def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, failed, cta, i, trace, w0, n0, w1, n1,
               k, x, rows_n, out, bias, epi, narrow, nrows, BR: gl.constexpr, BK: gl.constexpr,
               NBUF: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr, NB: gl.constexpr, CW: gl.constexpr,
-              XS: gl.constexpr, WP: gl.constexpr):
+              XS: gl.constexpr, WP: gl.constexpr, TT: gl.constexpr):
     """A GEMV tile against `nrows` rows of x (kinds.GEMV's batch: CAST nodes' bf16 rows, normalised,
     row b's bf16 values from element 2 * x + b * xk; its outputs at out + b * ostride, its amax pair
     at amax + b * astride), on tensor cores: the rows are the M side of mma tiles, the tile's BR
@@ -68,7 +99,8 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     against one x block and the bottom's against the next. Returns the ring's chunk count and
     `failed`. WP (StreamConfig.wgmma_pipe, wgmma tiles with 4 or more stages of x): a chunk's products
     are issued before the chunk before's are waited for, and that chunk's slot and x stages are freed
-    then (one chunk of products in flight behind the loads)."""
+    then (one chunk of products in flight behind the loads). TT (StreamConfig.gemv_tall): a tall tile
+    (kinds.GEMV tall) multiplies each x block against two slots, into accw and accw2."""
     HALF: gl.constexpr = BR // 2
     WG: gl.constexpr = BR == 64         # wgmma: the warpgroup's products from shared memory (docstring)
     NKS: gl.constexpr = BK // SB       # column slabs a chunk: a warp's own (K split over the warps)
@@ -112,6 +144,9 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     astride = gl.load(base + G_ASTRIDE)
     obf = gl.load(base + G_OBF)
     amx = gl.load(base + G_AMAX)
+    tall = 0
+    if TT:
+        tall = gl.load(base + G_TALL)
     wcol = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(0, MB)))
     # the epilogue's indices (rows of the batch, a half's output rows) and what no predecessor
     # writes, read before the wait: the bias
@@ -205,6 +240,12 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
                 if qa + 1 < nblk:     # no block past x's end was copied
                     for j in gl.static_range(NKS):
                         accw2 = warpgroup_mma(ww.index(j), xqb.index((qa + 1) % XS * NKS + j).permute((1, 0)), accw2)
+            if TT:                    # a tall tile's second slot: the same x block against rows [row2, row2 + BR)
+                if tall:
+                    mbarrier.wait(full.index((it + 1) % NBUF), ((it + 1) // NBUF) & 1)
+                    ww2 = bufs.index((it + 1) % NBUF).reinterpret(gl.bfloat16, [NKS, BR, SB], NVS)
+                    for j in gl.static_range(NKS):
+                        accw2 = warpgroup_mma(ww2.index(j), xqb.index(qa % XS * NKS + j).permute((1, 0)), accw2)
         else:                         # the mmas take the bf16 rows as they are; each warp its slab:
             wt = wq.permute((0, 2, 1)).load(WB)          # x [NB, SB] against the tile's rows [SB, BR]
             acc = mma_v2(xqb.index(qa % XS).load(XA), wt, acc)
@@ -216,6 +257,10 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
             # before the next chunk's copies reuse the stages); no proxy fence: nothing here wrote the slot
             _barrier()
             mbarrier.arrive(empty.index(slot))
+            if TT:
+                if tall:
+                    mbarrier.arrive(empty.index((it + 1) % NBUF))
+                    it += 1
         it += 1
         c += 1
     if WP:                            # the last chunk's products, then its slot
@@ -235,9 +280,22 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
         ys.permute((1, 0)).store(gl.where((wrow < HALF)[:, None] | (narrow == 0), accw, accw2))
     else:
         ys.store(gl.where((wcol < HALF)[None, :] | (narrow == 0), gl.sum(acc, axis=0), gl.sum(acc2, axis=0)))
+    if TT:                            # a tall tile's second slot's sums beside the first's
+        ys2 = xs.slice(NB, NB).reinterpret(gl.float32, [NB, BR], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        if tall:
+            ys2.permute((1, 0)).store(accw2)
     _barrier()
     ya = ys.slice(0, HALF, dim=1).load(EL)
     yb = ys.slice(HALF, HALF, dim=1).load(EL)
+    if TT:
+        # silu_mul: the gate rows in ys, the up rows in ys2, outputs [0, HALF) then [HALF, BR); a store:
+        # rows [0, BR) in ys, [BR, 2 BR) in ys2
+        ya2 = ys2.slice(0, HALF, dim=1).load(EL)
+        yb2 = ys2.slice(HALF, HALF, dim=1).load(EL)
+        if tall & (epi == EPI_SILU):
+            ya2 = ys.slice(HALF, HALF, dim=1).load(EL)
+            yb2 = ys2.slice(HALF, HALF, dim=1).load(EL)
+            yb = ys2.slice(0, HALF, dim=1).load(EL)
     _barrier()                        # every thread has its sums before the stage is x again
     if narrow:
         ya = old_a + (ya + yb)
@@ -245,24 +303,49 @@ def gemv_rows(bufs, full, empty, xs, it, base, arena, counters, err, epoch, fail
     else:
         ya = old_a + ya
         yb = old_b + yb
-    if obf != 0:                      # bf16 outputs, a next GEMV's input as they are (kinds.GEMV obf)
-        at_o = 2 * out + bo[:, None] * ostride + ro[None, :]
-        if epi == EPI_SILU:
-            gl.store(xbp + at_o, (ya / (1.0 + gl.exp(-ya)) * yb).to(gl.bfloat16), mask=ma)
-        else:
-            gl.store(xbp + at_o, ya.to(gl.bfloat16), mask=ma)
-            gl.store(xbp + at_o + HALF, yb.to(gl.bfloat16), mask=mb & (narrow == 0))
-    elif epi == EPI_SILU:
-        gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
+    # (with TT the outputs go through _out_rows and _row_max; without it the same code stays inline, as
+    # the kernels were timed: through the helpers their SASS moves under Triton 3.6.0. One path goes once
+    # gemv_tall is timed.)
+    if TT:
+        # a tall tile's second 64 outputs (silu_mul) or BR rows, at `off` (masked off in a plain tile)
+        off = gl.where(epi == EPI_SILU, HALF, BR)
+        ma2 = (bo < nrows)[:, None] & (ro + off < rows_n)[None, :] & (tall != 0)
+        mb2 = (bo < nrows)[:, None] & (ro + off + HALF < rows_n)[None, :] & (tall != 0)
+        ba2 = gl.load(arena + bias + off + ro, mask=(ro + off < rows_n) & has_bias & (tall != 0), other=0.0)[None, :]
+        bb2 = gl.load(arena + bias + off + HALF + ro, mask=(ro + off + HALF < rows_n) & has_bias & (tall != 0),
+                      other=0.0)[None, :]
+        ya2 = ya2 + ba2 + gl.load(arena + at_a + off, mask=ma2 & add, other=0.0, cache_modifier=".cg")
+        yb2 = yb2 + bb2 + gl.load(arena + at_a + off + HALF, mask=mb2 & add, other=0.0, cache_modifier=".cg")
+        _out_rows(arena, xbp, ya, yb, at_a, out, bo, ro, ostride, ma, mb, obf, epi, narrow, HALF)
+        if tall:                      # out: a float offset, bf16 rows (obf) two values a float
+            _out_rows(arena, xbp, ya2, yb2, at_a + off, out + gl.where(obf != 0, off // 2, off), bo, ro, ostride, ma2,
+                      mb2, obf, epi, narrow, HALF)
+        if amx >= 0:                  # each row's largest output and its offset (the first of equal ones; the
+            top, at = _row_max(ya, yb, ma, mb, at_a, narrow, HALF)      # second part's rows come after the first's)
+            top2, at2 = _row_max(ya2, yb2, ma2, mb2, at_a + off, narrow, HALF)
+            at = gl.where(top2 > top, at2, at)
+            top = gl.maximum(top, top2)
+            gl.store(arena + amx + bo * astride, top, mask=bo < nrows)
+            gl.store(arena + amx + bo * astride + 1, at.to(gl.float32), mask=bo < nrows)
     else:
-        gl.store(arena + at_a, ya, mask=ma)
-        gl.store(arena + at_a + HALF, yb, mask=mb & (narrow == 0))
-    if amx >= 0:                      # each row's largest output and its offset (the first of equal ones)
-        va = gl.where(ma, ya, float("-inf"))
-        vb = gl.where(mb & (narrow == 0), yb, float("-inf"))
-        top = gl.maximum(gl.max(va, axis=1), gl.max(vb, axis=1))
-        at = gl.minimum(gl.min(gl.where(va == top[:, None], at_a, 2 ** 30), axis=1),
-                        gl.min(gl.where(vb == top[:, None], at_a + HALF, 2 ** 30), axis=1))
-        gl.store(arena + amx + bo * astride, top, mask=bo < nrows)
-        gl.store(arena + amx + bo * astride + 1, at.to(gl.float32), mask=bo < nrows)
+        if obf != 0:                  # bf16 outputs, a next GEMV's input as they are (kinds.GEMV obf)
+            at_o = 2 * out + bo[:, None] * ostride + ro[None, :]
+            if epi == EPI_SILU:
+                gl.store(xbp + at_o, (ya / (1.0 + gl.exp(-ya)) * yb).to(gl.bfloat16), mask=ma)
+            else:
+                gl.store(xbp + at_o, ya.to(gl.bfloat16), mask=ma)
+                gl.store(xbp + at_o + HALF, yb.to(gl.bfloat16), mask=mb & (narrow == 0))
+        elif epi == EPI_SILU:
+            gl.store(arena + at_a, ya / (1.0 + gl.exp(-ya)) * yb, mask=ma)
+        else:
+            gl.store(arena + at_a, ya, mask=ma)
+            gl.store(arena + at_a + HALF, yb, mask=mb & (narrow == 0))
+        if amx >= 0:                  # each row's largest output and its offset (the first of equal ones)
+            va = gl.where(ma, ya, float("-inf"))
+            vb = gl.where(mb & (narrow == 0), yb, float("-inf"))
+            top = gl.maximum(gl.max(va, axis=1), gl.max(vb, axis=1))
+            at = gl.minimum(gl.min(gl.where(va == top[:, None], at_a, 2 ** 30), axis=1),
+                            gl.min(gl.where(vb == top[:, None], at_a + HALF, 2 ** 30), axis=1))
+            gl.store(arena + amx + bo * astride, top, mask=bo < nrows)
+            gl.store(arena + amx + bo * astride + 1, at.to(gl.float32), mask=bo < nrows)
     return it, failed

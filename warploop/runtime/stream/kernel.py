@@ -80,7 +80,8 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
               peers, BR: gl.constexpr,
               BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr, TRACE: gl.constexpr,
               HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr,
-              XS: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr, WP: gl.constexpr, pub_full, pub_empty):
+              XS: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr, WP: gl.constexpr, TT: gl.constexpr, pub_full,
+              pub_empty):
     HALF: gl.constexpr = BR // 2
     XB: gl.constexpr = NB > 0         # a batched kernel's GEMVs read CAST nodes' bf16 rows: CAST compiled in
     SK: gl.constexpr = XB and BR == 64   # split-K tiles and CAST's merge of their partials compiled in (kinds.GEMV)
@@ -120,7 +121,7 @@ def _consumer(bufs, full, empty, xs, instr, n, steps, arena, ints, kv, emb, coun
                 nrows = gl.load(instr + i * W + G_BATCH)
                 it, failed = gemv_rows(bufs, full, empty, xs, it, instr + i * W, arena, counters, err, epoch,
                                        failed, cta, i, trace, w0, n0, w1, n1, k, x, rows_n, out, bias,
-                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, WP)
+                                       epi, narrow, nrows, BR, BK, NBUF, SPIN, TRACE, NB, CW, XS, WP, TT)
                 staged_x = -1
             else:
                 amx = gl.load(instr + i * W + G_AMAX)
@@ -287,7 +288,7 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
                   BK: gl.constexpr, NBUF: gl.constexpr, KMAX: gl.constexpr, SPIN: gl.constexpr,
                   TRACE: gl.constexpr, HD: gl.constexpr, GP: gl.constexpr, TILE: gl.constexpr, KVT: gl.constexpr,
                   NB: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, TP: gl.constexpr, AW: gl.constexpr,
-                  WP: gl.constexpr):
+                  WP: gl.constexpr, TT: gl.constexpr):
     cta = gl.program_id(0)
     first = gl.load(table + 2 * cta)
     n = gl.load(table + 2 * cta + 1)
@@ -309,8 +310,8 @@ def stream_kernel(d0, d1, d2, d3, dkv, instr, table, arena, ints, kv, emb, count
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, mine, n, steps, arena, ints, kv, emb, counters, err, epoch, cta,
                      trace + first * TRACE_WORDS, peers, BR, BK, NBUF, KMAX, SPIN, TRACE, HD, GP, TILE, KVT, NB, XS,
-                     TP, AW, WP, pub_full, pub_empty)),
+                     TP, AW, WP, TT, pub_full, pub_empty)),
         (loader, (d0, d1, d2, d3, dkv, bufs, full, empty, mine, n, steps, ints, trace + first * TRACE_WORDS, BR,
-                   BK, NBUF, HD, KVT, NB, TRACE, AW)),
+                   BK, NBUF, HD, KVT, NB, TRACE, AW, TT)),
         (_publisher, (mine, n, steps, counters, pub_full, pub_empty)),
     ], [LOADER_WARPS, PUBLISHER_WARPS], [LOADER_REGS, LOADER_REGS])

@@ -139,14 +139,16 @@ class NodeKind:
 
 def tile_pool_rows(f: dict, br: int) -> list[tuple[int, int]]:
     """The (first pool row, count) ranges a GEMV tile streams: its two boxes' rows, or a narrow
-    tile's BR/2 rows."""
+    tile's BR/2 rows, or a tall tile's two slots of BR rows."""
     half = br // 2
+    if f["tall"]:
+        return [(f["row"], br), (f["row2"], br)]
     return [(f["row"], half)] if f["narrow"] else [(f["row"], half), (f["row2"], half)]
 
 
 def tile_rows(f: dict, br: int) -> int:
-    """The pool rows a GEMV tile streams: BR, or BR/2 for a narrow tile."""
-    return br // 2 if f["narrow"] else br
+    """The pool rows a GEMV tile streams: BR, BR/2 for a narrow tile, 2 BR for a tall one."""
+    return 2 * br if f["tall"] else br // 2 if f["narrow"] else br
 
 
 def _gemv_cost(f: dict, br: int) -> float:
@@ -201,12 +203,16 @@ NOP = NodeKind("nop", 0, ())
 # `col` (a multiple of BK) against x's values from column col of each row: x is then the float offset
 # of row 0's column col, and `xk` the rows' stride in values (the pool's width; k otherwise). Each
 # split stores its partial sums, and the CAST node that reads the output adds them (kinds.CAST part).
+# A tall tile (tall = 1: StreamConfig.gemv_tall, a wgmma kernel's; not narrow, not split) is two tiles in
+# one: a chunk is two ring slots at one column block, pool rows [row, row + BR) and [row2, row2 + BR),
+# one stage of x for both: a store's 2 BR rows (row2 = row + BR), or a silu_mul's BR outputs from BR
+# gate rows at row and BR up rows at row2.
 GEMV = NodeKind(
     "gemv", 1,
     fields=(Field("pool"), Field("row"), Field("rows"), Field("k"), Field("x"), Field("out"), Field("norm"),
             Field("bias"), Field("epi"), Field("eps", "f32"), Field("narrow"), Field("amax"), Field("row2"),
             Field("batch"), Field("ostride"), Field("astride"), Field("samp"), Field("xbf"), Field("obf"),
-            Field("col"), Field("xk")),
+            Field("col"), Field("xk"), Field("tall")),
     streamed=Streamed("pool", "row", "k", "row2", "col"), cost=_gemv_cost, footprint=_gemv_footprint)
 
 def _attn_footprint(f: dict, br: int) -> tuple[list, list]:

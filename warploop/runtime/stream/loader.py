@@ -23,6 +23,7 @@ G_K = gl.constexpr(GEMV.word(GEMV.streamed.width))
 G_ROW2 = gl.constexpr(GEMV.word(GEMV.streamed.second))
 G_COL = gl.constexpr(GEMV.word(GEMV.streamed.col))
 G_NARROW = gl.constexpr(GEMV.word("narrow"))
+G_TALL = gl.constexpr(GEMV.word("tall"))
 OP_ATTN = gl.constexpr(ATTN.opcode)
 A_BLOCKS = gl.constexpr(ATTN.word("blocks"))
 A_BS = gl.constexpr(ATTN.word("bs"))
@@ -50,6 +51,43 @@ def _tma_pair(d0, d1, d2, d3, pool, row, col, row2, col2, bar, top, bottom):
     else:
         _tma_load(d3, [row, col], bar, top)
         _tma_load(d3, [row2, col2], bar, bottom)
+
+
+@gluon.jit
+def _stream_tall(d0, d1, d2, d3, bufs, full, empty, it, pool, row, row2, k, col, narrow, tall, trace, i,
+                 BR: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, TRACE: gl.constexpr):
+    """A batched GEMV tile's chunks in a kernel with tall tiles (StreamConfig.gemv_tall): a plain tile's
+    chunk (rows from row and row2 at one column block, or a narrow tile's at two), or a tall tile's
+    two slots at one column block, pool rows [row, row + BR) then [row2, row2 + BR) (kinds.GEMV tall)."""
+    HALF: gl.constexpr = BR // 2
+    kk = col
+    blocked = (k * 0).to(gl.int64)
+    while kk < col + k:
+        sub = 0
+        while sub < 1 + tall:
+            slot = it % NBUF
+            if TRACE:
+                t = now()
+            mbarrier.wait(empty.index(slot), ((it // NBUF) & 1) ^ 1)
+            if TRACE:
+                blocked += now() - t
+                if (kk == col) & (sub == 0):
+                    gl.store(trace + i * TRACE_WORDS + 4, now())
+            bar = full.index(slot)
+            mbarrier.expect(bar, BR * BK * 2)
+            top = row + sub * (row2 - row)        # a tall tile's slot: BR consecutive rows
+            bottom = gl.where(tall != 0, top + HALF, row2)
+            kk2 = kk + BK * narrow
+            dst = bufs.index(slot).reinterpret(gl.bfloat16, [2 * BK // SB, HALF, SB], d0.layout)
+            for q in gl.static_range(BK // SB):
+                _tma_pair(d0, d1, d2, d3, pool, top, kk + q * SB, bottom, kk2 + q * SB, bar, dst.index(2 * q),
+                          dst.index(2 * q + 1))
+            it += 1
+            sub += 1
+        kk += BK * (1 + narrow)
+    if TRACE:
+        gl.store(trace + i * TRACE_WORDS + 5, blocked)
+    return it
 
 
 @gluon.jit
@@ -124,7 +162,7 @@ def stream_kv(dkv, bufs, full, empty, base, ints, it, s, trace, i, NBUF: gl.cons
 @gluon.jit
 def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace, BR: gl.constexpr, BK: gl.constexpr,
             NBUF: gl.constexpr, HD: gl.constexpr, KVT: gl.constexpr, NB: gl.constexpr, TRACE: gl.constexpr,
-            AW: gl.constexpr):
+            AW: gl.constexpr, TT: gl.constexpr):
     HALF: gl.constexpr = BR // 2
     SK: gl.constexpr = NB > 0 and BR == 64      # split-K tiles (kinds.GEMV col): a batched kernel of 64-row tiles
     it = 0
@@ -152,7 +190,11 @@ def loader(d0, d1, d2, d3, dkv, bufs, full, empty, instr, n, steps, ints, trace,
         if SK:
             n_col = gl.load(nb + G_COL)
         n_narrow = gl.load(nb + G_NARROW)
-        if op == OP_GEMV:
+        if TT:                        # a constexpr branch: tall tiles compiled in (StreamConfig.gemv_tall)
+            if op == OP_GEMV:
+                it = _stream_tall(d0, d1, d2, d3, bufs, full, empty, it, pool, row, row2, k, col, narrow,
+                                  gl.load(instr + i * W + G_TALL), trace, i, BR, BK, NBUF, TRACE)
+        elif op == OP_GEMV:
             # a chunk is two [BR/2, BK] boxes: rows from row and from row2 at one column block, or
             # a narrow tile's BR/2 rows at two consecutive column blocks; columns [col, col + k)
             kk = col

@@ -133,7 +133,7 @@ class StreamProgram:
              bias: Region | None = None, eps: float = 0.0, epi: str = "store", narrow: bool = False,
              amax: Region | None = None, up: int | None = None, batch: int = 1, after=(),
              worker: int | None = None, samp: Region | None = None, xbf: bool = False,
-             obf: bool = False, splits: int = 1) -> list[int]:
+             obf: bool = False, splits: int = 1, tall: bool = False) -> list[int]:
         """out[:n] (=, +=) W[row:row + n] @ norm(x), as tiles of BR pool rows (narrow: BR/2, for a
         stage with fewer tiles than SMs). For "silu_mul", out[:n] = silu(W[row:row + n] @ norm(x)) *
         (W[up:up + n] @ norm(x)): the gate rows from `row`, the up rows from pool row `up`, BR/2 of
@@ -146,7 +146,9 @@ class StreamProgram:
         no norm reads. splits: split K (an xbf store, not narrow, with no bias or amax): each tile's rows
         take `splits` tiles over consecutive runs of the pool's columns (a multiple of BK each, the last
         the rest; kinds.GEMV col, xk), split s storing its partial sums at out + s * batch * n (row b's at
-        + b * n), which a CAST node's part adds (cast(), `splits` partials of stride batch * n)."""
+        + b * n), which a CAST node's part adds (cast(), `splits` partials of stride batch * n). tall
+        (StreamConfig.gemv_tall; not narrow or split): tiles of two ring slots a chunk (kinds.GEMV tall),
+        2 BR rows a store's, BR outputs a silu_mul's."""
         br = self.config.block_rows
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist ({len(self.pools)} pools)")
@@ -154,7 +156,11 @@ class StreamProgram:
             raise ValueError(f"epi must be one of {sorted(EPILOGUES)}, not {epi!r}")
         if batch < 1:
             raise ValueError(f"batch must be at least 1, not {batch}")
-        tiles_n = -(-n // (br // 2 if epi == "silu_mul" or narrow else br))
+        if tall and not (self.config.gemv_tall and xbf and not narrow and splits == 1):
+            raise ValueError("tall tiles take a kernel with StreamConfig.gemv_tall (wgmma tiles), a batched (xbf) "
+                             "GEMV, not narrow and not split")
+        per = (br if epi == "silu_mul" else 2 * br) if tall else br // 2 if epi == "silu_mul" or narrow else br
+        tiles_n = -(-n // per)
         if amax is not None and (epi == "silu_mul" or amax.size < batch * 2 * tiles_n):
             raise ValueError("amax takes a store or add GEMV and two floats for each of its tiles, each row")
         if samp is not None and (amax is None or batch != 1 or samp.size < len(SAMP_WORDS)):
@@ -165,7 +171,6 @@ class StreamProgram:
             raise ValueError("up (the pool row of the up rows) is given for a silu_mul GEMV, and only there")
         w = self.pools[pool]
         k = int(w.shape[1])
-        per = br // 2 if epi == "silu_mul" or narrow else br      # output rows a tile
         for first in (row, up) if up is not None else (row,):
             if n <= 0 or first < 0 or first + n > w.shape[0]:
                 raise ValueError(f"rows [{first}, {first} + {n}) do not fit pool {pool} of {w.shape[0]} rows")
@@ -210,7 +215,7 @@ class StreamProgram:
             template = None
             for t in range(count):
                 first = row + t * per
-                second = up + t * per if up is not None else first if narrow else first + br // 2
+                second = up + t * per if up is not None else first if narrow else first + (br if tall else br // 2)
                 if template is None or t == count - 1:     # encoded and checked: the first and the last tile
                     fields = dict(pool=pool, row=first, row2=second, rows=min(per, n - t * per),
                                   k=min(width, k - col), x=x.offset + col // (2 if xbf else 1),
@@ -219,7 +224,8 @@ class StreamProgram:
                                   bias=-1 if bias is None else bias.offset + t * per, epi=EPILOGUES[epi], eps=eps,
                                   narrow=int(narrow), amax=-1 if amax is None else amax.offset + 2 * t,
                                   batch=batch, ostride=n, astride=2 * tiles_n,
-                                  samp=-1 if samp is None else samp.offset, xbf=int(xbf), obf=int(obf), col=col, xk=k)
+                                  samp=-1 if samp is None else samp.offset, xbf=int(xbf), obf=int(obf), col=col, xk=k,
+                                  tall=int(tall))
                     tiles.append(self.add(GEMV, after=after, worker=worker, **fields))
                     template = template or (fields, self.nodes[-1].body)
                 else:
