@@ -17,9 +17,10 @@
 #   ab      this tree against each of $AB_TREES (other checkouts inside it, carried: e.g. `git worktree add
 #           base main`, carry ["base"]): each of $STEP_MODELS' batched step at $BATCHES rows from each tree in
 #           turn, in one call -> $OUT/ab.jsonl (field `tree`)
-#   options the GPU tests of the batched kernel's options (wgmma_pipe, attn_kv_split, 64 rows), then each of
-#           $STEP_MODELS' batched step at $BATCHES (default 32 8 64) for each option set in $OPTION_CONFIGS
-#           (default: none, attn_kv_split, wgmma_pipe, both; a set a kernel refuses is skipped) -> $OUT/options.jsonl
+#   options the GPU tests of the batched kernel's options (wgmma_pipe, attn_kv_split, gemv_tall, 64 rows), then
+#           each of $STEP_MODELS' batched step at $BATCHES (default 32 8 64) for each option set in $OPTION_CONFIGS
+#           (default: none, each alone, wgmma_pipe with attn_kv_split; a set a kernel refuses is skipped)
+#           -> $OUT/options.jsonl
 #   trace   the anatomy of each of $TRACE_MODELS' step from the kernel's clock (scripts/stream_trace.py)
 #   prebuilt  the prebuilt and shipped kernels' GPU tests, then `bench decode` of the stream with
 #           WARPLOOP_STREAM_PREBUILT=${PREBUILT:-auto} (the shipped kernels; or a folder) and an empty Triton
@@ -88,10 +89,10 @@ round(d['kernel_ms'], 4), 'ms', round(d['tokens_per_s']), 'tok/s', 'floor', roun
 print(d['tree'], d['model'], d['batch'], round(d['kernel_ms'], 4), 'ms', file=sys.stderr)" "$d" >> "$OUT/ab.jsonl"
           done; done; done ;;
     options) (cd tests && timeout "${TEST_S:-240}" python -m pytest -q --tb=short --timeout=150 test_stream_gpu.py \
-                -k "batched_decoder or split_k or wgmma_pipe or kv_split" 2>&1 | grep -E "^E |passed|failed|FAILED") \
+                -k "batched_decoder or split_k or wgmma_pipe or kv_split or tall" 2>&1 | grep -E "^E |passed|failed|FAILED") \
                || echo "options tests: rc $?"
              for m in ${STEP_MODELS:-llama-3.2-1b qwen3-0.6b smollm2-135m}; do for bt in ${BATCHES:-32 8 64}; do
-               for cfg in ${OPTION_CONFIGS:-'{}' '{"attn_kv_split":true}' '{"wgmma_pipe":true}' \
+               for cfg in ${OPTION_CONFIGS:-'{}' '{"attn_kv_split":true}' '{"wgmma_pipe":true}' '{"gemv_tall":true}' \
                                             '{"wgmma_pipe":true,"attn_kv_split":true}'}; do
                  rm -f /tmp/opt.json
                  timeout 150 python scripts/stream_step_time.py --model "$m" --context "${STEP_CONTEXT:-512}" --batch "$bt" \

@@ -18,7 +18,7 @@ CFG = StreamConfig(block_rows=16, block_k=64, ring=4, kmax=256)
 
 def test_instruction_round_trips_every_field_by_name():
     fields = dict(pool=2, row=96, rows=13, k=2048, x=64, out=4096, norm=-1, bias=128, epi=1, eps=1e-5, narrow=1,
-                  amax=-1, row2=96, batch=4, ostride=3072, astride=-1, samp=-1, xbf=1, obf=0, col=128, xk=4096)
+                  amax=-1, row2=96, batch=4, ostride=3072, astride=-1, samp=-1, xbf=1, obf=0, col=128, xk=4096, tall=1)
     inst = Instruction(GEMV, waits=((3, 64), (7, 1)), signal=5, fields=fields)
     words = inst.serialize()
     assert len(words) == WORDS and words[0] == GEMV.opcode and words[GEMV.word("k")] == 2048
@@ -40,7 +40,7 @@ def test_kind_declarations_refuse_what_does_not_fit():
     with pytest.raises(ValueError, match="int32"):
         Instruction(GEMV, fields=dict(pool=0, row=2 ** 31, rows=1, k=8, x=0, out=0, norm=-1, bias=-1, epi=0,
                                       eps=0.0, narrow=0, amax=-1, row2=0, batch=1, ostride=1,
-                                      astride=0, samp=-1, xbf=0, obf=0, col=0, xk=64)).serialize()
+                                      astride=0, samp=-1, xbf=0, obf=0, col=0, xk=64, tall=0)).serialize()
     with pytest.raises(ValueError, match="opcode"):
         Instruction.parse([99] + [0] * (WORDS - 1))
 
