@@ -389,8 +389,7 @@ def test_cast_body_writes_the_references_bf16_row(norm, sk, parts, k, hd):
     fields = dict(x=x, out=out, k=k, norm=nw if norm else -1, eps=1e-5, part=part if parts else -1, parts=parts,
                   pstride=stride)
     got = arena.copy()
-    w = emulated(small._cast_words)(P(got), words(CAST, fields), True, 8192, 4, sk, hd)
-    emulated(small._cast)(P(got), *w, 8192, 4, sk, hd)
+    emulated(small._cast)(P(got), words(CAST, fields), 8192, 4, sk, hd)
     want = torch.from_numpy(arena.copy())
     run_node(None, want, pytypes.SimpleNamespace(kind=CAST, fields=fields))
     np.testing.assert_array_equal(got, want.numpy())

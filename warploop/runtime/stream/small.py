@@ -92,41 +92,30 @@ def _cast_sum(arena, at_x, part, pstride, parts, live, SK: gl.constexpr):
 
 
 @gluon.jit
-def _cast_words(arena, base, cast, KMAX: gl.constexpr, CW: gl.constexpr, SK: gl.constexpr, HD: gl.constexpr):
-    """What a CAST node reads that no predecessor writes, read before its waits (the list's words
-    load from L2 while the wait polls): its words, and its norm weights' first block (where `cast`:
-    the node is a CAST; another kind's words are not CAST's fields)."""
-    CB: gl.constexpr = min(KMAX, CAST_BLOCK if HD <= 64 else CAST_BLOCK // 2)
-    idx = gl.arange(0, CB, layout=gl.BlockedLayout([4], [32], [CW], [0]))
-    k = gl.load(base + C_K)
-    norm = gl.load(base + C_NORM)
-    parts = 0
-    if SK:
-        parts = gl.load(base + C_PARTS)
-    nw = gl.load(arena + norm + idx, mask=cast & (idx < k) & (norm >= 0), other=0.0)
-    return (k, norm, gl.load(base + C_EPS).to(gl.float32, bitcast=True), gl.load(base + C_X), gl.load(base + C_OUT),
-            gl.load(base + C_PART), parts, gl.load(base + C_PSTRIDE), nw)
-
-
-@gluon.jit
-def _cast(arena, k, norm, eps, x, o, p, parts, pstride, nw, KMAX: gl.constexpr, CW: gl.constexpr,
-          SK: gl.constexpr, HD: gl.constexpr):
-    """The CAST kind's body (its words and first norm block from _cast_words): x[:k] (plus a split-K
-    GEMV's partial sums in split order, written back to x), RMS-normalised with norm >= 0, as bf16
-    from bf16 element 2 * out, in blocks of CB values (a thread's four consecutive floats a vector
-    load): a row of k <= CB (every model's hidden size to 2,048) is loaded once with its partials,
-    all in flight; a wider one is summed block by block, then normalised from x again. SK: the merge
-    compiled in (a kernel of 64-row tiles, the split tiles' only kind); HD: attention's head size
-    (CAST_BLOCK)."""
+def _cast(arena, base, KMAX: gl.constexpr, CW: gl.constexpr, SK: gl.constexpr, HD: gl.constexpr):
+    """The CAST kind's body: x[:k] (plus a split-K GEMV's partial sums in split order, written back
+    to x), RMS-normalised with norm >= 0, as bf16 from bf16 element 2 * out, in blocks of CB values
+    (a thread's four consecutive floats a vector load): a row of k <= CB (every model's hidden size
+    to 2,048) is loaded once with its partials and norm weights all in flight; a wider one is summed
+    block by block, then normalised from x again. SK: the merge compiled in (a kernel of 64-row
+    tiles, the split tiles' only kind); HD: attention's head size (CAST_BLOCK)."""
     CB: gl.constexpr = min(KMAX, CAST_BLOCK if HD <= 64 else CAST_BLOCK // 2)
     L: gl.constexpr = gl.BlockedLayout([4], [32], [CW], [0])
     idx = gl.arange(0, CB, layout=L)
+    k = gl.load(base + C_K)
+    norm = gl.load(base + C_NORM)
+    eps = gl.load(base + C_EPS).to(gl.float32, bitcast=True)
     # x and the partials are predecessors' outputs (other SMs' stores, ordered by the wait): from L2
-    at_x = arena + x + idx
-    out = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * o.to(gl.int64) + idx
-    part = arena + p + idx
+    at_x = arena + gl.load(base + C_X) + idx
+    out = arena.to(gl.pointer_type(gl.bfloat16), bitcast=True) + 2 * gl.load(base + C_OUT).to(gl.int64) + idx
+    parts = 0
+    if SK:
+        parts = gl.load(base + C_PARTS)
+    part = arena + gl.load(base + C_PART) + idx
+    pstride = gl.load(base + C_PSTRIDE)
     if k <= CB:
         live = idx < k
+        nw = gl.load(arena + norm + idx, mask=live & (norm >= 0), other=0.0)   # in flight with x's loads
         xv = _cast_sum(arena, at_x, part, pstride, parts, live, SK)
         if parts > 0:
             gl.store(at_x, xv, mask=live)
@@ -192,8 +181,6 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
            SK: gl.constexpr, KMAX: gl.constexpr, HD: gl.constexpr):
     """A node with no streamed operand (EMBED, SAMPLE, NOP; ALLREDUCE with TP; CAST with XB): its
     waits, then its body (SK: CAST's merge of split-K partials compiled in)."""
-    if XB:                    # a constexpr branch: a batched kernel's CAST reads its words before the waits
-        ck, cn, ce, cx, co, cp, cparts, cps, cnw = _cast_words(arena, base, op == OP_CAST, KMAX, CW, SK, HD)
     failed = waits(counters, err, w0, n0, w1, n1, epoch, failed, cta, i, trace, SPIN, TRACE)
     if TRACE:
         gl.store(trace + i * TRACE_WORDS + 2, now())
@@ -206,7 +193,7 @@ def small(op, arena, ints, emb, base, xidx, s, counters, err, w0, n0, w1, n1, ep
         _sample(arena, ints, base, s, CW)
     if XB:                    # a constexpr branch: CAST only in a batched kernel
         if op == OP_CAST:
-            _cast(arena, ck, cn, ce, cx, co, cp, cparts, cps, cnw, KMAX, CW, SK, HD)
+            _cast(arena, base, KMAX, CW, SK, HD)
     if TP:                    # a constexpr branch: no all-reduce body in a one-rank kernel
         if op == OP_ALLREDUCE:
             failed = allreduce(arena, counters, peers, base, epoch, failed, cta, i, err, SPIN, CW)
